@@ -1,0 +1,68 @@
+# Finds what a program that uses remat needs and defines the imported targets
+# remat::cccl (Thrust/CUB headers), remat::blas (a CBLAS), OpenMP::OpenMP_CXX (if found).
+# Shared by the build tree and the installed package config, so both detect the same way.
+include_guard(GLOBAL)
+include(CMakeFindDependencyMacro OPTIONAL)
+
+# --- CCCL (Thrust, CUB, libcu++): the CUDA toolkit's copy when there is one, else Debian's.
+if(NOT TARGET remat::cccl)
+  set(_remat_cccl_hints)
+  if(DEFINED CUDAToolkit_ROOT)
+    list(APPEND _remat_cccl_hints "${CUDAToolkit_ROOT}/include/cccl" "${CUDAToolkit_ROOT}/include")
+  endif()
+  if(DEFINED ENV{CUDAToolkit_ROOT})
+    list(APPEND _remat_cccl_hints "$ENV{CUDAToolkit_ROOT}/include/cccl" "$ENV{CUDAToolkit_ROOT}/include")
+  endif()
+  list(APPEND _remat_cccl_hints /usr/local/cuda/include/cccl /usr/local/cuda/include)
+  find_path(REMAT_CCCL_INCLUDE_DIR thrust/version.h
+            HINTS ${_remat_cccl_hints}
+            PATHS /usr/include
+            DOC "Directory holding thrust/, cub/ (and cuda/ for CCCL 2+)")
+  if(NOT REMAT_CCCL_INCLUDE_DIR)
+    message(FATAL_ERROR
+      "remat: Thrust/CUB headers not found. Install the CUDA toolkit (set CUDAToolkit_ROOT) "
+      "or Debian's libthrust-dev and libcub-dev, or set REMAT_CCCL_INCLUDE_DIR.")
+  endif()
+  add_library(remat::cccl INTERFACE IMPORTED)
+  # SYSTEM: Thrust's own warnings are not ours to fix.
+  set_target_properties(remat::cccl PROPERTIES
+    INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${REMAT_CCCL_INCLUDE_DIR}"
+    INTERFACE_INCLUDE_DIRECTORIES "${REMAT_CCCL_INCLUDE_DIR}")
+  file(STRINGS "${REMAT_CCCL_INCLUDE_DIR}/thrust/version.h" _remat_thrust_ver
+       REGEX "^#define THRUST_VERSION [0-9]+")
+  string(REGEX REPLACE "^#define THRUST_VERSION ([0-9]+).*" "\\1" REMAT_THRUST_VERSION "${_remat_thrust_ver}")
+  if(NOT remat_FIND_QUIETLY)
+    message(STATUS "remat: Thrust ${REMAT_THRUST_VERSION} from ${REMAT_CCCL_INCLUDE_DIR}")
+  endif()
+endif()
+
+# --- OpenMP: Thrust's OpenMP system runs host kernels on every core; without it, serially.
+if(NOT TARGET OpenMP::OpenMP_CXX)
+  find_package(OpenMP QUIET COMPONENTS CXX)
+endif()
+
+# --- BLAS with the CBLAS interface (OpenBLAS preferred).
+if(NOT TARGET remat::blas)
+  find_path(REMAT_CBLAS_INCLUDE_DIR cblas.h
+            PATH_SUFFIXES openblas openblas-pthread x86_64-linux-gnu/openblas-pthread
+                          x86_64-linux-gnu/openblas-openmp aarch64-linux-gnu/openblas-pthread)
+  find_library(REMAT_BLAS_LIBRARY NAMES openblas openblasp openblaso)
+  if(NOT REMAT_BLAS_LIBRARY)
+    set(BLA_VENDOR OpenBLAS)
+    find_package(BLAS QUIET)
+    if(BLAS_FOUND)
+      set(REMAT_BLAS_LIBRARY "${BLAS_LIBRARIES}")
+    endif()
+  endif()
+  if(NOT REMAT_BLAS_LIBRARY OR NOT REMAT_CBLAS_INCLUDE_DIR)
+    message(FATAL_ERROR "remat: OpenBLAS (libopenblas-dev) with cblas.h not found "
+                        "(library: '${REMAT_BLAS_LIBRARY}', header dir: '${REMAT_CBLAS_INCLUDE_DIR}')")
+  endif()
+  add_library(remat::blas INTERFACE IMPORTED)
+  set_target_properties(remat::blas PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${REMAT_CBLAS_INCLUDE_DIR}"
+    INTERFACE_LINK_LIBRARIES "${REMAT_BLAS_LIBRARY}")
+  if(NOT remat_FIND_QUIETLY)
+    message(STATUS "remat: BLAS ${REMAT_BLAS_LIBRARY}, cblas.h in ${REMAT_CBLAS_INCLUDE_DIR}")
+  endif()
+endif()

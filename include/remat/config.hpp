@@ -1,0 +1,41 @@
+// remat's configuration: version, the host/device function macro, and the top namespace.
+// Embedding code may rename the namespace by defining REMAT_NAMESPACE before any remat header.
+#pragma once
+
+#define REMAT_VERSION_MAJOR 0
+#define REMAT_VERSION_MINOR 1
+#define REMAT_VERSION_PATCH 0
+#define REMAT_VERSION_STRING "0.1.0"
+
+#ifndef REMAT_NAMESPACE
+#define REMAT_NAMESPACE remat
+#endif
+
+#if defined(__CUDACC__)
+#define REMAT_HOST_DEVICE __forceinline__ __host__ __device__
+#define REMAT_HAS_CUDA 1
+#else
+#define REMAT_HOST_DEVICE inline
+#define REMAT_HAS_CUDA 0
+#endif
+
+#if defined(__CUDA_ARCH__)
+#define REMAT_DEVICE_CODE 1
+#else
+#define REMAT_DEVICE_CODE 0
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+namespace REMAT_NAMESPACE {
+
+struct version_info {
+  int major, minor, patch;
+};
+inline constexpr version_info version{REMAT_VERSION_MAJOR, REMAT_VERSION_MINOR, REMAT_VERSION_PATCH};
+
+// Signed sizes at the API boundary so that a negative size is reported, not wrapped around.
+using index_t = std::int64_t;
+
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,119 @@
+// Running expressions: evaluate(out, e) writes e into a tensor in one fused pass; sum, mean,
+// max_of and sum_squares reduce e without writing it out. Both check sizes first and throw
+// before touching any memory.
+#pragma once
+
+#include "../kernels/pointwise.hpp"
+#include "../kernels/reduce.hpp"
+#include "ops.hpp"
+
+#include <limits>
+#include <type_traits>
+
+namespace REMAT_NAMESPACE {
+namespace expr {
+
+namespace detail {
+
+template <class T, class V, class E>
+struct store_fn {
+  E e;
+  REMAT_HOST_DEVICE T operator()(std::size_t i) const { return from_compute<T>(e.template eval<V>(i)); }
+};
+
+template <class V, class E>
+struct load_fn {
+  E e;
+  REMAT_HOST_DEVICE V operator()(std::size_t i) const { return e.template eval<V>(i); }
+};
+
+template <class V, class E>
+struct square_fn {
+  E e;
+  REMAT_HOST_DEVICE V operator()(std::size_t i) const {
+    V const x = e.template eval<V>(i);
+    return x * x;
+  }
+};
+
+template <class E>
+std::size_t reduction_size(E const& e, char const* what) {
+  static_assert(!std::is_void_v<typename E::device>,
+                "remat reduction: the expression reads no tensor, so it has no size or device");
+  std::size_t const n = e.size();
+  if (n == 0)
+    REMAT_NAMESPACE::detail::raise<argument_error>(what, ": expected an expression of at least one element, found an empty one");
+  return n;
+}
+
+}  // namespace detail
+
+// out = e, element by element, in one pass. `out` is a tensor or a mutable view. e may read out
+// itself (in-place update) as long as it reads element i only to write element i.
+template <class Out, class E>
+  requires tensor_like<Out> && operand<E>
+void evaluate(Out&& out, E const& e) {
+  auto x = to_expr(e);
+  using X = decltype(x);
+  using T = typename std::remove_cvref_t<Out>::value_type;
+  using D = typename std::remove_cvref_t<Out>::device_type;
+  static_assert(std::is_void_v<typename X::device> || std::is_same_v<typename X::device, D>,
+                "remat::evaluate: the expression and the destination live on different devices");
+  static_assert(!std::is_const_v<std::remove_pointer_t<decltype(out.data())>>,
+                "remat::evaluate: the destination is read-only");
+  std::size_t const n = out.size();
+  if (x.size() != any_size && x.size() != n)
+    REMAT_NAMESPACE::detail::raise<shape_error>("remat::evaluate: expected an expression of ", n,
+                                                " elements to match the destination, found ", x.size());
+  using V = compute_t<X, T>;
+  kernels::transform(D{}, n, out.data(), detail::store_fn<T, V, X>{x});
+}
+
+// The sum of e's elements, accumulated in e's compute type.
+template <class E>
+  requires array_operand<E>
+auto sum(E const& e) {
+  auto x = to_expr(e);
+  using X = decltype(x);
+  using V = compute_t<X, float>;
+  std::size_t const n = detail::reduction_size(x, "remat::sum");
+  return kernels::transform_reduce(typename X::device{}, n, detail::load_fn<V, X>{x}, V(0), kernels::plus_op{});
+}
+
+template <class E>
+  requires array_operand<E>
+auto mean(E const& e) {
+  auto x = to_expr(e);
+  using X = decltype(x);
+  using V = compute_t<X, float>;
+  std::size_t const n = detail::reduction_size(x, "remat::mean");
+  return kernels::transform_reduce(typename X::device{}, n, detail::load_fn<V, X>{x}, V(0), kernels::plus_op{}) /
+         static_cast<V>(n);
+}
+
+// The largest element (NaN if any element is NaN).
+template <class E>
+  requires array_operand<E>
+auto max_of(E const& e) {
+  auto x = to_expr(e);
+  using X = decltype(x);
+  using V = compute_t<X, float>;
+  std::size_t const n = detail::reduction_size(x, "remat::max_of");
+  return kernels::transform_reduce(typename X::device{}, n, detail::load_fn<V, X>{x},
+                                   -std::numeric_limits<V>::infinity(), kernels::max_op{});
+}
+
+// The sum of squares (for norms and gradient clipping).
+template <class E>
+  requires array_operand<E>
+auto sum_squares(E const& e) {
+  auto x = to_expr(e);
+  using X = decltype(x);
+  using V = compute_t<X, float>;
+  std::size_t const n = detail::reduction_size(x, "remat::sum_squares");
+  return kernels::transform_reduce(typename X::device{}, n, detail::square_fn<V, X>{x}, V(0), kernels::plus_op{});
+}
+
+}  // namespace expr
+
+}  // namespace REMAT_NAMESPACE

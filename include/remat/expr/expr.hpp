@@ -1,0 +1,43 @@
+// The expression vocabulary in one include, also exported to remat:: so that tensors and views
+// find the operators by argument-dependent lookup.
+#pragma once
+
+#include "evaluate.hpp"
+#include "grad.hpp"
+#include "ops.hpp"
+
+namespace REMAT_NAMESPACE {
+
+// The expression vocabulary, also under remat:: so that tensors find the operators by ADL.
+using expr::abs;
+using expr::broadcast_rows;
+using expr::erf;
+using expr::evaluate;
+using expr::exp;
+using expr::gelu;
+using expr::gelu_tanh;
+using expr::grad;
+using expr::leaf;
+using expr::log;
+using expr::max;
+using expr::max_of;
+using expr::mean;
+using expr::min;
+using expr::pow;
+using expr::relu;
+using expr::rsqrt;
+using expr::sigmoid;
+using expr::sign;
+using expr::silu;
+using expr::sqrt;
+using expr::step;
+using expr::sum;
+using expr::sum_squares;
+using expr::tanh;
+using expr::to_expr;
+using expr::operator+;
+using expr::operator-;
+using expr::operator*;
+using expr::operator/;
+
+}  // namespace REMAT_NAMESPACE

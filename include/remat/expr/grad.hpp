@@ -1,0 +1,95 @@
+// Compile-time reverse mode. grad(e, x, seed) walks e's type from the root, multiplying the seed
+// by each node's local derivative on the way to every occurrence of the variable x, and returns
+// the sum as a new expression, which evaluates in one fused pass like any other. Local
+// derivatives are themselves expressions of the node's operand, so nothing is written by hand
+// for composites such as gelu or silu.
+#pragma once
+
+#include "ops.hpp"
+
+namespace REMAT_NAMESPACE {
+namespace expr {
+
+// d op(a) / da for each unary op, as an expression of a.
+template <class A> auto derivative(exp_op, A const& a) { return make_unary(exp_op{}, a); }
+template <class A> auto derivative(log_op, A const& a) { return div(one_t{}, a); }
+template <class A> auto derivative(sqrt_op, A const& a) { return div(constant{{}, 0.5}, make_unary(sqrt_op{}, a)); }
+template <class A> auto derivative(rsqrt_op, A const& a) {
+  return mul(constant{{}, -0.5}, div(make_unary(rsqrt_op{}, a), a));
+}
+template <class A> auto derivative(tanh_op, A const& a) {
+  auto t = make_unary(tanh_op{}, a);
+  return sub(one_t{}, mul(t, t));
+}
+template <class A> auto derivative(sigmoid_op, A const& a) {
+  auto s = make_unary(sigmoid_op{}, a);
+  return mul(s, sub(one_t{}, s));
+}
+template <class A> auto derivative(erf_op, A const& a) {
+  return mul(constant{{}, two_sqrtpi}, make_unary(exp_op{}, neg(mul(a, a))));
+}
+template <class A> auto derivative(abs_op, A const& a) { return make_unary(sign_op{}, a); }
+template <class A> auto derivative(relu_op, A const& a) { return make_unary(step_op{}, a); }
+template <class A> auto derivative(max_op op, A const& a) { return make_unary(ge_op{op.c}, a); }
+template <class A> auto derivative(min_op op, A const& a) { return make_unary(le_op{op.c}, a); }
+template <class A> auto derivative(pow_op op, A const& a) {
+  return mul(constant{{}, op.p}, make_unary(pow_op{op.p - 1.0}, a));
+}
+// Piecewise-constant ops have derivative 0 (almost everywhere).
+template <class A> auto derivative(sign_op, A const&) { return zero_t{}; }
+template <class A> auto derivative(step_op, A const&) { return zero_t{}; }
+template <class A> auto derivative(ge_op, A const&) { return zero_t{}; }
+template <class A> auto derivative(le_op, A const&) { return zero_t{}; }
+
+template <class E>
+inline constexpr bool is_unary_v = false;
+template <class Op, class A>
+inline constexpr bool is_unary_v<unary<Op, A>> = true;
+
+template <class E, class Op>
+inline constexpr bool is_binary_v = false;
+template <class Op, class A, class B>
+inline constexpr bool is_binary_v<binary<Op, A, B>, Op> = true;
+
+// The adjoint of variable Id in e, given the adjoint `s` of e itself.
+template <int Id, expression E, expression S>
+auto backprop(E const& e, S const& s) {
+  if constexpr (!contains_v<E, Id>)
+    return zero_t{};
+  else if constexpr (is_terminal_v<E>)
+    return s;
+  else if constexpr (is_unary_v<E>) {
+    if constexpr (std::is_same_v<std::remove_cv_t<decltype(e.op)>, neg_op>)
+      return backprop<Id>(e.a, neg(s));
+    else
+      return backprop<Id>(e.a, mul(s, derivative(e.op, e.a)));
+  } else if constexpr (is_binary_v<E, add_op>)
+    return add(backprop<Id>(e.a, s), backprop<Id>(e.b, s));
+  else if constexpr (is_binary_v<E, sub_op>)
+    return add(backprop<Id>(e.a, s), backprop<Id>(e.b, neg(s)));
+  else if constexpr (is_binary_v<E, mul_op>)
+    return add(backprop<Id>(e.a, mul(s, e.b)), backprop<Id>(e.b, mul(s, e.a)));
+  else {
+    static_assert(is_binary_v<E, div_op>, "remat::grad: no derivative rule for this expression node");
+    // d(a/b)/db = -(a/b)/b
+    return add(backprop<Id>(e.a, div(s, e.b)), backprop<Id>(e.b, neg(div(mul(s, e), e.b))));
+  }
+}
+
+// d e / d x, element by element, as an expression.
+template <expression E, expression X>
+auto grad(E const& e, X const&) {
+  static_assert(X::id != no_id, "remat::grad: differentiate with respect to a variable made by remat::leaf<Id>(tensor)");
+  return backprop<X::id>(e, one_t{});
+}
+
+// seed * d e / d x: the backward pass of y = e given dL/dy = seed.
+template <expression E, expression X, class S>
+  requires operand<S>
+auto grad(E const& e, X const&, S const& seed) {
+  static_assert(X::id != no_id, "remat::grad: differentiate with respect to a variable made by remat::leaf<Id>(tensor)");
+  return backprop<X::id>(e, to_expr(seed));
+}
+
+}  // namespace expr
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,171 @@
+// Expression nodes: small value types held by value, so a whole expression is one object that can
+// be copied into a kernel. Terminals read tensors (or are constants); inner nodes apply an op.
+// Every node answers size() (elements, or any_size for constants) and eval<V>(i), the i-th element
+// computed in type V (float, or double when any input or the output is double).
+#pragma once
+
+#include "../device.hpp"
+#include "../error.hpp"
+#include "../numeric/compute.hpp"
+
+#include <cstddef>
+#include <limits>
+#include <type_traits>
+
+namespace REMAT_NAMESPACE {
+namespace expr {
+
+struct expr_base {};
+
+template <class T>
+concept expression = std::is_base_of_v<expr_base, std::remove_cvref_t<T>>;
+
+inline constexpr std::size_t any_size = std::numeric_limits<std::size_t>::max();
+
+// The id of a terminal that is a constant as far as differentiation goes.
+inline constexpr int no_id = -1;
+
+// Reads element i of a tensor. Id names it as a variable for grad(); no_id for a constant.
+template <class T, class Device, int Id>
+struct ref : expr_base {
+  using device = Device;
+  using element = std::remove_cv_t<T>;
+  static constexpr int id = Id;
+  static constexpr bool is_double = std::is_same_v<element, double>;
+  T const* data;
+  std::size_t n;
+
+  constexpr std::size_t size() const { return n; }
+  template <class V>
+  REMAT_HOST_DEVICE V eval(std::size_t i) const {
+    return to_compute<V>(data[i]);
+  }
+};
+
+// Reads a row vector of `width` elements as if repeated over `n / width` rows (a bias).
+template <class T, class Device, int Id>
+struct row_broadcast : expr_base {
+  using device = Device;
+  using element = std::remove_cv_t<T>;
+  static constexpr int id = Id;
+  static constexpr bool is_double = std::is_same_v<element, double>;
+  T const* data;
+  std::size_t width;
+  std::size_t n;
+
+  constexpr std::size_t size() const { return n; }
+  template <class V>
+  REMAT_HOST_DEVICE V eval(std::size_t i) const {
+    return to_compute<V>(data[i % width]);
+  }
+};
+
+// A run-time scalar, the same for every element.
+struct constant : expr_base {
+  using device = void;
+  static constexpr bool is_double = false;
+  double value;
+
+  constexpr std::size_t size() const { return any_size; }
+  template <class V>
+  REMAT_HOST_DEVICE V eval(std::size_t) const {
+    return static_cast<V>(value);
+  }
+};
+
+// Compile-time 0 and 1: what differentiation produces and simplifies away.
+struct zero_t : expr_base {
+  using device = void;
+  static constexpr bool is_double = false;
+  constexpr std::size_t size() const { return any_size; }
+  template <class V>
+  REMAT_HOST_DEVICE V eval(std::size_t) const {
+    return V(0);
+  }
+};
+struct one_t : expr_base {
+  using device = void;
+  static constexpr bool is_double = false;
+  constexpr std::size_t size() const { return any_size; }
+  template <class V>
+  REMAT_HOST_DEVICE V eval(std::size_t) const {
+    return V(1);
+  }
+};
+
+namespace detail {
+
+template <class A, class B>
+struct common_device {
+  static_assert(std::is_same_v<A, B> || std::is_void_v<A> || std::is_void_v<B>,
+                "remat expression: operands live on different devices (one on remat::host, one on remat::cuda)");
+  using type = std::conditional_t<std::is_void_v<A>, B, A>;
+};
+
+inline std::size_t common_size(std::size_t a, std::size_t b) {
+  if (a == any_size) return b;
+  if (b == any_size || a == b) return a;
+  REMAT_NAMESPACE::detail::raise<shape_error>("expression operands differ in size: expected the right operand to have ", a,
+                                              " elements like the left one, found ", b);
+}
+
+}  // namespace detail
+
+template <class Op, class A>
+struct unary : expr_base {
+  using device = typename A::device;
+  static constexpr bool is_double = A::is_double;
+  [[no_unique_address]] Op op;
+  A a;
+
+  constexpr unary(Op o, A x) : op(o), a(x) {}
+  constexpr std::size_t size() const { return a.size(); }
+  template <class V>
+  REMAT_HOST_DEVICE V eval(std::size_t i) const {
+    return op(a.template eval<V>(i));
+  }
+};
+
+template <class Op, class A, class B>
+struct binary : expr_base {
+  using device = typename detail::common_device<typename A::device, typename B::device>::type;
+  static constexpr bool is_double = A::is_double || B::is_double;
+  A a;
+  B b;
+  std::size_t n;
+
+  binary(A x, B y) : a(x), b(y), n(detail::common_size(x.size(), y.size())) {}
+  constexpr std::size_t size() const { return n; }
+  template <class V>
+  REMAT_HOST_DEVICE V eval(std::size_t i) const {
+    return Op{}(a.template eval<V>(i), b.template eval<V>(i));
+  }
+};
+
+// Does E read the variable Id?
+template <class E, int Id>
+struct contains : std::false_type {};
+template <class T, class D, int I, int Id>
+struct contains<ref<T, D, I>, Id> : std::bool_constant<I == Id && Id != no_id> {};
+template <class T, class D, int I, int Id>
+struct contains<row_broadcast<T, D, I>, Id> : std::bool_constant<I == Id && Id != no_id> {};
+template <class Op, class A, int Id>
+struct contains<unary<Op, A>, Id> : contains<A, Id> {};
+template <class Op, class A, class B, int Id>
+struct contains<binary<Op, A, B>, Id> : std::bool_constant<contains<A, Id>::value || contains<B, Id>::value> {};
+template <class E, int Id>
+inline constexpr bool contains_v = contains<std::remove_cvref_t<E>, Id>::value;
+
+template <class E>
+inline constexpr bool is_terminal_v = false;
+template <class T, class D, int I>
+inline constexpr bool is_terminal_v<ref<T, D, I>> = true;
+template <class T, class D, int I>
+inline constexpr bool is_terminal_v<row_broadcast<T, D, I>> = true;
+
+// The type an expression computes in when written to an Out.
+template <class E, class Out>
+using compute_t = std::conditional_t<E::is_double || std::is_same_v<std::remove_cv_t<Out>, double>, double, float>;
+
+}  // namespace expr
+}  // namespace REMAT_NAMESPACE

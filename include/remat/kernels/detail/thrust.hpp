@@ -1,0 +1,49 @@
+// The one place Thrust is configured. Without nvcc the device system is the serial CPP system (so
+// Thrust never reaches for the CUDA runtime); host kernels run on Thrust's OpenMP system when the
+// compiler has OpenMP, serially otherwise.
+#pragma once
+
+#include "../../config.hpp"
+
+#if !REMAT_HAS_CUDA && !defined(THRUST_DEVICE_SYSTEM)
+#define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
+#endif
+
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/system/cpp/execution_policy.h>
+#include <thrust/transform.h>
+#include <thrust/transform_reduce.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#include <thrust/system/omp/execution_policy.h>
+#endif
+#if REMAT_HAS_CUDA
+#include <thrust/system/cuda/execution_policy.h>
+#endif
+
+#include <cstddef>
+
+namespace REMAT_NAMESPACE {
+namespace kernels {
+namespace detail {
+
+// Below this many elements a pass runs on the calling thread: waking a thread team costs more
+// than the work. Fixed, so that a reduction's order (and so its rounding) depends only on the
+// size and the thread count.
+inline constexpr std::size_t parallel_threshold = 32768;
+
+template <class F>
+decltype(auto) with_host_policy(std::size_t n, F&& f) {
+#if defined(_OPENMP)
+  if (n >= parallel_threshold && omp_get_max_threads() > 1) return f(thrust::omp::par);
+#else
+  (void)n;
+#endif
+  return f(thrust::cpp::par);
+}
+
+using index_iterator = thrust::counting_iterator<std::size_t>;
+
+}  // namespace detail
+}  // namespace kernels
+}  // namespace REMAT_NAMESPACE

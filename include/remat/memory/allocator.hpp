@@ -1,0 +1,257 @@
+// The caching allocator: one per device, every byte tagged with what it holds (parameters,
+// gradients, optimizer state, activations, workspace). It counts bytes in use, the peak and the
+// bytes reserved from the system, per tag and in total; the activation plan is checked against it.
+//
+// Rounding: every request is rounded up to a multiple of `granularity` (256) bytes, and all
+// counts are of rounded bytes. Freed blocks are cached per tag and per rounded size and reused
+// for the next request of the same tag and size, so a training loop stops calling the system
+// after its first step.
+#pragma once
+
+#include "../device.hpp"
+#include "../error.hpp"
+#include "system.hpp"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+namespace memory {
+
+enum class tag : std::uint8_t { parameters, gradients, optimizer_state, activations, workspace };
+inline constexpr std::size_t tag_count = 5;
+inline constexpr std::array<tag, tag_count> all_tags{tag::parameters, tag::gradients, tag::optimizer_state,
+                                                     tag::activations, tag::workspace};
+
+constexpr char const* name(tag t) {
+  switch (t) {
+    case tag::parameters: return "parameters";
+    case tag::gradients: return "gradients";
+    case tag::optimizer_state: return "optimizer state";
+    case tag::activations: return "activations";
+    case tag::workspace: return "workspace";
+  }
+  return "?";
+}
+
+inline constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
+
+// Bytes in use, the largest in-use value since the last reset_peak, and bytes held from the
+// system (in use plus cached for reuse).
+struct usage {
+  std::size_t in_use = 0;
+  std::size_t peak = 0;
+  std::size_t reserved = 0;
+};
+
+struct statistics {
+  std::array<usage, tag_count> by_tag{};
+  usage total{};
+  std::size_t limit = unlimited;
+  std::size_t system_allocations = 0;  // requests that went to the system
+  std::size_t cache_hits = 0;          // requests served from the cache
+  usage const& operator[](tag t) const { return by_tag[static_cast<std::size_t>(t)]; }
+};
+
+// "1.50 MiB"-style, exact bytes below 1 KiB.
+inline std::string format_bytes(std::size_t bytes) {
+  if (bytes == unlimited) return "unlimited";
+  char buf[32];
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+    return buf;
+  }
+  static constexpr char const* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes) / 1024.0;
+  int u = 0;
+  while (v >= 1024.0 && u < 3) {
+    v /= 1024.0;
+    ++u;
+  }
+  std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+template <class Device>
+class caching_allocator {
+ public:
+  static constexpr std::size_t granularity = 256;
+
+  static constexpr std::size_t rounded(std::size_t bytes) {
+    return (bytes + granularity - 1) / granularity * granularity;
+  }
+
+  explicit caching_allocator(std::size_t limit = unlimited) { stats_.limit = limit; }
+  caching_allocator(caching_allocator const&) = delete;
+  caching_allocator& operator=(caching_allocator const&) = delete;
+  // Returns cached blocks to the system. Blocks still in use belong to their owners' lifetimes.
+  ~caching_allocator() { release_cached(); }
+
+  // Memory for `bytes` bytes holding `t`. Throws argument_error for zero bytes and
+  // out_of_memory (with the summary) past the limit or when the system has none left.
+  void* allocate(std::size_t bytes, tag t) {
+    if (bytes == 0)
+      detail::raise<argument_error>("allocation of ", name(t), ": expected a positive number of bytes, found 0");
+    if (bytes > std::numeric_limits<std::size_t>::max() - granularity)
+      detail::raise<out_of_memory>("allocation of ", bytes, " bytes of ", name(t), " on ", Device::name,
+                                   " cannot be represented\n", summary());
+    std::size_t const size = rounded(bytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& bin = cache_[index(t)][size];
+    void* p = nullptr;
+    if (!bin.empty()) {
+      p = bin.back();
+      bin.pop_back();
+      ++stats_.cache_hits;
+    } else {
+      if (stats_.total.reserved + size > stats_.limit) release_cached_locked();
+      if (stats_.total.reserved + size > stats_.limit) fail(bytes, size, t, "the limit");
+      p = system<Device>::allocate(size);
+      if (!p) {
+        release_cached_locked();
+        p = system<Device>::allocate(size);
+      }
+      if (!p) fail(bytes, size, t, "the system's memory");
+      ++stats_.system_allocations;
+      add(stats_.by_tag[index(t)].reserved, stats_.total.reserved, size);
+    }
+    live_.emplace(p, block{size, t});
+    usage& u = stats_.by_tag[index(t)];
+    u.in_use += size;
+    stats_.total.in_use += size;
+    if (u.in_use > u.peak) u.peak = u.in_use;
+    if (stats_.total.in_use > stats_.total.peak) stats_.total.peak = stats_.total.in_use;
+    return p;
+  }
+
+  // Returns a block to the cache of its tag. Pointers this allocator did not hand out are ignored.
+  void deallocate(void* p) noexcept {
+    if (!p) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(p);
+    if (it == live_.end()) return;
+    block const b = it->second;
+    live_.erase(it);
+    stats_.by_tag[index(b.t)].in_use -= b.bytes;
+    stats_.total.in_use -= b.bytes;
+    try {
+      cache_[index(b.t)][b.bytes].push_back(p);
+    } catch (...) {  // no room to remember it: give it back instead
+      system<Device>::deallocate(p);
+      stats_.by_tag[index(b.t)].reserved -= b.bytes;
+      stats_.total.reserved -= b.bytes;
+    }
+  }
+
+  statistics stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+  usage stats(tag t) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_.by_tag[index(t)];
+  }
+
+  // Starts a new peak measurement from what is in use now.
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& u : stats_.by_tag) u.peak = u.in_use;
+    stats_.total.peak = stats_.total.in_use;
+  }
+
+  // Gives every cached (free) block back to the system.
+  void release_cached() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    release_cached_locked();
+  }
+
+  // Limit on reserved bytes (host: any value; GPU: at most what the device has).
+  void set_limit(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.limit = bytes;
+  }
+  std::size_t limit() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_.limit;
+  }
+
+  // A table of in use / peak / reserved per tag and in total.
+  std::string summary() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return summary_locked();
+  }
+
+ private:
+  struct block {
+    std::size_t bytes;
+    tag t;
+  };
+
+  static constexpr std::size_t index(tag t) { return static_cast<std::size_t>(t); }
+
+  static void add(std::size_t& a, std::size_t& b, std::size_t n) {
+    a += n;
+    b += n;
+  }
+
+  void release_cached_locked() noexcept {
+    for (std::size_t i = 0; i < tag_count; ++i) {
+      for (auto& [size, bin] : cache_[i]) {
+        for (void* p : bin) system<Device>::deallocate(p);
+        stats_.by_tag[i].reserved -= size * bin.size();
+        stats_.total.reserved -= size * bin.size();
+        bin.clear();
+      }
+    }
+  }
+
+  [[noreturn]] void fail(std::size_t bytes, std::size_t size, tag t, char const* what) const {
+    detail::raise<out_of_memory>("out of memory on ", Device::name, ": expected room for ", format_bytes(size),
+                                 " (", bytes, " bytes requested) of ", name(t), ", found ",
+                                 format_bytes(stats_.total.reserved), " already reserved against ", what,
+                                 " (limit ", format_bytes(stats_.limit), ")\n", summary_locked());
+  }
+
+  std::string summary_locked() const {
+    std::string out;
+    char line[160];
+    std::snprintf(line, sizeof line, "remat memory on %s (limit %s)\n", Device::name,
+                  format_bytes(stats_.limit).c_str());
+    out += line;
+    auto row = [&](char const* label, usage const& u) {
+      std::snprintf(line, sizeof line, "  %-16s %12s %12s %12s\n", label, format_bytes(u.in_use).c_str(),
+                    format_bytes(u.peak).c_str(), format_bytes(u.reserved).c_str());
+      out += line;
+    };
+    std::snprintf(line, sizeof line, "  %-16s %12s %12s %12s\n", "", "in use", "peak", "reserved");
+    out += line;
+    for (tag t : all_tags) row(name(t), stats_.by_tag[index(t)]);
+    row("total", stats_.total);
+    std::snprintf(line, sizeof line, "  %zu system allocations, %zu served from the cache\n",
+                  stats_.system_allocations, stats_.cache_hits);
+    out += line;
+    return out;
+  }
+
+  mutable std::mutex mutex_;
+  statistics stats_{};
+  std::unordered_map<void*, block> live_;
+  std::array<std::unordered_map<std::size_t, std::vector<void*>>, tag_count> cache_;
+};
+
+// The allocator that tensors use unless given another: one per device, for the whole program.
+template <class Device>
+caching_allocator<Device>& default_allocator() {
+  static caching_allocator<Device> instance;
+  return instance;
+}
+
+}  // namespace memory
+}  // namespace REMAT_NAMESPACE

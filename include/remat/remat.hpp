@@ -1,0 +1,20 @@
+// remat: train neural networks in less memory. The umbrella header: include this and go.
+#pragma once
+
+#include "config.hpp"
+#include "device.hpp"
+#include "error.hpp"
+#include "expr/evaluate.hpp"
+#include "expr/expr.hpp"
+#include "expr/grad.hpp"
+#include "expr/math.hpp"
+#include "expr/node.hpp"
+#include "expr/ops.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/pointwise.hpp"
+#include "kernels/reduce.hpp"
+#include "memory/allocator.hpp"
+#include "memory/system.hpp"
+#include "numeric/compute.hpp"
+#include "numeric/small_float.hpp"
+#include "tensor/tensor.hpp"
