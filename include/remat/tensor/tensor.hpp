@@ -123,13 +123,13 @@ class tensor {
   explicit tensor(index_t rows, memory::tag tag = memory::tag::activations,
                   allocator_type& alloc = memory::default_allocator<Device>())
     requires(Width != dynamic_width)
-      : tensor(detail::checked_extent(rows, "rows"), Width, tag, alloc) {}
+      : tensor(unchecked{}, detail::checked_extent(rows, "rows"), Width, tag, alloc) {}
 
   // rows x cols, for a run-time width.
   tensor(index_t rows, index_t cols, memory::tag tag = memory::tag::activations,
          allocator_type& alloc = memory::default_allocator<Device>())
     requires(Width == dynamic_width)
-      : tensor(detail::checked_extent(rows, "rows"), detail::checked_extent(cols, "cols"), tag, alloc) {}
+      : tensor(unchecked{}, detail::checked_extent(rows, "rows"), detail::checked_extent(cols, "cols"), tag, alloc) {}
 
   tensor(tensor&& o) noexcept : view_(std::exchange(o.view_, view_type{})), tag_(o.tag_), alloc_(o.alloc_) {}
   tensor& operator=(tensor&& o) noexcept {
@@ -201,7 +201,9 @@ class tensor {
   }
 
  private:
-  tensor(std::size_t rows, std::size_t cols, memory::tag tag, allocator_type& alloc) : tag_(tag), alloc_(&alloc) {
+  struct unchecked {};
+  tensor(unchecked, std::size_t rows, std::size_t cols, memory::tag tag, allocator_type& alloc)
+      : tag_(tag), alloc_(&alloc) {
     if (rows > std::numeric_limits<std::size_t>::max() / sizeof(T) / cols)
       detail::raise<argument_error>("tensor: ", rows, " x ", cols, " elements of ", sizeof(T),
                                     " bytes do not fit in memory's address range");

@@ -1,0 +1,140 @@
+// The fused expression pass against (a) the same expression evaluated op by op through
+// temporaries and (b) the memory bandwidth of a plain copy of the same number of bytes.
+// For each expression: bytes that must move (inputs read once, output written once), median time
+// of each variant, effective GB/s, and the fraction of copy bandwidth the fused pass reaches.
+// Prints a table and one JSON line per row (prefixed "json: ").
+#include <remat/remat.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace remat;
+using ftensor = tensor<float>;
+
+namespace {
+
+double median_seconds(std::function<void()> const& f, int reps) {
+  f();  // warm: first touch of pages, cache allocations
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    auto const t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[std::size_t(reps / 2)];
+}
+
+template <class Op, class A, class B, class A2, class B2>
+auto rebuild(expr::binary<Op, A, B> const&, A2 const& a, B2 const& b) {
+  return expr::binary<Op, A2, B2>(a, b);
+}
+
+// The unfused baseline: every inner node into its own fp32 tensor, as an eager framework does.
+template <class E>
+auto op_by_op(E const& e, std::deque<ftensor>& tmp, std::size_t& next) {
+  auto slot = [&]() -> ftensor& {
+    if (next == tmp.size()) tmp.emplace_back(index_t(e.size()), 1);
+    return tmp[next++];
+  };
+  if constexpr (expr::is_unary_v<E>) {
+    auto a = op_by_op(e.a, tmp, next);
+    ftensor& t = slot();
+    evaluate(t, expr::unary<std::remove_cv_t<decltype(e.op)>, decltype(a)>(e.op, a));
+    return to_expr(t);
+  } else if constexpr (requires { e.a; e.b; }) {
+    auto a = op_by_op(e.a, tmp, next);
+    auto b = op_by_op(e.b, tmp, next);
+    ftensor& t = slot();
+    evaluate(t, rebuild(e, a, b));
+    return to_expr(t);
+  } else {
+    return e;
+  }
+}
+
+struct row {
+  std::string name;
+  int inputs;
+  std::size_t n;
+  double fused_s, stepwise_s, copy_s;
+};
+
+template <class E>
+row run(char const* name, int inputs, E const& e, std::size_t n, int reps) {
+  ftensor out(index_t(n), 1);
+  std::deque<ftensor> tmp;
+  row r{name, inputs, n, 0, 0, 0};
+  r.fused_s = median_seconds([&] { evaluate(out, e); }, reps);
+  r.stepwise_s = median_seconds(
+      [&] {
+        std::size_t next = 0;
+        evaluate(out, op_by_op(e, tmp, next));
+      },
+      reps);
+  // A copy that moves the same bytes as the fused pass: (inputs + 1) * n floats, half read and
+  // half written; the faster of memcpy (one thread) and a parallel copy.
+  index_t const m = index_t(n) * (inputs + 1) / 2;
+  ftensor src(m, 1), dst(m, 1);
+  evaluate(src, expr::to_expr(1.0));
+  double const memcpy_s = median_seconds([&] { std::memcpy(dst.data(), src.data(), src.bytes()); }, reps);
+  double const parallel_s = median_seconds([&] { evaluate(dst, src); }, reps);
+  r.copy_s = std::min(memcpy_s, parallel_s);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t const n = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (std::size_t(1) << 24);
+  int const reps = argc > 2 ? std::atoi(argv[2]) : 15;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> d(0.1f, 2.0f);
+  ftensor x(index_t(n), 1), y(index_t(n), 1), z(index_t(n), 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = d(rng);
+    y[i] = d(rng);
+    z[i] = d(rng);
+  }
+  auto X = leaf<0>(x);
+  std::vector<row> rows;
+  rows.push_back(run("x * y + z", 3, x * y + z, n, reps));
+  rows.push_back(run("gelu(x * y + z)", 3, gelu(x * y + z), n, reps));
+  rows.push_back(run("silu(x) * y - z / 2", 3, silu(x) * y - z / 2.0, n, reps));
+  rows.push_back(run("d gelu(x) * dy (backward)", 2, grad(gelu(X), X, y), n, reps));
+  rows.push_back(run("adamw-like update", 3, x - (y / (sqrt(z) + 1e-8) + x * 0.01) * 1e-3, n, reps));
+
+  std::printf("remat expression bench: %zu fp32 elements, median of %d, host, %d thread(s)\n\n", n, reps,
+#if defined(_OPENMP)
+              omp_get_max_threads()
+#else
+              1
+#endif
+  );
+  std::printf("| expression | bytes moved | fused ms | op-by-op ms | fused speed-up | fused GB/s | copy GB/s | fused / copy |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (auto const& r : rows) {
+    double const bytes = double(r.n) * sizeof(float) * (r.inputs + 1);
+    double const fused_gbs = bytes / r.fused_s / 1e9, copy_gbs = bytes / r.copy_s / 1e9;
+    std::printf("| %s | %.0f MB | %.2f | %.2f | %.2fx | %.1f | %.1f | %.0f%% |\n", r.name.c_str(), bytes / 1e6,
+                r.fused_s * 1e3, r.stepwise_s * 1e3, r.stepwise_s / r.fused_s, fused_gbs, copy_gbs,
+                100 * fused_gbs / copy_gbs);
+  }
+  std::printf("\n");
+  for (auto const& r : rows) {
+    double const bytes = double(r.n) * sizeof(float) * (r.inputs + 1);
+    std::printf("json: {\"bench\":\"expr\",\"expression\":\"%s\",\"elements\":%zu,\"bytes\":%.0f,\"fused_s\":%.6g,"
+                "\"op_by_op_s\":%.6g,\"copy_s\":%.6g,\"speedup\":%.4g,\"fraction_of_copy\":%.4g}\n",
+                r.name.c_str(), r.n, bytes, r.fused_s, r.stepwise_s, r.copy_s, r.stepwise_s / r.fused_s,
+                r.copy_s / r.fused_s);
+  }
+  return 0;
+}

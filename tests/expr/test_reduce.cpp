@@ -1,0 +1,57 @@
+#include <remat/expr/expr.hpp>
+#include <remat/tensor/tensor.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+using namespace remat;
+
+TEST_CASE("reductions: sums of 1..n against the closed forms", "[expr][reduce]") {
+  for (index_t n : {index_t(1), index_t(7), index_t(1000), index_t(200001)}) {
+    tensor<double> x(n, 1);
+    for (index_t i = 0; i < n; ++i) x[std::size_t(i)] = double(i + 1);
+    double const nn = double(n);
+    CHECK(sum(x) == nn * (nn + 1) / 2);  // exact in double for these n
+    CHECK(sum_squares(x) == nn * (nn + 1) * (2 * nn + 1) / 6);
+    CHECK(mean(x) == (nn + 1) / 2);
+    CHECK(max_of(x) == nn);
+    CHECK(sum(x * 2.0 - 1.0) == nn * nn);  // reduces a fused expression, nothing written
+    CHECK(max_of(-x) == -1.0);
+  }
+}
+
+TEST_CASE("reductions: fp32 accumulates in fp32 and stays close to the exact sum", "[expr][reduce]") {
+  index_t const n = 300000;
+  tensor<float> x(n, 1);
+  double exact = 0;
+  for (index_t i = 0; i < n; ++i) {
+    float const v = float((i * 7919) % 1000) / 1000.0f;
+    x[std::size_t(i)] = v;
+    exact += v;
+  }
+  auto s = sum(x);
+  STATIC_REQUIRE(std::is_same_v<decltype(s), float>);
+  CHECK(double(s) == Approx(exact).epsilon(1e-5));
+  CHECK(double(mean(x)) == Approx(exact / double(n)).epsilon(1e-5));
+}
+
+TEST_CASE("reductions: the maximum is NaN if any element is NaN", "[expr][reduce]") {
+  tensor<float> x(5, 1);
+  for (std::size_t i = 0; i < 5; ++i) x[i] = float(i);
+  CHECK(max_of(x) == 4.0f);
+  x[2] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(std::isnan(max_of(x)));
+  x[2] = std::numeric_limits<float>::infinity();
+  CHECK(std::isinf(sum(x)));
+}
+
+TEST_CASE("reductions: an empty expression is an argument error", "[expr][reduce][errors]") {
+  tensor<float, host, 4> x(3);
+  auto none = x.view().row_range(1, 0);
+  CHECK_THROWS_AS(sum(none), argument_error);
+  CHECK_THROWS_WITH(mean(none), Catch::Contains("at least one element") && Catch::Contains("empty"));
+  CHECK_THROWS_AS(max_of(none * 2.0), argument_error);
+  CHECK_THROWS_AS(sum_squares(none), argument_error);
+}

@@ -1,0 +1,99 @@
+// kernels::gemm against a naive product in double, on odd shapes, every transpose combination and
+// several alpha/beta; the tolerance is the textbook bound for a k-term dot product in fp32.
+#include <remat/kernels/gemm.hpp>
+#include <remat/tensor/tensor.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cfloat>
+#include <cmath>
+#include <random>
+#include <vector>
+
+using namespace remat;
+using kernels::trans;
+
+namespace {
+
+template <class T>
+void check_gemm(index_t m, index_t n, index_t k, trans ta, trans tb, T alpha, T beta, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> d(-1, 1);
+  // Stored shapes (row-major): A is m x k or k x m, B is k x n or n x k.
+  index_t const ar = ta == trans::no ? m : k, ac = ta == trans::no ? k : m;
+  index_t const br = tb == trans::no ? k : n, bc = tb == trans::no ? n : k;
+  tensor<T> a(ar, ac), b(br, bc), c(m, n);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = T(d(rng));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = T(d(rng));
+  for (std::size_t i = 0; i < c.size(); ++i) c[i] = T(d(rng));
+  auto const c0 = c.to_vector();
+  kernels::gemm(a.view(), ta, b.view(), tb, c.view(), alpha, beta);
+  double const eps = std::is_same_v<T, float> ? FLT_EPSILON : DBL_EPSILON;
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      double ref = 0, mag = 0;
+      for (index_t p = 0; p < k; ++p) {
+        double const x = ta == trans::no ? double(a(i, p)) : double(a(p, i));
+        double const y = tb == trans::no ? double(b(p, j)) : double(b(j, p));
+        ref += x * y;
+        mag += std::fabs(x * y);
+      }
+      double const c_old = double(c0[std::size_t(i * n + j)]);
+      double const want = double(alpha) * ref + double(beta) * c_old;
+      double const tol = double(k + 2) * eps * (std::fabs(double(alpha)) * mag + std::fabs(double(beta) * c_old));
+      INFO("m n k = " << m << " " << n << " " << k << ", transposes " << int(ta) << int(tb) << ", alpha " << alpha
+                      << ", beta " << beta << ", at (" << i << ", " << j << ")");
+      REQUIRE(std::fabs(double(c(i, j)) - want) <= tol);
+    }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("gemm: odd shapes, all transposes, alpha and beta, against double", "[kernels][gemm]", float,
+                   double) {
+  struct shape {
+    index_t m, n, k;
+  };
+  unsigned seed = 1;
+  for (shape s : {shape{1, 1, 1}, shape{3, 5, 7}, shape{17, 13, 11}, shape{64, 1, 33}, shape{1, 65, 2},
+                  shape{127, 129, 31}, shape{5, 3, 300}})
+    for (trans ta : {trans::no, trans::yes})
+      for (trans tb : {trans::no, trans::yes})
+        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 2.0}, std::pair{-1.25, -0.5}})
+          check_gemm<TestType>(s.m, s.n, s.k, ta, tb, TestType(alpha), TestType(beta), seed++);
+}
+
+TEST_CASE("gemm: hand-computed 2x3 by 3x2", "[kernels][gemm]") {
+  tensor<float> a(2, 3), b(3, 2), c(2, 2);
+  float const av[] = {1, 2, 3, 4, 5, 6}, bv[] = {7, 8, 9, 10, 11, 12};
+  a.copy_from(av);
+  b.copy_from(bv);
+  kernels::gemm(a.view(), trans::no, b.view(), trans::no, c.view());
+  CHECK(c(0, 0) == 58.0f);
+  CHECK(c(0, 1) == 64.0f);
+  CHECK(c(1, 0) == 139.0f);
+  CHECK(c(1, 1) == 154.0f);
+  kernels::gemm(a.view(), trans::no, a.view(), trans::yes, c.view());  // A A^T
+  CHECK(c(0, 0) == 14.0f);
+  CHECK(c(0, 1) == 32.0f);
+  CHECK(c(1, 1) == 77.0f);
+}
+
+TEST_CASE("gemm: mismatched shapes are shape errors naming the shapes, and C is untouched", "[kernels][gemm][errors]") {
+  tensor<float> a(2, 3), b(4, 2), c(2, 2);
+  for (std::size_t i = 0; i < 4; ++i) c[i] = 9.0f;
+  CHECK_THROWS_AS(kernels::gemm(a.view(), trans::no, b.view(), trans::no, c.view()), shape_error);
+  CHECK_THROWS_WITH(kernels::gemm(a.view(), trans::no, b.view(), trans::no, c.view()),
+                    Catch::Contains("op(A) is 2 x 3") && Catch::Contains("found 4 x 2"));
+  tensor<float> b2(3, 5);
+  CHECK_THROWS_WITH(kernels::gemm(a.view(), trans::no, b2.view(), trans::no, c.view()),
+                    Catch::Contains("2 x 5") && Catch::Contains("C is 2 x 2"));
+  for (std::size_t i = 0; i < 4; ++i) CHECK(c[i] == 9.0f);
+}
+
+TEST_CASE("gemm: negative sizes and short leading dimensions are argument errors", "[kernels][gemm][errors]") {
+  float a[6] = {}, b[6] = {}, c[4] = {};
+  CHECK_THROWS_AS(kernels::gemm(host{}, trans::no, trans::no, -1, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2), argument_error);
+  CHECK_THROWS_WITH(kernels::gemm(host{}, trans::no, trans::no, 2, 2, 3, 1.0f, a, 2, b, 2, 0.0f, c, 2),
+                    Catch::Contains("leading dimension of A must be at least 3, found 2"));
+}
