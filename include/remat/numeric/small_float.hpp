@@ -158,12 +158,10 @@ class small_float {
 
 #if REMAT_HAS_CUDA
   // Bit-for-bit interchange with CUDA's own types.
-  REMAT_HOST_DEVICE explicit small_float(__half h)
-    requires std::is_same_v<Format, detail::binary16_format>
-      : bits_(__half_raw(h).x) {}
-  REMAT_HOST_DEVICE explicit small_float(__nv_bfloat16 h)
-    requires std::is_same_v<Format, detail::bfloat16_format>
-      : bits_(__nv_bfloat16_raw(h).x) {}
+  template <class F = Format, std::enable_if_t<std::is_same_v<F, detail::binary16_format>, int> = 0>
+  REMAT_HOST_DEVICE explicit small_float(__half h) : bits_(__half_raw(h).x) {}
+  template <class F = Format, std::enable_if_t<std::is_same_v<F, detail::bfloat16_format>, int> = 0>
+  REMAT_HOST_DEVICE explicit small_float(__nv_bfloat16 h) : bits_(__nv_bfloat16_raw(h).x) {}
 #endif
 
  private:

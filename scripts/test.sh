@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh machine: sets up what is missing, then
+#   1. builds and runs the tests (ctest) with optimisation,
+#   2. builds and runs them again under AddressSanitizer and UndefinedBehaviorSanitizer,
+#   3. installs remat into a temporary prefix and builds and runs tests/consumer against it
+#      with find_package(remat CONFIG REQUIRED),
+#   4. when nvcc is here, compiles and links every public header and the CUDA paths for sm_90.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs="$(nproc)"
+bash scripts/setup.sh
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "build and test (default preset)"
+cmake --preset default >/dev/null
+cmake --build --preset default -j"$jobs"
+ctest --preset default -j"$jobs"
+
+step "build and test under address and undefined-behaviour sanitizers"
+cmake --preset sanitize >/dev/null
+cmake --build --preset sanitize -j"$jobs"
+ctest --preset sanitize -j"$jobs"
+
+step "install, then build a consumer project with find_package(remat CONFIG REQUIRED)"
+prefix="$(mktemp -d)"
+trap 'rm -rf "$prefix"' EXIT
+cmake --install build/default --prefix "$prefix/install" >/dev/null
+cmake -S tests/consumer -B "$prefix/consumer" -DCMAKE_PREFIX_PATH="$prefix/install" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$prefix/consumer" -j"$jobs"
+"$prefix/consumer/consumer"
+
+nvcc="${CUDAToolkit_ROOT:-/usr/local/cuda}/bin/nvcc"
+if [ -x "$nvcc" ] || command -v nvcc >/dev/null 2>&1; then
+  step "nvcc: compile and link every public header and the CUDA paths (sm_90; no GPU needed)"
+  cmake --preset cuda >/dev/null
+  cmake --build --preset cuda --target remat_cuda_headers -j"$jobs"
+else
+  step "nvcc not found: CUDA compile check skipped"
+fi
+
+step "all test stages passed"
