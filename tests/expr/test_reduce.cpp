@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 using namespace remat;
@@ -55,3 +56,20 @@ TEST_CASE("reductions: an empty expression is an argument error", "[expr][reduce
   CHECK_THROWS_AS(max_of(none * 2.0), argument_error);
   CHECK_THROWS_AS(sum_squares(none), argument_error);
 }
+
+#if defined(_OPENMP)
+#include <omp.h>
+TEST_CASE("reductions: the result is bitwise the same on any number of threads", "[expr][reduce]") {
+  index_t const n = 1000003;
+  tensor<float> x(n, 1);
+  for (index_t i = 0; i < n; ++i) x[std::size_t(i)] = std::sin(float(i)) * 1e3f;
+  int const saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  float const one = sum(x * x + 1.0), one_max = max_of(x);
+  omp_set_num_threads(3);
+  float const three = sum(x * x + 1.0), three_max = max_of(x);
+  omp_set_num_threads(saved);
+  CHECK(std::memcmp(&one, &three, sizeof one) == 0);
+  CHECK(one_max == three_max);
+}
+#endif
