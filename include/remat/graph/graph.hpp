@@ -1,0 +1,276 @@
+// Composition: Seq<L...> (a flat type list, folded, never nested), Residual<S> (y = x + S(x)) and
+// Repeat<N, Block> (one block type, N parameter sets, run in a loop: no N-deep instantiation).
+// Widths are checked at compile time; a mismatch names both neighbours and both widths.
+#pragma once
+
+#include "../layers/common.hpp"
+#include "../layers/embedding.hpp"
+#include "../layers/linear.hpp"
+#include "../layers/pointwise.hpp"
+
+#include <array>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace REMAT_NAMESPACE {
+
+// Fails to compile with both layers and both widths in the instantiation that the compiler prints.
+template <class Left, std::size_t LeftOut, class Right, std::size_t RightIn>
+struct width_mismatch {
+  static_assert(LeftOut == RightIn,
+                "remat: width mismatch between neighbouring layers: the output width of the first layer named in "
+                "width_mismatch<First, its output width, Second, its input width> differs from the second's input");
+  static constexpr bool ok = LeftOut == RightIn;
+};
+
+template <class Block, std::size_t In, std::size_t Out>
+struct residual_width_mismatch {
+  static_assert(In == Out, "remat::Residual<S>: S must keep the width (in residual_width_mismatch<S, in, out>)");
+  static constexpr bool ok = In == Out;
+};
+
+namespace detail {
+
+template <class... L>
+struct seq_widths {
+  static constexpr std::size_t n = sizeof...(L);
+  static constexpr std::array<std::size_t, n> ins{L::in_width...};
+  static constexpr std::array<std::size_t, n> outs{L::out_width...};
+
+  // For each layer: the index of the nearest earlier layer that fixed the width (n if none).
+  static constexpr std::array<std::size_t, n> setter = [] {
+    std::array<std::size_t, n> s{};
+    std::size_t last = n;
+    for (std::size_t i = 0; i < n; ++i) {
+      s[i] = last;
+      if (outs[i] != any_width) last = i;
+    }
+    return s;
+  }();
+  static constexpr std::size_t in_width = [] {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (ins[i] != any_width) return ins[i];
+      if (outs[i] != any_width) return any_width;
+    }
+    return any_width;
+  }();
+  static constexpr std::size_t out_width = [] {
+    for (std::size_t i = n; i-- > 0;)
+      if (outs[i] != any_width) return outs[i];
+    return in_width;
+  }();
+};
+
+template <std::size_t I, class... L>
+using nth = std::tuple_element_t<I, std::tuple<L...>>;
+
+// Checks layer I against the layer that set its input width; instantiates width_mismatch (and so
+// fails, naming both) when they disagree.
+template <std::size_t I, class... L>
+constexpr bool check_neighbour() {
+  using W = seq_widths<L...>;
+  constexpr std::size_t j = W::setter[I];
+  if constexpr (j != W::n && W::ins[I] != any_width) {
+    return width_mismatch<nth<j, L...>, W::outs[j], nth<I, L...>, W::ins[I]>::ok;
+  } else {
+    return true;
+  }
+}
+
+template <class... L, std::size_t... I>
+constexpr bool check_all(std::index_sequence<I...>) {
+  return (check_neighbour<I, L...>() && ...);
+}
+
+template <class... L>
+constexpr std::array<std::size_t, sizeof...(L) + 1> param_offsets() {
+  std::array<std::size_t, sizeof...(L)> counts{L::param_count...};
+  std::array<std::size_t, sizeof...(L) + 1> off{};
+  for (std::size_t i = 0; i < sizeof...(L); ++i) off[i + 1] = off[i] + counts[i];
+  return off;
+}
+
+template <class L>
+inline constexpr bool is_linear_v = false;
+template <std::size_t In, std::size_t Out, bool B>
+inline constexpr bool is_linear_v<Linear<In, Out, B>> = true;
+
+// A name for each parameter tensor, PyTorch-style: "0.weight", "2.1.0.bias".
+template <class L, class F>
+void visit_params(std::string const& prefix, std::size_t offset, F&& f) {
+  if constexpr (requires { L::template visit<F>; })
+    L::visit(prefix, offset, f);
+  else
+    for (param_desc const& p : L::params()) f(prefix + p.name, offset + p.offset, p.shape);
+}
+
+}  // namespace detail
+
+template <class... L>
+struct Seq {
+  static_assert(sizeof...(L) > 0, "remat::Seq<>: a sequence needs at least one layer");
+  using widths = detail::seq_widths<L...>;
+  static constexpr bool widths_ok = detail::check_all<L...>(std::index_sequence_for<L...>{});
+  static_assert(widths_ok, "remat::Seq: layer widths do not match (see width_mismatch above)");
+  static constexpr std::size_t in_width = widths::in_width;
+  static constexpr std::size_t out_width = widths::out_width;
+  static constexpr std::array<std::size_t, sizeof...(L) + 1> offsets = detail::param_offsets<L...>();
+  static constexpr std::size_t param_count = offsets[sizeof...(L)];
+  static constexpr std::size_t size = sizeof...(L);
+  using first = detail::nth<0, L...>;
+  static constexpr bool reads_ids = is_embedding_v<first>;
+
+  template <class F>
+  static void visit(std::string const& prefix, std::size_t offset, F& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (detail::visit_params<detail::nth<I, L...>>(prefix + std::to_string(I) + ".", offset + offsets[I], f), ...);
+    }(std::index_sequence_for<L...>{});
+  }
+
+  template <class T>
+  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (detail::nth<I, L...>::init(p + offsets[I], global_offset + offsets[I], seed), ...);
+    }(std::index_sequence_for<L...>{});
+  }
+
+  // Layer I is run together with layer I + 1 when it is a Linear followed by a point-wise layer.
+  template <std::size_t I>
+  static constexpr bool fused_with_next() {
+    if constexpr (I + 1 < sizeof...(L))
+      return detail::is_linear_v<detail::nth<I, L...>> && is_pointwise_v<detail::nth<I + 1, L...>>;
+    else
+      return false;
+  }
+  template <std::size_t I>
+  static constexpr bool fused_with_previous() {
+    if constexpr (I > 0)
+      return fused_with_next<I - 1>();
+    else
+      return false;
+  }
+
+  template <std::size_t I, class T, class D>
+  static void forward_one(pass_state<T, D>& s, T const* p, act<T, D>& x) {
+    using Layer = detail::nth<I, L...>;
+    if constexpr (is_embedding_v<Layer>) {
+      static_assert(I == 0, "remat::Embedding must be the first layer of the model");
+      x = Layer::forward_ids(s, p + offsets[I], s.ids, s.id_count);
+    } else if constexpr (fused_with_previous<I>()) {
+      // ran with the Linear before it
+    } else if constexpr (fused_with_next<I>()) {
+      x = Layer::template forward<T, D, typename detail::nth<I + 1, L...>::function>(s, p + offsets[I], std::move(x));
+    } else {
+      x = Layer::forward(s, p + offsets[I], std::move(x));
+    }
+  }
+
+  template <std::size_t I, class T, class D>
+  static void backward_one(pass_state<T, D>& s, T const* p, T* g, act<T, D>& dy) {
+    using Layer = detail::nth<I, L...>;
+    if constexpr (is_embedding_v<Layer>) {
+      Layer::backward_ids(g + offsets[I], s.ids, s.id_count, *dy);
+      dy.reset();
+    } else if constexpr (fused_with_previous<I>()) {
+    } else if constexpr (fused_with_next<I>()) {
+      dy = Layer::template backward<T, D, typename detail::nth<I + 1, L...>::function>(s, p + offsets[I],
+                                                                                       g + offsets[I], std::move(dy));
+    } else {
+      dy = Layer::backward(s, p + offsets[I], g + offsets[I], std::move(dy));
+    }
+  }
+
+  template <class T, class D>
+  static act<T, D> forward(pass_state<T, D>& s, T const* p, act<T, D> x) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) { (forward_one<I>(s, p, x), ...); }(std::index_sequence_for<L...>{});
+    return x;
+  }
+
+  template <class T, class D>
+  static act<T, D> backward(pass_state<T, D>& s, T const* p, T* g, act<T, D> dy) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (backward_one<sizeof...(L) - 1 - I>(s, p, g, dy), ...);
+    }(std::index_sequence_for<L...>{});
+    return dy;
+  }
+};
+
+template <class S>
+struct Residual {
+  static constexpr bool widths_ok = residual_width_mismatch<S, S::in_width, S::out_width>::ok;
+  static_assert(widths_ok, "remat::Residual: see residual_width_mismatch above");
+  static constexpr std::size_t in_width = S::in_width;
+  static constexpr std::size_t out_width = S::in_width;
+  static constexpr std::size_t param_count = S::param_count;
+
+  template <class F>
+  static void visit(std::string const& prefix, std::size_t offset, F& f) {
+    detail::visit_params<S>(prefix, offset, f);
+  }
+  template <class T>
+  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
+    S::init(p, global_offset, seed);
+  }
+
+  template <class T, class D>
+  static act<T, D> forward(pass_state<T, D>& s, T const* p, act<T, D> x) {
+    act<T, D> y = S::forward(s, p, x);
+    if (y == x) {  // S was the identity: never add into its input
+      y = s.make(x->rows(), x->cols());
+      evaluate(*y, *x + *x);
+    } else {
+      evaluate(*y, *y + *x);
+    }
+    return y;
+  }
+
+  template <class T, class D>
+  static act<T, D> backward(pass_state<T, D>& s, T const* p, T* g, act<T, D> dy) {
+    act<T, D> dx = S::backward(s, p, g, dy);  // dy stays shared here, so S does not overwrite it
+    if (dx == dy) {
+      dx = s.make(dy->rows(), dy->cols());
+      evaluate(*dx, *dy + *dy);
+    } else {
+      evaluate(*dx, *dx + *dy);
+    }
+    return dx;
+  }
+};
+
+template <std::size_t N, class Block>
+struct Repeat {
+  static_assert(N >= 1, "remat::Repeat<N, Block>: N must be at least 1");
+  static_assert(Block::in_width == Block::out_width || Block::out_width == any_width,
+                "remat::Repeat<N, Block>: the block must keep its width to be chained");
+  static constexpr std::size_t count = N;
+  using block = Block;
+  static constexpr std::size_t in_width = Block::in_width;
+  static constexpr std::size_t out_width = Block::out_width;
+  static constexpr std::size_t param_count = N * Block::param_count;
+
+  template <class F>
+  static void visit(std::string const& prefix, std::size_t offset, F& f) {
+    for (std::size_t k = 0; k < N; ++k)
+      detail::visit_params<Block>(prefix + std::to_string(k) + ".", offset + k * Block::param_count, f);
+  }
+  template <class T>
+  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
+    for (std::size_t k = 0; k < N; ++k)
+      Block::init(p + k * Block::param_count, global_offset + k * Block::param_count, seed);
+  }
+
+  template <class T, class D>
+  static act<T, D> forward(pass_state<T, D>& s, T const* p, act<T, D> x) {
+    for (std::size_t k = 0; k < N; ++k) x = Block::forward(s, p + k * Block::param_count, std::move(x));
+    return x;
+  }
+  template <class T, class D>
+  static act<T, D> backward(pass_state<T, D>& s, T const* p, T* g, act<T, D> dy) {
+    for (std::size_t k = N; k-- > 0;)
+      dy = Block::backward(s, p + k * Block::param_count, g + k * Block::param_count, std::move(dy));
+    return dy;
+  }
+};
+
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,206 @@
+// remat::model<Net, Device, Precision>: the parameters of a layer graph in one flat buffer (with
+// its gradients), initialised deterministically from a seed; inference, a training pass that
+// accumulates gradients, and a training step. Every input is checked before anything changes.
+#pragma once
+
+#include "../layers/loss.hpp"
+#include "../numeric/precision.hpp"
+#include "graph.hpp"
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+
+struct seed {
+  std::uint64_t value = 0;
+};
+
+struct named_param {
+  std::string name;
+  std::size_t offset;
+  std::vector<std::size_t> shape;
+  std::size_t size() const {
+    std::size_t n = 1;
+    for (auto s : shape) n *= s;
+    return n;
+  }
+};
+
+template <class Net, class Device = host, class Precision = fp32>
+class model {
+ public:
+  using net = Net;
+  using device = Device;
+  using precision = Precision;
+  using value_type = typename Precision::master;
+  using T = value_type;
+  static constexpr std::size_t in_width = Net::in_width;
+  static constexpr std::size_t out_width = Net::out_width;
+  static constexpr std::size_t parameter_count = Net::param_count;
+  static constexpr bool reads_ids = [] {
+    if constexpr (requires { Net::reads_ids; })
+      return Net::reads_ids;
+    else
+      return is_embedding_v<Net>;
+  }();
+  using input_element = std::conditional_t<reads_ids, std::int32_t, T>;
+  using input_view = tensor_view<input_element const, Device>;
+  using allocator_type = memory::caching_allocator<Device>;
+
+  explicit model(seed s = {}, allocator_type& alloc = memory::default_allocator<Device>())
+      : alloc_(&alloc),
+        params_(index_t(stored_count()), 1, memory::tag::parameters, alloc),
+        grads_(index_t(stored_count()), 1, memory::tag::gradients, alloc),
+        seed_(s.value) {
+    std::vector<T> host_params(stored_count(), T(0));
+    Net::init(host_params.data(), 0, seed_);
+    params_.copy_from(host_params);
+    zero_grad();
+  }
+
+  // Inference: nothing is saved for a backward pass.
+  tensor<T, Device> forward(input_view x) const {
+    validate_input(x);
+    pass_state<T, Device> s = make_state(false, x);
+    act<T, Device> y = Net::forward(s, params_.data(), input_act(s, x));
+    return take(std::move(y));
+  }
+
+  // The loss of the model on (x, target), without training.
+  template <class Loss>
+  double loss(input_view x, typename Loss::template target_type<T, Device> target) const {
+    validate_input(x);
+    Loss::template validate<T, Device>(x.rows(), out_cols(x), target);
+    tensor<T, Device> y = forward(x);
+    return Loss::forward_backward(y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
+  }
+
+  // A training pass: forward (saving what backward needs), loss, backward; gradients of
+  // weight * loss are added to the model's gradients. Returns the loss.
+  // If `dx` is given, the gradient with respect to the input is written there too.
+  template <class Loss>
+  double accumulate(input_view x, typename Loss::template target_type<T, Device> target, double weight = 1.0,
+                    tensor<T, Device>* dx = nullptr) {
+    validate_input(x);
+    Loss::template validate<T, Device>(x.rows(), out_cols(x), target);
+    if (dx && (reads_ids || dx->rows() != x.rows() || dx->cols() != x.cols()))
+      detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
+                                 x.cols(), reads_ids ? " (and token ids have none)" : "");
+    pass_state<T, Device> s = make_state(true, x);
+    s.step = passes_;
+    act<T, Device> y = Net::forward(s, params_.data(), input_act(s, x));
+    act<T, Device> dy = s.make(y->rows(), y->cols());
+    double const l = Loss::forward_backward(*y, target, weight, dy.get());
+    y.reset();
+    act<T, Device> g = Net::backward(s, params_.data(), grads_.data(), std::move(dy));
+    if (dx && g) evaluate(*dx, to_expr(*g));
+    ++passes_;
+    return l;
+  }
+
+  // The loss of a training-mode forward (dropout on, the stream of pass `passes()`), without
+  // backward and without advancing anything: what finite differences of accumulate() measure.
+  template <class Loss>
+  double training_loss(input_view x, typename Loss::template target_type<T, Device> target) const {
+    validate_input(x);
+    Loss::template validate<T, Device>(x.rows(), out_cols(x), target);
+    pass_state<T, Device> s = make_state(true, x);
+    s.step = passes_;
+    act<T, Device> y = Net::forward(s, params_.data(), input_act(s, x));
+    return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
+  }
+
+  void zero_grad() { evaluate(grads_, expr::to_expr(0.0)); }
+
+  // zero_grad, accumulate, optimizer step.
+  template <class Loss, class Optimizer>
+  double train_step(input_view x, typename Loss::template target_type<T, Device> target, Optimizer& opt) {
+    zero_grad();
+    double const l = accumulate<Loss>(x, target);
+    opt.step();
+    return l;
+  }
+
+  tensor_view<T, Device> parameters() { return params_.view().row_range(0, parameter_count); }
+  tensor_view<T const, Device> parameters() const { return params_.view().row_range(0, parameter_count); }
+  tensor_view<T, Device> gradients() { return grads_.view().row_range(0, parameter_count); }
+  tensor_view<T const, Device> gradients() const { return grads_.view().row_range(0, parameter_count); }
+  allocator_type& allocator() const { return *alloc_; }
+  std::uint64_t seed_value() const { return seed_; }
+  // Training passes run so far; each draws its own dropout stream.
+  std::uint64_t passes() const { return passes_; }
+  void set_passes(std::uint64_t p) { passes_ = p; }
+
+  // Every parameter tensor with a PyTorch-style name ("0.weight", "1.2.0.bias"), offset and shape.
+  static std::vector<named_param> parameter_table() {
+    std::vector<named_param> out;
+    auto f = [&](std::string const& name, std::size_t offset, std::vector<std::size_t> const& shape) {
+      out.push_back({name, offset, shape});
+    };
+    detail::visit_params<Net>("", 0, f);
+    return out;
+  }
+
+ private:
+  static constexpr std::size_t stored_count() { return parameter_count > 0 ? parameter_count : 1; }
+
+  std::size_t out_cols(input_view x) const { return out_width == any_width ? x.cols() : out_width; }
+
+  void validate_input(input_view x) const {
+    if (x.rows() == 0) detail::raise<argument_error>("model input: expected a batch of at least one row, found 0 rows");
+    std::size_t const want = reads_ids ? 1 : in_width;
+    if (want != any_width && x.cols() != want)
+      detail::raise<shape_error>("model input: expected ", want, reads_ids ? " token id" : " features",
+                                 " per row, found ", x.cols());
+    if constexpr (reads_ids) {
+      using E = typename Net::first;
+      for (std::size_t i = 0; i < x.size(); ++i)
+        if (x[i] < 0 || std::size_t(x[i]) >= E::vocabulary)
+          detail::raise<argument_error>("model input: expected token ids in [0, ", E::vocabulary, "), found ", x[i],
+                                        " at row ", i);
+    } else {
+      if (!std::isfinite(double(sum(to_expr(x) * 0.0))))
+        detail::raise<argument_error>("model input: expected finite values, found NaN or inf");
+    }
+  }
+
+  pass_state<T, Device> make_state(bool training, input_view x) const {
+    pass_state<T, Device> s;
+    s.training = training;
+    s.seed = seed_;
+    s.alloc = alloc_;
+    if constexpr (reads_ids) {
+      s.ids = x.data();
+      s.id_count = x.rows();
+    }
+    return s;
+  }
+
+  act<T, Device> input_act(pass_state<T, Device>& s, input_view x) const {
+    if constexpr (reads_ids) {
+      return nullptr;  // the embedding reads the ids from the pass state
+    } else {
+      act<T, Device> a = s.make(x.rows(), x.cols());
+      evaluate(*a, to_expr(x));
+      return a;
+    }
+  }
+
+  static tensor<T, Device> take(act<T, Device> y) {
+    if (y.use_count() == 1) return std::move(*y);
+    tensor<T, Device> out(index_t(y->rows()), index_t(y->cols()), memory::tag::activations, *y->allocator());
+    evaluate(out, to_expr(*y));
+    return out;
+  }
+
+  allocator_type* alloc_;
+  tensor<T, Device> params_;
+  tensor<T, Device> grads_;
+  std::uint64_t seed_;
+  std::uint64_t passes_ = 0;
+};
+
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,135 @@
+// LayerNorm and RMSNorm over the last dimension, forward and backward, one row per task. Sums
+// accumulate in the compute type (fp32 for fp32 and 16-bit data, fp64 for double).
+#pragma once
+
+#include "../expr/math.hpp"
+#include "rows.hpp"
+
+#include <cstddef>
+
+namespace REMAT_NAMESPACE {
+namespace kernels {
+
+// y = (x - mean) * rstd * gamma + beta; saves mean and rstd per row.
+template <class T>
+void layer_norm_forward(host, T const* x, T const* gamma, T const* beta, std::size_t rows, std::size_t w, double eps,
+                        T* y, T* mean_out, T* rstd_out) {
+  using V = compute_type_t<T>;
+  for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
+    T const* xr = x + r * w;
+    V s = 0;
+    for (std::size_t i = 0; i < w; ++i) s += to_compute<V>(xr[i]);
+    V const mean = s / V(w);
+    V q = 0;
+    for (std::size_t i = 0; i < w; ++i) {
+      V const d = to_compute<V>(xr[i]) - mean;
+      q += d * d;
+    }
+    V const rstd = V(1) / expr::math::sqrt(q / V(w) + V(eps));
+    T* yr = y + r * w;
+    for (std::size_t i = 0; i < w; ++i)
+      yr[i] = from_compute<T>((to_compute<V>(xr[i]) - mean) * rstd * to_compute<V>(gamma[i]) + to_compute<V>(beta[i]));
+    if (mean_out) mean_out[r] = from_compute<T>(mean);
+    if (rstd_out) rstd_out[r] = from_compute<T>(rstd);
+  });
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma; dgamma += sum_r dy * xhat,
+// dbeta += sum_r dy. dx may alias dy.
+template <class T>
+void layer_norm_backward(host, T const* x, T const* gamma, T const* mean, T const* rstd, T const* dy,
+                         std::size_t rows, std::size_t w, T* dx, T* dgamma, T* dbeta) {
+  using V = compute_type_t<T>;
+  auto xhat = [=](std::size_t r, std::size_t i) {
+    return (to_compute<V>(x[r * w + i]) - to_compute<V>(mean[r])) * to_compute<V>(rstd[r]);
+  };
+  // Parameter gradients first (they read dy, which dx may overwrite): columns in blocks, rows in
+  // order, so the sums do not depend on the thread count.
+  constexpr std::size_t block = 64;
+  std::size_t const blocks = (w + block - 1) / block;
+  for_each_index(host{}, blocks, rows * w, [=](std::size_t b) {
+    std::size_t const c0 = b * block, c1 = c0 + block < w ? c0 + block : w;
+    V ag[block], ab[block];
+    for (std::size_t c = c0; c < c1; ++c) {
+      ag[c - c0] = to_compute<V>(dgamma[c]);
+      ab[c - c0] = to_compute<V>(dbeta[c]);
+    }
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = c0; c < c1; ++c) {
+        V const d = to_compute<V>(dy[r * w + c]);
+        ag[c - c0] += d * xhat(r, c);
+        ab[c - c0] += d;
+      }
+    for (std::size_t c = c0; c < c1; ++c) {
+      dgamma[c] = from_compute<T>(ag[c - c0]);
+      dbeta[c] = from_compute<T>(ab[c - c0]);
+    }
+  });
+  for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
+    T const* dyr = dy + r * w;
+    V sg = 0, sgx = 0;
+    for (std::size_t i = 0; i < w; ++i) {
+      V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
+      sg += g;
+      sgx += g * xhat(r, i);
+    }
+    V const mg = sg / V(w), mgx = sgx / V(w), s = to_compute<V>(rstd[r]);
+    T* dxr = dx + r * w;
+    for (std::size_t i = 0; i < w; ++i) {
+      V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
+      dxr[i] = from_compute<T>(s * (g - mg - xhat(r, i) * mgx));
+    }
+  });
+}
+
+// y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); saves rstd per row.
+template <class T>
+void rms_norm_forward(host, T const* x, T const* gamma, std::size_t rows, std::size_t w, double eps, T* y,
+                      T* rstd_out) {
+  using V = compute_type_t<T>;
+  for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
+    T const* xr = x + r * w;
+    V q = 0;
+    for (std::size_t i = 0; i < w; ++i) {
+      V const v = to_compute<V>(xr[i]);
+      q += v * v;
+    }
+    V const rstd = V(1) / expr::math::sqrt(q / V(w) + V(eps));
+    T* yr = y + r * w;
+    for (std::size_t i = 0; i < w; ++i) yr[i] = from_compute<T>(to_compute<V>(xr[i]) * rstd * to_compute<V>(gamma[i]));
+    if (rstd_out) rstd_out[r] = from_compute<T>(rstd);
+  });
+}
+
+// dx = rstd * g - x * rstd^3 * mean(g * x) with g = dy * gamma; dgamma += sum_r dy * x * rstd.
+template <class T>
+void rms_norm_backward(host, T const* x, T const* gamma, T const* rstd, T const* dy, std::size_t rows, std::size_t w,
+                       T* dx, T* dgamma) {
+  using V = compute_type_t<T>;
+  constexpr std::size_t block = 64;
+  std::size_t const blocks = (w + block - 1) / block;
+  for_each_index(host{}, blocks, rows * w, [=](std::size_t b) {
+    std::size_t const c0 = b * block, c1 = c0 + block < w ? c0 + block : w;
+    V ag[block];
+    for (std::size_t c = c0; c < c1; ++c) ag[c - c0] = to_compute<V>(dgamma[c]);
+    for (std::size_t r = 0; r < rows; ++r) {
+      V const s = to_compute<V>(rstd[r]);
+      for (std::size_t c = c0; c < c1; ++c)
+        ag[c - c0] += to_compute<V>(dy[r * w + c]) * to_compute<V>(x[r * w + c]) * s;
+    }
+    for (std::size_t c = c0; c < c1; ++c) dgamma[c] = from_compute<T>(ag[c - c0]);
+  });
+  for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
+    T const* xr = x + r * w;
+    T const* dyr = dy + r * w;
+    V sgx = 0;
+    for (std::size_t i = 0; i < w; ++i) sgx += to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * to_compute<V>(xr[i]);
+    V const s = to_compute<V>(rstd[r]), k = s * s * s * sgx / V(w);
+    T* dxr = dx + r * w;
+    for (std::size_t i = 0; i < w; ++i)
+      dxr[i] = from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k);
+  });
+}
+
+}  // namespace kernels
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,39 @@
+// Softmax cross-entropy over the last dimension with integer labels, in the compute type and
+// numerically stable (the row maximum is subtracted before exp). Writes the per-row loss and the
+// gradient of `scale * sum of row losses` with respect to the logits.
+#pragma once
+
+#include "../expr/math.hpp"
+#include "rows.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace REMAT_NAMESPACE {
+namespace kernels {
+
+template <class T>
+void softmax_cross_entropy(host, T const* logits, std::int32_t const* labels, std::size_t rows, std::size_t classes,
+                           double scale, T* row_loss, T* dlogits) {
+  using V = compute_type_t<T>;
+  for_each_index(host{}, rows, rows * classes, [=](std::size_t r) {
+    T const* z = logits + r * classes;
+    V m = to_compute<V>(z[0]);
+    for (std::size_t c = 1; c < classes; ++c) m = to_compute<V>(z[c]) > m ? to_compute<V>(z[c]) : m;
+    V s = 0;
+    for (std::size_t c = 0; c < classes; ++c) s += expr::math::exp(to_compute<V>(z[c]) - m);
+    V const log_s = expr::math::log(s);
+    std::size_t const y = std::size_t(labels[r]);
+    row_loss[r] = from_compute<T>(log_s - (to_compute<V>(z[y]) - m));
+    if (dlogits) {
+      T* d = dlogits + r * classes;
+      for (std::size_t c = 0; c < classes; ++c) {
+        V const p = expr::math::exp(to_compute<V>(z[c]) - m) / s;
+        d[c] = from_compute<T>((p - (c == y ? V(1) : V(0))) * V(scale));
+      }
+    }
+  });
+}
+
+}  // namespace kernels
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,98 @@
+// What every layer shares: activation handles, the state of one forward/backward pass (what the
+// forward saved, the dropout stream), the parameter description used for names and files, and
+// deterministic initialisation from the seed.
+#pragma once
+
+#include "../error.hpp"
+#include "../memory/allocator.hpp"
+#include "../numeric/philox.hpp"
+#include "../tensor/tensor.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+
+// A width that adapts to its neighbour (point-wise layers, dropout).
+inline constexpr std::size_t any_width = dynamic_width;
+
+// An activation: shared so that a tensor lives exactly as long as someone (the next layer, or a
+// layer that saved it for backward) still needs it, as in PyTorch's autograd.
+template <class T, class D>
+using act = std::shared_ptr<tensor<T, D>>;
+
+template <class T, class D>
+struct pass_state {
+  bool training = false;
+  std::uint64_t seed = 0;
+  std::uint64_t step = 0;        // the dropout stream of this pass
+  std::uint64_t rng_offset = 0;  // elements of that stream consumed so far
+  memory::caching_allocator<D>* alloc = &memory::default_allocator<D>();
+  std::int32_t const* ids = nullptr;  // the token ids of this pass, for a model that reads ids
+  std::size_t id_count = 0;
+  std::vector<act<T, D>> saved;          // tensors the forward kept, popped in reverse by backward
+  std::vector<std::uint64_t> counters;   // the same for counters (dropout offsets)
+
+  act<T, D> make(std::size_t rows, std::size_t cols, memory::tag t = memory::tag::activations) {
+    return std::make_shared<tensor<T, D>>(index_t(rows), index_t(cols), t, *alloc);
+  }
+  void save(act<T, D> a) {
+    if (training) saved.push_back(std::move(a));
+  }
+  act<T, D> restore() {
+    act<T, D> a = std::move(saved.back());
+    saved.pop_back();
+    return a;
+  }
+  // A tensor for dx: dy's own memory if nobody else holds it.
+  act<T, D> reuse_or_make(act<T, D>& dy, std::size_t cols) {
+    if (dy.use_count() == 1 && dy->cols() == cols) return dy;
+    return make(dy->rows(), cols);
+  }
+};
+
+// One parameter tensor of a layer: its name within the layer, offset and shape.
+struct param_desc {
+  char const* name;
+  std::size_t offset;
+  std::vector<std::size_t> shape;
+  std::size_t size() const {
+    std::size_t n = 1;
+    for (auto s : shape) n *= s;
+    return n;
+  }
+};
+
+namespace init {
+
+// Parameter k of a model is initialised from philox(seed, stream, k): a pure function of the seed
+// and the parameter's position, whatever the order of initialisation.
+inline constexpr std::uint64_t init_stream = 0x1417'0000'0000'0000ull;
+
+template <class T>
+void uniform(T* p, std::size_t n, std::size_t global_offset, std::uint64_t seed, double bound) {
+  for (std::size_t i = 0; i < n; ++i)
+    p[i] = T((2.0 * double(philox::uniform(seed, init_stream, global_offset + i)) - 1.0) * bound);
+}
+
+template <class T>
+void normal(T* p, std::size_t n, std::size_t global_offset, std::uint64_t seed, double stddev) {
+  constexpr double two_pi = 6.283185307179586476925;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint64_t const k = 2 * (global_offset + i);
+    double const u1 = (double(philox::uniform(seed, init_stream + 1, k)) + 0x1p-25);  // (0, 1]
+    double const u2 = double(philox::uniform(seed, init_stream + 1, k + 1));
+    p[i] = T(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(two_pi * u2));
+  }
+}
+
+template <class T>
+void fill(T* p, std::size_t n, double v) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = T(v);
+}
+
+}  // namespace init
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,68 @@
+// Dropout<P>: zeroes each element with probability P and scales the rest by 1/(1-P) in training,
+// the identity otherwise. The mask is a pure function of (seed, step, element index) through a
+// counter-based generator, so it is never stored: the backward (or a recomputing forward) regenerates
+// it from the offset the forward saved.
+#pragma once
+
+#include "../expr/expr.hpp"
+#include "../numeric/philox.hpp"
+#include "common.hpp"
+
+namespace REMAT_NAMESPACE {
+namespace expr {
+
+// The dropout mask as an expression terminal: 0 or 1/(1-p) for element i.
+struct dropout_mask : expr_base {
+  using device = void;
+  static constexpr bool is_double = false;
+  std::uint64_t seed, stream, offset;
+  float p, scale;
+  constexpr std::size_t size() const { return any_size; }
+  template <class V>
+  REMAT_HOST_DEVICE V eval(std::size_t i) const {
+    return philox::uniform(seed, stream, offset + i) < p ? V(0) : V(scale);
+  }
+};
+
+}  // namespace expr
+
+template <double P>
+struct Dropout {
+  static_assert(P >= 0.0 && P < 1.0, "remat::Dropout<P>: P must be in [0, 1)");
+  static constexpr std::size_t in_width = any_width;
+  static constexpr std::size_t out_width = any_width;
+  static constexpr std::size_t param_count = 0;
+  static constexpr double probability = P;
+
+  static std::vector<param_desc> params() { return {}; }
+  template <class T>
+  static void init(T*, std::size_t, std::uint64_t) {}
+
+  template <class T, class D>
+  static expr::dropout_mask mask(pass_state<T, D> const& s, std::uint64_t offset) {
+    return {{}, s.seed, s.step, offset, float(P), float(1.0 / (1.0 - P))};
+  }
+
+  template <class T, class D>
+  static act<T, D> forward(pass_state<T, D>& s, T const*, act<T, D> x) {
+    if (!s.training || P == 0.0) return x;
+    std::uint64_t const offset = s.rng_offset;
+    s.rng_offset += x->size();
+    act<T, D> y = s.make(x->rows(), x->cols());
+    evaluate(*y, *x * mask(s, offset));
+    s.counters.push_back(offset);
+    return y;
+  }
+
+  template <class T, class D>
+  static act<T, D> backward(pass_state<T, D>& s, T const*, T*, act<T, D> dy) {
+    if (P == 0.0) return dy;
+    std::uint64_t const offset = s.counters.back();
+    s.counters.pop_back();
+    act<T, D> dx = s.reuse_or_make(dy, dy->cols());
+    evaluate(*dx, *dy * mask(s, offset));
+    return dx;
+  }
+};
+
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,51 @@
+// Embedding<Vocab, W>: integer ids in, rows of a learned table out (PyTorch init: N(0, 1)). It is
+// the first layer of a model that reads token ids; the ids of the pass are in pass_state.
+#pragma once
+
+#include "../kernels/rows.hpp"
+#include "common.hpp"
+
+namespace REMAT_NAMESPACE {
+
+template <std::size_t Vocab, std::size_t W>
+struct Embedding {
+  static_assert(Vocab > 0 && W > 0, "remat::Embedding<Vocab, W>: sizes must be positive");
+  static constexpr std::size_t vocabulary = Vocab;
+  static constexpr std::size_t in_width = 1;  // one id per row
+  static constexpr std::size_t out_width = W;
+  static constexpr std::size_t param_count = Vocab * W;
+
+  static std::vector<param_desc> params() { return {{"weight", 0, {Vocab, W}}}; }
+  template <class T>
+  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
+    init::normal(p, param_count, global_offset, seed, 1.0);
+  }
+
+  template <class T, class D>
+  static act<T, D> forward_ids(pass_state<T, D>& s, T const* p, std::int32_t const* ids, std::size_t rows) {
+    act<T, D> y = s.make(rows, W);
+    T* out = y->data();
+    kernels::for_each_index(D{}, rows, rows * W, [=](std::size_t r) {
+      T const* src = p + std::size_t(ids[r]) * W;
+      for (std::size_t i = 0; i < W; ++i) out[r * W + i] = src[i];
+    });
+    return y;
+  }
+
+  // Scatter-add of dy into the rows of the table that the ids picked (serial over rows: two rows
+  // may pick the same id, and the order of the sums is then fixed).
+  template <class T, class D>
+  static void backward_ids(T* g, std::int32_t const* ids, std::size_t rows, tensor<T, D> const& dy) {
+    T const* d = dy.data();
+    kernels::for_each_index(D{}, W, rows * W, [=](std::size_t i) {
+      for (std::size_t r = 0; r < rows; ++r) g[std::size_t(ids[r]) * W + i] += d[r * W + i];
+    });
+  }
+};
+
+template <class L>
+inline constexpr bool is_embedding_v = false;
+template <std::size_t V, std::size_t W>
+inline constexpr bool is_embedding_v<Embedding<V, W>> = true;
+
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,66 @@
+// Losses: the value of the loss and its gradient with respect to the model's output in one call,
+// accumulated in the compute type (fp32 or better). Both use PyTorch's 'mean' reduction.
+#pragma once
+
+#include "../expr/expr.hpp"
+#include "../kernels/softmax.hpp"
+#include "common.hpp"
+
+#include <cmath>
+#include <cstdint>
+
+namespace REMAT_NAMESPACE {
+
+// Mean squared error against a target of the output's shape: mean((y - t)^2).
+struct MSE {
+  template <class T, class D>
+  using target_type = tensor_view<T const, D>;
+
+  template <class T, class D>
+  static void validate(std::size_t rows, std::size_t cols, tensor_view<T const, D> t) {
+    if (t.rows() != rows || t.cols() != cols)
+      detail::raise<shape_error>("MSE target: expected ", rows, " x ", cols, " to match the output, found ", t.rows(),
+                                 " x ", t.cols());
+    if (!std::isfinite(double(sum(to_expr(t) * 0.0))))
+      detail::raise<argument_error>("MSE target: expected finite values, found NaN or inf");
+  }
+
+  // Returns the loss; writes scale * dloss/dy into dy (if given).
+  template <class T, class D>
+  static double forward_backward(tensor<T, D> const& y, tensor_view<T const, D> t, double scale, tensor<T, D>* dy) {
+    double const n = double(y.size());
+    double const loss = double(sum_squares(y - t)) / n;
+    if (dy) evaluate(*dy, (y - t) * (2.0 * scale / n));
+    return loss;
+  }
+};
+
+// Softmax cross-entropy with integer class labels (one per row): mean over rows of
+// -log softmax(y)[label], computed stably.
+struct SoftmaxCrossEntropy {
+  template <class T, class D>
+  using target_type = tensor_view<std::int32_t const, D>;
+
+  template <class T, class D>
+  static void validate(std::size_t rows, std::size_t cols, tensor_view<std::int32_t const, D> labels) {
+    if (labels.rows() != rows || labels.cols() != 1)
+      detail::raise<shape_error>("SoftmaxCrossEntropy labels: expected ", rows, " x 1 (one per row), found ",
+                                 labels.rows(), " x ", labels.cols());
+    for (std::size_t r = 0; r < rows; ++r)
+      if (labels[r] < 0 || std::size_t(labels[r]) >= cols)
+        detail::raise<argument_error>("SoftmaxCrossEntropy labels: expected classes in [0, ", cols, "), found ",
+                                      labels[r], " at row ", r);
+  }
+
+  template <class T, class D>
+  static double forward_backward(tensor<T, D> const& y, tensor_view<std::int32_t const, D> labels, double scale,
+                                 tensor<T, D>* dy) {
+    std::size_t const rows = y.rows(), classes = y.cols();
+    tensor<T, D> row_loss(index_t(rows), 1, memory::tag::workspace, *y.allocator());
+    kernels::softmax_cross_entropy(D{}, y.data(), labels.data(), rows, classes, scale / double(rows),
+                                   row_loss.data(), dy ? dy->data() : static_cast<T*>(nullptr));
+    return double(sum(row_loss)) / double(rows);
+  }
+};
+
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,76 @@
+// Pointwise<F>: y = F(x) element by element, where F::apply builds an expression; the backward
+// dy * F'(x) is derived from it at compile time. A new activation is a few lines:
+//
+//   struct my_act { template <class X> static auto apply(X x) { return x * tanh(x); } };
+//   using MyAct = remat::Pointwise<my_act>;
+#pragma once
+
+#include "../expr/expr.hpp"
+#include "common.hpp"
+
+namespace REMAT_NAMESPACE {
+
+template <class F>
+struct Pointwise {
+  using function = F;
+  static constexpr std::size_t in_width = any_width;
+  static constexpr std::size_t out_width = any_width;
+  static constexpr std::size_t param_count = 0;
+  static constexpr std::size_t saved_per_sample_factor = 1;  // keeps its input: one per element
+
+  static std::vector<param_desc> params() { return {}; }
+  template <class T>
+  static void init(T*, std::size_t, std::uint64_t) {}
+
+  template <class T, class D>
+  static act<T, D> forward(pass_state<T, D>& s, T const*, act<T, D> x) {
+    act<T, D> y = s.make(x->rows(), x->cols());
+    evaluate(*y, F::apply(to_expr(*x)));
+    s.save(std::move(x));
+    return y;
+  }
+
+  template <class T, class D>
+  static act<T, D> backward(pass_state<T, D>& s, T const*, T*, act<T, D> dy) {
+    act<T, D> x = s.restore();
+    act<T, D> dx = s.reuse_or_make(dy, dy->cols());
+    auto X = leaf<0>(*x);
+    evaluate(*dx, grad(F::apply(X), X, *dy));
+    return dx;
+  }
+};
+
+namespace fn {
+struct relu {
+  template <class X> static auto apply(X x) { return remat::relu(x); }
+};
+struct gelu {
+  template <class X> static auto apply(X x) { return remat::gelu(x); }
+};
+struct gelu_tanh {
+  template <class X> static auto apply(X x) { return remat::gelu_tanh(x); }
+};
+struct silu {
+  template <class X> static auto apply(X x) { return remat::silu(x); }
+};
+struct tanh {
+  template <class X> static auto apply(X x) { return remat::tanh(x); }
+};
+struct sigmoid {
+  template <class X> static auto apply(X x) { return remat::sigmoid(x); }
+};
+}  // namespace fn
+
+using ReLU = Pointwise<fn::relu>;
+using GELU = Pointwise<fn::gelu>;
+using GELUTanh = Pointwise<fn::gelu_tanh>;
+using SiLU = Pointwise<fn::silu>;
+using Tanh = Pointwise<fn::tanh>;
+using Sigmoid = Pointwise<fn::sigmoid>;
+
+template <class L>
+inline constexpr bool is_pointwise_v = false;
+template <class F>
+inline constexpr bool is_pointwise_v<Pointwise<F>> = true;
+
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,48 @@
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11): a
+// counter-based generator, so a random number is a pure function of (key, counter). remat's
+// dropout masks are functions of (seed, step, element index) and can be replayed exactly by a
+// recomputing backward pass, on any device, in any order.
+#pragma once
+
+#include "../config.hpp"
+
+#include <cstdint>
+
+namespace REMAT_NAMESPACE {
+namespace philox {
+
+struct block {
+  std::uint32_t v[4];
+};
+
+REMAT_HOST_DEVICE void mulhilo(std::uint32_t a, std::uint32_t b, std::uint32_t& hi, std::uint32_t& lo) {
+  std::uint64_t const p = std::uint64_t(a) * std::uint64_t(b);
+  hi = std::uint32_t(p >> 32);
+  lo = std::uint32_t(p);
+}
+
+// Ten rounds of Philox4x32 on counter c with key k.
+REMAT_HOST_DEVICE block generate(block c, std::uint32_t k0, std::uint32_t k1) {
+  constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u, w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    std::uint32_t hi0, lo0, hi1, lo1;
+    mulhilo(m0, c.v[0], hi0, lo0);
+    mulhilo(m1, c.v[2], hi1, lo1);
+    c = block{{hi1 ^ c.v[1] ^ k0, lo1, hi0 ^ c.v[3] ^ k1, lo0}};
+    k0 += w0;
+    k1 += w1;
+  }
+  return c;
+}
+
+// A uniform number in [0, 1) for element `index` of stream `stream` under `seed`: 24 random bits,
+// so every value is exact in float.
+REMAT_HOST_DEVICE float uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+  std::uint64_t const q = index >> 2;
+  block const c{{std::uint32_t(q), std::uint32_t(q >> 32), std::uint32_t(stream), std::uint32_t(stream >> 32)}};
+  block const r = generate(c, std::uint32_t(seed), std::uint32_t(seed >> 32));
+  return float(r.v[index & 3u] >> 8) * (1.0f / 16777216.0f);
+}
+
+}  // namespace philox
+}  // namespace REMAT_NAMESPACE
