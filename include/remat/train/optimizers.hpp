@@ -38,12 +38,19 @@ template <class T, class D = host>
 class AdamW {
  public:
   template <class Model>
-  explicit AdamW(Model& m, adamw_options o = {})
-      : p_(m.parameters()),
-        g_(m.gradients()),
-        m_(index_t(p_.size()), 1, memory::tag::optimizer_state, m.allocator()),
-        v_(index_t(p_.size()), 1, memory::tag::optimizer_state, m.allocator()),
+  explicit AdamW(Model& m, adamw_options o = {}) : AdamW(m.parameters(), m.gradients(), o, m.allocator()) {}
+
+  // Over any parameter and gradient buffers of the same size.
+  AdamW(tensor_view<T, D> params, tensor_view<T, D> grads, adamw_options o = {},
+        memory::caching_allocator<D>& alloc = memory::default_allocator<D>())
+      : p_(params),
+        g_(grads),
+        m_(index_t(p_.size()), 1, memory::tag::optimizer_state, alloc),
+        v_(index_t(p_.size()), 1, memory::tag::optimizer_state, alloc),
         o_(o) {
+    if (grads.size() != params.size())
+      detail::raise<shape_error>("AdamW: expected as many gradients as parameters (", params.size(), "), found ",
+                                 grads.size());
     evaluate(m_, expr::to_expr(0.0));
     evaluate(v_, expr::to_expr(0.0));
   }
@@ -94,11 +101,17 @@ template <class T, class D = host>
 class SGD {
  public:
   template <class Model>
-  explicit SGD(Model& m, sgd_options o = {})
-      : p_(m.parameters()), g_(m.gradients()), o_(o) {
+  explicit SGD(Model& m, sgd_options o = {}) : SGD(m.parameters(), m.gradients(), o, m.allocator()) {}
+
+  SGD(tensor_view<T, D> params, tensor_view<T, D> grads, sgd_options o = {},
+      memory::caching_allocator<D>& alloc = memory::default_allocator<D>())
+      : p_(params), g_(grads), o_(o) {
+    if (grads.size() != params.size())
+      detail::raise<shape_error>("SGD: expected as many gradients as parameters (", params.size(), "), found ",
+                                 grads.size());
     if (o_.nesterov && o_.momentum <= 0)
       detail::raise<argument_error>("SGD: Nesterov momentum needs a momentum > 0, found ", o_.momentum);
-    if (o_.momentum != 0) buf_ = tensor<T, D>(index_t(p_.size()), 1, memory::tag::optimizer_state, m.allocator());
+    if (o_.momentum != 0) buf_ = tensor<T, D>(index_t(p_.size()), 1, memory::tag::optimizer_state, alloc);
   }
 
   void step() {

@@ -1,0 +1,138 @@
+// The optimizers against PyTorch's own updates (optimizer_reference.txt, made by
+// make_optimizer_reference.py with Debian's python3-torch), the schedule and clipping by hand, and
+// gradient accumulation against one large batch.
+#include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace remat;
+
+namespace {
+
+std::map<std::string, std::vector<float>> read_reference() {
+  std::ifstream in(REMAT_TEST_DATA_DIR "/train/optimizer_reference.txt");
+  REQUIRE(in.good());
+  std::map<std::string, std::vector<float>> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    std::string name;
+    ls >> name;
+    double v;
+    while (ls >> v) out[name].push_back(float(v));
+  }
+  return out;
+}
+
+template <class Make>
+void replay(std::string const& name, Make make) {
+  auto ref = read_reference();
+  std::vector<float> const& p0 = ref.at("p0");
+  tensor<float> p(index_t(p0.size()), 1), g(index_t(p0.size()), 1);
+  p.copy_from(p0);
+  auto opt = make(p.view(), g.view());
+  auto key = [](std::string prefix, int t) {  // (not operator+: GCC 12 warns falsely on it, -Wrestrict)
+    prefix.append(std::to_string(t));
+    return prefix;
+  };
+  for (int t = 0; ref.count(key("g", t)); ++t) {
+    g.copy_from(ref.at(key("g", t)));
+    opt.step();
+    std::vector<float> const& want = ref.at(key(name + ".", t));
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO(name << " step " << t << " parameter " << i);
+      REQUIRE(p[i] == Approx(want[i]).epsilon(2e-6).margin(1e-7));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("AdamW matches torch.optim.AdamW step by step", "[train][optim]") {
+  replay("adamw", [](auto p, auto g) {
+    return AdamW<float>(p, g, {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1});
+  });
+  replay("adamw_b", [](auto p, auto g) {
+    return AdamW<float>(p, g, {.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.0});
+  });
+}
+
+TEST_CASE("SGD, with momentum and Nesterov, matches torch.optim.SGD", "[train][optim]") {
+  replay("sgd", [](auto p, auto g) { return SGD<float>(p, g, {.lr = 0.05}); });
+  replay("sgd_momentum",
+         [](auto p, auto g) { return SGD<float>(p, g, {.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01}); });
+  replay("sgd_nesterov", [](auto p, auto g) {
+    return SGD<float>(p, g, {.lr = 0.05, .momentum = 0.8, .nesterov = true, .weight_decay = 0.02});
+  });
+}
+
+TEST_CASE("AdamW by hand: the first step moves every parameter by lr against its gradient's sign", "[train][optim]") {
+  tensor<double> p(3, 1), g(3, 1);
+  double const p0[] = {1.0, -2.0, 0.5}, g0[] = {0.3, -4.0, 1e-3};
+  p.copy_from(p0);
+  g.copy_from(g0);
+  AdamW<double> opt(p.view(), g.view(), {.lr = 0.1, .eps = 0.0, .weight_decay = 0.5});
+  opt.step();
+  // m = 0.1 g, v = 0.001 g^2; bias-corrected m / sqrt(v) = sign(g); decay first: p (1 - 0.05)
+  for (int i = 0; i < 3; ++i) CHECK(p[std::size_t(i)] == Approx(p0[i] * 0.95 - 0.1 * (g0[i] > 0 ? 1 : -1)));
+}
+
+TEST_CASE("gradient clipping scales by max_norm / (norm + 1e-6)", "[train][optim]") {
+  tensor<double> p(2, 1), g(2, 1);
+  double const g0[] = {3.0, 4.0};  // norm 5
+  p.copy_from(std::vector<double>{0.0, 0.0});
+  g.copy_from(g0);
+  SGD<double> opt(p.view(), g.view(), {.lr = 1.0, .clip_norm = 1.0});
+  opt.step();
+  double const c = 1.0 / (5.0 + 1e-6);
+  CHECK(opt.last_grad_norm() == Approx(5.0));
+  CHECK(p[0] == Approx(-3.0 * c).epsilon(1e-12));
+  CHECK(p[1] == Approx(-4.0 * c).epsilon(1e-12));
+  SGD<double> loose(p.view(), g.view(), {.lr = 1.0, .clip_norm = 10.0});  // below the limit: untouched
+  loose.step();
+  CHECK(p[0] == Approx(-3.0 * c - 3.0).epsilon(1e-12));
+}
+
+TEST_CASE("warm-up then cosine", "[train][schedule]") {
+  warmup_cosine s{.base_lr = 1.0, .warmup = 10, .total = 110, .min_lr = 0.1};
+  CHECK(s(0) == Approx(0.1));
+  CHECK(s(4) == Approx(0.5));
+  CHECK(s(9) == Approx(1.0));
+  CHECK(s(10) == Approx(1.0));
+  CHECK(s(60) == Approx(0.1 + 0.45));  // half way: cos(pi/2) = 0
+  CHECK(s(110) == Approx(0.1));
+  CHECK(s(1000) == Approx(0.1));
+}
+
+TEST_CASE("gradient accumulation over k micro-batches equals one k-times-larger batch", "[train][accumulate]") {
+  using Net = Seq<Linear<6, 16>, GELU, LayerNorm<16>, Linear<16, 4>>;
+  model<Net> big{seed{3}}, small{seed{3}};
+  tensor<float> x(12, 6);
+  tensor<std::int32_t> y(12, 1);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 0.7f);
+  for (std::size_t i = 0; i < 12; ++i) y[i] = std::int32_t(i % 4);
+  big.zero_grad();
+  double const l_big = big.accumulate<SoftmaxCrossEntropy>(x, y);
+  small.zero_grad();
+  double l_small = 0;
+  for (std::size_t k = 0; k < 3; ++k)
+    l_small += small.accumulate<SoftmaxCrossEntropy>(x.row_range(4 * k, 4), y.row_range(4 * k, 4), 1.0 / 3.0) / 3.0;
+  CHECK(l_small == Approx(l_big).epsilon(1e-6));
+  auto gb = big.gradients(), gs = small.gradients();
+  double max_g = 0;
+  for (std::size_t i = 0; i < gb.size(); ++i) max_g = std::max(max_g, double(std::fabs(gb[i])));
+  for (std::size_t i = 0; i < gb.size(); ++i) REQUIRE(gs[i] == Approx(gb[i]).margin(1e-6 * max_g));
+  // and the optimizer steps that follow agree
+  AdamW ob(big), os(small);
+  ob.step();
+  os.step();
+  for (std::size_t i = 0; i < gb.size(); ++i) REQUIRE(small.parameters()[i] == Approx(big.parameters()[i]).margin(1e-6));
+}
