@@ -13,6 +13,7 @@
 #include "graph/check_gradients.hpp"
 #include "graph/graph.hpp"
 #include "graph/model.hpp"
+#include "io/safetensors.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/norms.hpp"
 #include "kernels/optimizers.hpp"

@@ -221,4 +221,20 @@ class tensor {
   allocator_type* alloc_ = nullptr;
 };
 
+// The elements of a view, copied to host memory.
+template <class T, class Device, std::size_t Width>
+std::vector<std::remove_cv_t<T>> tensor_to_host(tensor_view<T, Device, Width> v) {
+  std::vector<std::remove_cv_t<T>> out(v.size());
+  if (v.size()) memory::system<Device>::copy_to_host(out.data(), v.data(), v.bytes());
+  return out;
+}
+
+// Overwrites a view's elements from host memory; the sizes must match.
+template <class T, class Device, std::size_t Width>
+void tensor_from_host(tensor_view<T, Device, Width> v, std::span<T const> values) {
+  if (values.size() != v.size())
+    detail::raise<shape_error>("tensor_from_host: expected ", v.size(), " values, found ", values.size());
+  if (v.size()) memory::system<Device>::copy_from_host(v.data(), values.data(), v.bytes());
+}
+
 }  // namespace REMAT_NAMESPACE

@@ -1,0 +1,364 @@
+// Model weights (and optimizer state) as safetensors files, the format PyTorch users exchange:
+// an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and byte
+// range, then the raw little-endian data. Loading checks everything against the model before it
+// changes a single parameter.
+#pragma once
+
+#include "../error.hpp"
+#include "../graph/model.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+
+// A file that cannot be read, is corrupt, or belongs to another model.
+class io_error : public error {
+ public:
+  using error::error;
+};
+
+namespace safetensors {
+
+static_assert(std::endian::native == std::endian::little,
+              "remat::safetensors: files are little-endian; this reader maps them directly");
+
+struct tensor_info {
+  std::string dtype;
+  std::vector<std::size_t> shape;
+  std::size_t begin = 0, end = 0;  // byte range within the data section
+};
+
+struct file {
+  std::map<std::string, tensor_info> tensors;
+  std::map<std::string, std::string> metadata;
+  std::vector<char> data;
+};
+
+template <class T>
+constexpr char const* dtype_name() {
+  if constexpr (std::is_same_v<T, float>) return "F32";
+  else if constexpr (std::is_same_v<T, double>) return "F64";
+  else if constexpr (std::is_same_v<T, std::int32_t>) return "I32";
+  else if constexpr (std::is_same_v<T, std::int64_t>) return "I64";
+  else if constexpr (std::is_same_v<T, half>) return "F16";
+  else if constexpr (std::is_same_v<T, bfloat16>) return "BF16";
+  else static_assert(sizeof(T) == 0, "safetensors: unsupported element type");
+}
+
+namespace detail {
+
+inline std::string json_escape(std::string const& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\', out += c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else out += c;
+  }
+  return out;
+}
+
+// A reader for the JSON subset safetensors headers use: objects, arrays, strings, integers.
+class json_reader {
+ public:
+  explicit json_reader(std::string const& s) : s_(s) {}
+
+  file parse_header() {
+    file f;
+    skip();
+    expect('{');
+    skip();
+    if (peek() == '}') return ++i_, f;
+    for (;;) {
+      std::string const key = string();
+      skip();
+      expect(':');
+      skip();
+      if (key == "__metadata__") {
+        expect('{');
+        skip();
+        if (peek() != '}')
+          for (;;) {
+            std::string k = string();
+            skip();
+            expect(':');
+            skip();
+            f.metadata[k] = string();
+            skip();
+            if (peek() == ',') { ++i_; skip(); continue; }
+            break;
+          }
+        expect('}');
+      } else {
+        if (f.tensors.count(key)) fail("tensor '" + key + "' appears twice");
+        f.tensors[key] = tensor_entry(key);
+      }
+      skip();
+      if (peek() == ',') { ++i_; skip(); continue; }
+      expect('}');
+      break;
+    }
+    return f;
+  }
+
+ private:
+  tensor_info tensor_entry(std::string const& name) {
+    tensor_info t;
+    bool has_dtype = false, has_shape = false, has_offsets = false;
+    expect('{');
+    skip();
+    for (;;) {
+      std::string const k = string();
+      skip();
+      expect(':');
+      skip();
+      if (k == "dtype") t.dtype = string(), has_dtype = true;
+      else if (k == "shape") t.shape = integers(), has_shape = true;
+      else if (k == "data_offsets") {
+        auto o = integers();
+        if (o.size() != 2) fail("data_offsets of '" + name + "' must hold two numbers");
+        t.begin = o[0], t.end = o[1], has_offsets = true;
+      } else fail("unexpected field '" + k + "' in tensor '" + name + "'");
+      skip();
+      if (peek() == ',') { ++i_; skip(); continue; }
+      expect('}');
+      break;
+    }
+    if (!has_dtype || !has_shape || !has_offsets) fail("tensor '" + name + "' lacks dtype, shape or data_offsets");
+    return t;
+  }
+  std::vector<std::size_t> integers() {
+    std::vector<std::size_t> v;
+    expect('[');
+    skip();
+    if (peek() == ']') return ++i_, v;
+    for (;;) {
+      std::size_t n = 0;
+      if (!std::isdigit(static_cast<unsigned char>(peek()))) fail("expected a non-negative integer");
+      while (std::isdigit(static_cast<unsigned char>(peek()))) {
+        std::size_t const d = std::size_t(s_[i_++] - '0');
+        if (n > (std::size_t(-1) - d) / 10) fail("integer too large");
+        n = n * 10 + d;
+      }
+      v.push_back(n);
+      skip();
+      if (peek() == ',') { ++i_; skip(); continue; }
+      expect(']');
+      return v;
+    }
+  }
+  std::string string() {
+    expect('"');
+    std::string out;
+    while (peek() != '"') {
+      char c = s_[i_++];
+      if (c == '\\') {
+        char e = peek();
+        ++i_;
+        if (e == 'u') {
+          if (i_ + 4 > s_.size()) fail("bad escape");
+          unsigned v = unsigned(std::stoul(s_.substr(i_, 4), nullptr, 16));
+          i_ += 4;
+          if (v < 0x80) out += char(v);
+          else if (v < 0x800) out += char(0xc0 | (v >> 6)), out += char(0x80 | (v & 0x3f));
+          else out += char(0xe0 | (v >> 12)), out += char(0x80 | ((v >> 6) & 0x3f)), out += char(0x80 | (v & 0x3f));
+        } else if (e == 'n') out += '\n';
+        else if (e == 't') out += '\t';
+        else if (e == 'r') out += '\r';
+        else if (e == 'b') out += '\b';
+        else if (e == 'f') out += '\f';
+        else out += e;
+      } else {
+        out += c;
+      }
+    }
+    ++i_;
+    return out;
+  }
+  char peek() {
+    if (i_ >= s_.size()) fail("unexpected end of header");
+    return s_[i_];
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected '") + c + "', found '" + s_[i_] + "'");
+    ++i_;
+  }
+  void skip() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
+  }
+  [[noreturn]] void fail(std::string const& what) const {
+    REMAT_NAMESPACE::detail::raise<io_error>("safetensors header: ", what, " at byte ", i_);
+  }
+  std::string const& s_;
+  std::size_t i_ = 0;
+};
+
+inline std::size_t dtype_size(std::string const& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL") return 1;
+  return 0;
+}
+
+}  // namespace detail
+
+// One tensor to write: name, dtype, shape and host bytes.
+struct entry {
+  std::string name;
+  std::string dtype;
+  std::vector<std::size_t> shape;
+  void const* data;
+  std::size_t bytes;
+};
+
+inline void write(std::string const& path, std::vector<entry> const& entries,
+                  std::map<std::string, std::string> const& metadata = {}) {
+  std::string h = "{";
+  if (!metadata.empty()) {
+    h += "\"__metadata__\":{";
+    bool first = true;
+    for (auto const& [k, v] : metadata) {
+      if (!first) h += ",";
+      first = false;
+      h += "\"" + detail::json_escape(k) + "\":\"" + detail::json_escape(v) + "\"";
+    }
+    h += "}";
+  }
+  std::size_t offset = 0;
+  for (entry const& e : entries) {
+    if (h.size() > 1) h += ",";
+    h += "\"" + detail::json_escape(e.name) + "\":{\"dtype\":\"" + e.dtype + "\",\"shape\":[";
+    for (std::size_t i = 0; i < e.shape.size(); ++i) h += (i ? "," : "") + std::to_string(e.shape[i]);
+    h += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + e.bytes) + "]}";
+    offset += e.bytes;
+  }
+  h += "}";
+  while (h.size() % 8) h += ' ';  // the data section starts 8-byte aligned
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) REMAT_NAMESPACE::detail::raise<io_error>("safetensors: cannot open '", path, "' for writing");
+  std::uint64_t const n = h.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  out.write(reinterpret_cast<char const*>(len), 8);
+  out.write(h.data(), std::streamsize(h.size()));
+  for (entry const& e : entries) out.write(static_cast<char const*>(e.data), std::streamsize(e.bytes));
+  if (!out) REMAT_NAMESPACE::detail::raise<io_error>("safetensors: writing '", path, "' failed");
+}
+
+// Reads and checks a whole file: header well formed, offsets contiguous and within the data,
+// sizes consistent with dtype and shape.
+inline file read(std::string const& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) REMAT_NAMESPACE::detail::raise<io_error>("safetensors: cannot open '", path, "'");
+  std::size_t const size = std::size_t(in.tellg());
+  in.seekg(0);
+  if (size < 8)
+    REMAT_NAMESPACE::detail::raise<io_error>("safetensors: '", path, "' is ", size,
+                                             " bytes, expected at least the 8-byte header length");
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= std::uint64_t(len[i]) << (8 * i);
+  if (n > size - 8 || n > (std::uint64_t(100) << 20))
+    REMAT_NAMESPACE::detail::raise<io_error>("safetensors: '", path, "' announces a header of ", n,
+                                             " bytes, but only ", size - 8, " follow (truncated or not safetensors)");
+  std::string header(n, '\0');
+  in.read(header.data(), std::streamsize(n));
+  file f = detail::json_reader(header).parse_header();
+  f.data.resize(size - 8 - n);
+  in.read(f.data.data(), std::streamsize(f.data.size()));
+  if (!in) REMAT_NAMESPACE::detail::raise<io_error>("safetensors: reading '", path, "' failed");
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  for (auto const& [name, t] : f.tensors) {
+    std::size_t const es = detail::dtype_size(t.dtype);
+    if (es == 0) REMAT_NAMESPACE::detail::raise<io_error>("safetensors: tensor '", name, "' has unknown dtype '", t.dtype, "'");
+    std::size_t count = 1;
+    for (auto d : t.shape) count *= d;
+    if (t.end < t.begin || t.end - t.begin != count * es)
+      REMAT_NAMESPACE::detail::raise<io_error>("safetensors: tensor '", name, "' of ", count, " ", t.dtype,
+                                               " elements expected ", count * es, " bytes, its offsets give ",
+                                               t.end - t.begin);
+    if (t.end > f.data.size())
+      REMAT_NAMESPACE::detail::raise<io_error>("safetensors: tensor '", name, "' ends at byte ", t.end,
+                                               " of a data section of ", f.data.size(), " bytes (truncated file?)");
+    ranges.push_back({t.begin, t.end});
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::size_t at = 0;
+  for (auto [b, e] : ranges) {
+    if (b != at) REMAT_NAMESPACE::detail::raise<io_error>("safetensors: tensor data overlaps or leaves a gap at byte ", at);
+    at = e;
+  }
+  if (at != f.data.size())
+    REMAT_NAMESPACE::detail::raise<io_error>("safetensors: ", f.data.size() - at, " bytes after the last tensor");
+  return f;
+}
+
+}  // namespace safetensors
+
+// The model's parameters, one safetensors tensor per parameter tensor, named as in
+// model::parameter_table() ("0.weight", "2.1.0.bias", ...). Metadata records the model.
+template <class Net, class Device, class Precision>
+void save(model<Net, Device, Precision> const& m, std::string const& path,
+          std::map<std::string, std::string> metadata = {}) {
+  using T = typename Precision::master;
+  std::vector<T> host = tensor_to_host(m.parameters());
+  std::vector<safetensors::entry> entries;
+  for (named_param const& p : m.parameter_table())
+    entries.push_back({p.name, safetensors::dtype_name<T>(), p.shape, host.data() + p.offset, p.size() * sizeof(T)});
+  metadata["format"] = "pt";
+  metadata["remat.parameters"] = std::to_string(m.parameter_count);
+  safetensors::write(path, entries, metadata);
+}
+
+// Loads parameters saved by save() (or by PyTorch with the same names, shapes and dtype). Any
+// difference (a missing or extra tensor, another shape or dtype, a corrupt or truncated file)
+// throws io_error and leaves the model as it was.
+template <class Net, class Device, class Precision>
+void load(model<Net, Device, Precision>& m, std::string const& path) {
+  using T = typename Precision::master;
+  safetensors::file const f = safetensors::read(path);
+  auto const table = m.parameter_table();
+  std::vector<T> host(m.parameter_count);
+  for (named_param const& p : table) {
+    auto it = f.tensors.find(p.name);
+    if (it == f.tensors.end())
+      detail::raise<io_error>("load '", path, "': expected a tensor '", p.name, "' for this model, found none (",
+                              f.tensors.size(), " tensors in the file: a file for another model?)");
+    safetensors::tensor_info const& t = it->second;
+    if (t.dtype != safetensors::dtype_name<T>())
+      detail::raise<io_error>("load '", path, "': tensor '", p.name, "' expected dtype ",
+                              safetensors::dtype_name<T>(), ", found ", t.dtype);
+    if (t.shape != p.shape) {
+      std::string want, got;
+      for (auto d : p.shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+      for (auto d : t.shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      detail::raise<io_error>("load '", path, "': tensor '", p.name, "' expected shape [", want, "], found [", got,
+                              "]");
+    }
+    std::memcpy(host.data() + p.offset, f.data.data() + t.begin, t.end - t.begin);
+  }
+  if (f.tensors.size() != table.size())
+    for (auto const& [name, t] : f.tensors) {
+      bool known = false;
+      for (auto const& p : table) known = known || p.name == name;
+      if (!known)
+        detail::raise<io_error>("load '", path, "': the file has a tensor '", name,
+                                "' that this model does not (a file for another model?)");
+    }
+  tensor_from_host(m.parameters(), std::span<T const>(host));
+}
+
+}  // namespace REMAT_NAMESPACE
