@@ -84,8 +84,7 @@ class model {
   template <class Loss>
   double accumulate(input_view x, typename Loss::template target_type<T, Device> target, double weight = 1.0,
                     tensor<T, Device>* dx = nullptr) {
-    validate_input(x);
-    Loss::template validate<T, Device>(x.rows(), out_cols(x), target);
+    validate_step<Loss>(x, target);
     if (dx && (reads_ids || dx->rows() != x.rows() || dx->cols() != x.cols()))
       detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
                                  x.cols(), reads_ids ? " (and token ids have none)" : "");
@@ -118,6 +117,7 @@ class model {
   // zero_grad, accumulate, optimizer step.
   template <class Loss, class Optimizer>
   double train_step(input_view x, typename Loss::template target_type<T, Device> target, Optimizer& opt) {
+    validate_step<Loss>(x, target);  // before zero_grad: bad input changes nothing
     zero_grad();
     double const l = accumulate<Loss>(x, target);
     opt.step();
@@ -148,6 +148,12 @@ class model {
   static constexpr std::size_t stored_count() { return parameter_count > 0 ? parameter_count : 1; }
 
   std::size_t out_cols(input_view x) const { return out_width == any_width ? x.cols() : out_width; }
+
+  template <class Loss>
+  void validate_step(input_view x, typename Loss::template target_type<T, Device> target) const {
+    validate_input(x);
+    Loss::template validate<T, Device>(x.rows(), out_cols(x), target);
+  }
 
   void validate_input(input_view x) const {
     if (x.rows() == 0) detail::raise<argument_error>("model input: expected a batch of at least one row, found 0 rows");

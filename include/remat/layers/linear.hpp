@@ -47,7 +47,7 @@ struct Linear {
       // The following point-wise layer, fused: y = F(x W^T + b); keep the pre-activation (without
       // the bias, which the backward adds back in the same pass).
       act<T, D> z = y;
-      y = s.make(rows, Out);
+      if (s.training) y = s.make(rows, Out);  // inference keeps nothing: apply F in place
       if constexpr (Bias)
         evaluate(*y, F::apply(to_expr(*z) + broadcast_rows(b, rows)));
       else

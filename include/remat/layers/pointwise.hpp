@@ -24,7 +24,8 @@ struct Pointwise {
 
   template <class T, class D>
   static act<T, D> forward(pass_state<T, D>& s, T const*, act<T, D> x) {
-    act<T, D> y = s.make(x->rows(), x->cols());
+    // In inference nobody needs x afterwards, so F runs in place when x is ours alone.
+    act<T, D> y = !s.training && x.use_count() == 1 ? x : s.make(x->rows(), x->cols());
     evaluate(*y, F::apply(to_expr(*x)));
     s.save(std::move(x));
     return y;

@@ -1,0 +1,145 @@
+// The model: deterministic initialisation with PyTorch's schemes, inference that saves nothing,
+// and bad input refused with a clear error before anything (model or optimizer) changes.
+#include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+using namespace remat;
+
+namespace {
+using Net = Seq<Linear<6, 32>, GELU, Residual<Seq<LayerNorm<32>, Linear<32, 32>, ReLU>>, Linear<32, 4>>;
+
+template <class V>
+bool same_bits(V const& a, V const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+}
+}  // namespace
+
+TEST_CASE("model: initialisation is a function of the seed", "[graph][model]") {
+  model<Net> a{seed{42}}, b{seed{42}}, c{seed{43}};
+  CHECK(same_bits(tensor_to_host(a.parameters()), tensor_to_host(b.parameters())));
+  CHECK_FALSE(same_bits(tensor_to_host(a.parameters()), tensor_to_host(c.parameters())));
+  CHECK(a.parameters().size() == 6 * 32 + 32 + 2 * 32 + 32 * 32 + 32 + 32 * 4 + 4);
+}
+
+TEST_CASE("model: PyTorch's default initialisation schemes", "[graph][model]") {
+  using M = model<Seq<Linear<64, 256>, LayerNorm<256>>>;
+  STATIC_REQUIRE(M::parameter_count == 64 * 256 + 256 + 512);
+  M m{seed{7}};
+  auto p = tensor_to_host(m.parameters());
+  double const bound = 1.0 / 8.0;  // 1 / sqrt(64)
+  double sum = 0, sq = 0;
+  for (std::size_t i = 0; i < 64 * 256; ++i) {
+    REQUIRE(std::fabs(p[i]) <= bound);
+    sum += p[i];
+    sq += double(p[i]) * p[i];
+  }
+  double const n = 64 * 256;
+  CHECK(std::fabs(sum / n) < 0.003);
+  CHECK(sq / n == Approx(bound * bound / 3).epsilon(0.03));  // U(-b, b) has variance b^2 / 3
+  for (std::size_t i = 64 * 256; i < 64 * 256 + 256; ++i) REQUIRE(std::fabs(p[i]) <= bound);  // bias
+  for (std::size_t i = 0; i < 256; ++i) {
+    REQUIRE(p[64 * 256 + 256 + i] == 1.0f);        // LayerNorm weight
+    REQUIRE(p[64 * 256 + 256 + 256 + i] == 0.0f);  // LayerNorm bias
+  }
+  model<Seq<Embedding<50, 40>>> e{seed{7}};
+  auto const q = tensor_to_host(e.parameters());
+  double es = 0, eq = 0;
+  for (float v : q) es += v, eq += double(v) * v;
+  CHECK(std::fabs(es / 2000) < 0.07);
+  CHECK(eq / 2000 == Approx(1.0).epsilon(0.08));  // N(0, 1)
+}
+
+TEST_CASE("model: inference keeps nothing for backward", "[graph][model][memory]") {
+  memory::caching_allocator<host> alloc;
+  model<Net> m{seed{1}, alloc};
+  tensor<float> x(64, 6, memory::tag::workspace, alloc);
+  evaluate(x, to_expr(0.5));
+  alloc.reset_peak();
+  auto const base = alloc.stats(memory::tag::activations).in_use;
+  tensor<float> y = m.forward(x);
+  auto const s = alloc.stats(memory::tag::activations);
+  CHECK(s.in_use - base == 64 * 4 * 4);  // only the output remains (1024 bytes, a multiple of 256)
+  // The peak is inside the residual block: its input (kept for the add), LayerNorm's output and
+  // the fused Linear + ReLU output (computed in place): three 64 x 32 tensors. A training pass
+  // would keep every layer's input on top.
+  CHECK(s.peak - base == 3 * alloc.rounded(64 * 32 * 4));
+}
+
+TEST_CASE("model: a training step lowers the loss", "[graph][model]") {
+  model<Net> m{seed{3}};
+  AdamW opt(m, {.lr = 3e-3});
+  tensor<float> x(32, 6);
+  tensor<std::int32_t> y(32, 1);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 0.3f);
+  for (std::size_t r = 0; r < 32; ++r) y[r] = x(r, 0) > 0 ? (x(r, 1) > 0 ? 0 : 1) : (x(r, 2) > 0 ? 2 : 3);
+  double const first = m.train_step<SoftmaxCrossEntropy>(x, y, opt);
+  double last = first;
+  for (int i = 0; i < 60; ++i) last = m.train_step<SoftmaxCrossEntropy>(x, y, opt);
+  CHECK(last < 0.2 * first);
+  CHECK(opt.steps() == 61);
+}
+
+TEST_CASE("model: bad input throws a clear error and changes neither the model nor the optimizer",
+          "[graph][model][errors]") {
+  model<Net> m{seed{5}};
+  AdamW opt(m);
+  tensor<float> x(8, 6), t(8, 4);
+  tensor<std::int32_t> labels(8, 1);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * float(i % 5);
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.0f;
+  for (std::size_t i = 0; i < 8; ++i) labels[i] = std::int32_t(i % 4);
+  m.train_step<SoftmaxCrossEntropy>(x, labels, opt);  // some optimizer state to protect
+  auto const p0 = tensor_to_host(m.parameters()), g0 = tensor_to_host(m.gradients());
+  auto const m0 = opt.exp_avg().to_vector(), v0 = opt.exp_avg_sq().to_vector();
+  auto const steps0 = opt.steps();
+  auto const passes0 = m.passes();
+
+  tensor<float> narrow(8, 5);
+  CHECK_THROWS_AS(m.train_step<SoftmaxCrossEntropy>(narrow, labels, opt), shape_error);
+  CHECK_THROWS_WITH(m.forward(narrow), Catch::Contains("expected 6 features per row, found 5"));
+
+  tensor<float> nan_x(8, 6);
+  evaluate(nan_x, to_expr(x));
+  nan_x[13] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_WITH(m.train_step<SoftmaxCrossEntropy>(nan_x, labels, opt), Catch::Contains("NaN"));
+  nan_x[13] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_AS(m.train_step<MSE>(nan_x, t, opt), argument_error);
+
+  CHECK_THROWS_WITH(m.train_step<SoftmaxCrossEntropy>(x.row_range(0, 0), labels.row_range(0, 0), opt),
+                    Catch::Contains("at least one row, found 0"));
+
+  tensor<std::int32_t> bad_labels(8, 1);
+  evaluate(bad_labels, to_expr(labels));
+  bad_labels[3] = 4;
+  CHECK_THROWS_WITH(m.train_step<SoftmaxCrossEntropy>(x, bad_labels, opt),
+                    Catch::Contains("classes in [0, 4), found 4 at row 3"));
+  bad_labels[3] = -1;
+  CHECK_THROWS_AS(m.train_step<SoftmaxCrossEntropy>(x, bad_labels, opt), argument_error);
+  CHECK_THROWS_AS(m.train_step<SoftmaxCrossEntropy>(x, labels.row_range(0, 7), opt), shape_error);
+
+  tensor<float> wrong_t(8, 3);
+  CHECK_THROWS_WITH(m.train_step<MSE>(x, wrong_t, opt), Catch::Contains("expected 8 x 4") && Catch::Contains("found 8 x 3"));
+
+  CHECK(same_bits(tensor_to_host(m.parameters()), p0));
+  CHECK(same_bits(tensor_to_host(m.gradients()), g0));
+  CHECK(same_bits(opt.exp_avg().to_vector(), m0));
+  CHECK(same_bits(opt.exp_avg_sq().to_vector(), v0));
+  CHECK(opt.steps() == steps0);
+  CHECK(m.passes() == passes0);
+}
+
+TEST_CASE("model: token ids out of the vocabulary are refused", "[graph][model][errors]") {
+  model<Seq<Embedding<10, 4>, Linear<4, 2>>> m{seed{1}};
+  auto const p0 = tensor_to_host(m.parameters());
+  tensor<std::int32_t> ids(3, 1);
+  ids[0] = 1, ids[1] = 10, ids[2] = 2;
+  CHECK_THROWS_WITH(m.forward(ids), Catch::Contains("token ids in [0, 10), found 10 at row 1"));
+  ids[1] = 9;
+  CHECK(m.forward(ids).rows() == 3);
+  CHECK(same_bits(tensor_to_host(m.parameters()), p0));
+}
