@@ -1,0 +1,142 @@
+// remat's main example: classify the UCI handwritten digits (8x8 images) with a residual MLP
+// defined as a type, trained with AdamW and a warm-up/cosine schedule. Prints a progress bar per
+// epoch (loss, training accuracy, the allocator's peak), the test accuracy, the memory summary,
+// and saves the weights as safetensors.
+//
+//   digits [--epochs N] [--data digits.csv] [--out digits.safetensors] [--seed S]
+#include <remat/remat.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+using namespace remat;
+
+// The model is a type: 64 pixels -> 128 features -> 3 pre-norm residual blocks -> 10 classes.
+using Block = Residual<Seq<LayerNorm<128>, Linear<128, 256>, GELU, Dropout<0.1>, Linear<256, 128>>>;
+using Net = Seq<Linear<64, 128>, GELU, Repeat<3, Block>, LayerNorm<128>, Linear<128, 10>>;
+
+struct dataset {
+  std::vector<float> x;  // n x 64, scaled to [0, 1]
+  std::vector<std::int32_t> y;
+  std::size_t n = 0;
+};
+
+static dataset read_csv(std::string const& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::fprintf(stderr, "digits: cannot open %s\n", path.c_str());
+    std::exit(1);
+  }
+  dataset d;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string cell;
+    for (int c = 0; c < 65 && std::getline(ls, cell, ','); ++c) {
+      if (c < 64) d.x.push_back(std::stof(cell) / 16.0f);
+      else d.y.push_back(std::stoi(cell));
+    }
+    ++d.n;
+  }
+  return d;
+}
+
+// A fixed split: a seeded shuffle, then 80% for training and 20% for testing.
+static void split(dataset const& all, dataset& train, dataset& test) {
+  std::vector<std::size_t> order(all.n);
+  for (std::size_t i = 0; i < all.n; ++i) order[i] = i;
+  for (std::size_t i = all.n - 1; i > 0; --i)
+    std::swap(order[i], order[std::size_t(philox::uniform(2024, 1, i) * float(i + 1)) % (i + 1)]);
+  std::size_t const n_train = all.n * 4 / 5;
+  for (std::size_t k = 0; k < all.n; ++k) {
+    dataset& d = k < n_train ? train : test;
+    std::size_t const i = order[k];
+    d.x.insert(d.x.end(), all.x.begin() + std::ptrdiff_t(i * 64), all.x.begin() + std::ptrdiff_t(i * 64 + 64));
+    d.y.push_back(all.y[i]);
+    ++d.n;
+  }
+}
+
+template <class M>
+static double accuracy(M const& m, dataset const& d) {
+  tensor<float> x(index_t(d.n), 64);
+  x.copy_from(d.x);
+  tensor<float> logits = m.forward(x);
+  std::size_t correct = 0;
+  for (std::size_t r = 0; r < d.n; ++r) {
+    std::size_t best = 0;
+    for (std::size_t c = 1; c < 10; ++c)
+      if (logits(r, c) > logits(r, best)) best = c;
+    correct += best == std::size_t(d.y[r]);
+  }
+  return double(correct) / double(d.n);
+}
+
+int main(int argc, char** argv) {
+  int epochs = 30;
+  std::string data = REMAT_DIGITS_CSV, out = "digits.safetensors";
+  std::uint64_t seed_value = 1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--epochs")) epochs = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--data")) data = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--seed")) seed_value = std::strtoull(argv[i + 1], nullptr, 10);
+  }
+  dataset all = read_csv(data), train, test;
+  split(all, train, test);
+  std::printf("digits: %zu images (%zu train, %zu test), model of %zu parameters\n", all.n, train.n, test.n,
+              std::size_t(model<Net>::parameter_count));
+
+  model<Net> m{seed{seed_value}};
+  AdamW opt(m, {.lr = 2e-3, .weight_decay = 0.05, .clip_norm = 1.0});
+  constexpr std::size_t batch = 64;
+  std::size_t const steps_per_epoch = train.n / batch;
+  warmup_cosine schedule{.base_lr = 2e-3, .warmup = steps_per_epoch, .total = steps_per_epoch * std::size_t(epochs)};
+  auto& alloc = m.allocator();
+  tensor<float> xb(index_t(batch), 64);
+  tensor<std::int32_t> yb(index_t(batch), 1);
+  std::vector<std::size_t> order(train.n);
+  for (std::size_t i = 0; i < train.n; ++i) order[i] = i;
+  auto const t0 = std::chrono::steady_clock::now();
+  bool const tty = isatty(fileno(stdout));  // a live bar on a terminal, one line per epoch in a log
+
+  for (int epoch = 1; epoch <= epochs; ++epoch) {
+    for (std::size_t i = train.n - 1; i > 0; --i)  // reshuffle each epoch, deterministically
+      std::swap(order[i], order[std::size_t(philox::uniform(seed_value, 100 + std::uint64_t(epoch), i) * float(i + 1)) % (i + 1)]);
+    double loss_sum = 0;
+    alloc.reset_peak();
+    for (std::size_t s = 0; s < steps_per_epoch; ++s) {
+      for (std::size_t b = 0; b < batch; ++b) {
+        std::size_t const i = order[s * batch + b];
+        std::copy_n(train.x.begin() + std::ptrdiff_t(i * 64), 64, &xb(b, 0));
+        yb[b] = train.y[i];
+      }
+      opt.set_lr(schedule(opt.steps()));
+      loss_sum += m.train_step<SoftmaxCrossEntropy>(xb, yb, opt);
+      if (!tty) continue;
+      int const done = int(20 * (s + 1) / steps_per_epoch);
+      std::printf("\repoch %3d/%d [%.*s%.*s] loss %.4f", epoch, epochs, done, "####################", 20 - done,
+                  "--------------------", loss_sum / double(s + 1));
+      std::fflush(stdout);
+    }
+    if (!tty) std::printf("epoch %3d/%d loss %.4f", epoch, epochs, loss_sum / double(steps_per_epoch));
+    std::printf("  train acc %5.1f%%  peak %s\n", 100 * accuracy(m, train),
+                memory::format_bytes(alloc.stats().total.peak).c_str());
+  }
+  double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double const test_acc = accuracy(m, test);
+  std::printf("\ntest accuracy %.2f%% (%zu images), %.1f s of training\n\n", 100 * test_acc, test.n, seconds);
+  std::printf("%s", alloc.summary().c_str());
+  save(m, out);
+  std::printf("weights saved to %s\n", out.c_str());
+  return test_acc >= 0.95 ? 0 : 2;
+}
