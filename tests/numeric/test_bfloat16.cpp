@@ -69,6 +69,7 @@ TEST_CASE("bfloat16: numeric_limits", "[numeric][bfloat16]") {
   CHECK(float(L::min()) == std::numeric_limits<float>::min());
   CHECK(float(L::denorm_min()) == std::ldexp(1.0f, -133));
   CHECK(float(L::epsilon()) == std::ldexp(1.0f, -7));
+  CHECK(float(L::round_error()) == 0.5f);
   CHECK(std::isinf(float(L::infinity())));
   CHECK(std::isnan(float(L::quiet_NaN())));
   CHECK(std::isnan(float(L::signaling_NaN())));

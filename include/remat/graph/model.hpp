@@ -18,15 +18,12 @@ struct seed {
   std::uint64_t value = 0;
 };
 
+// A parameter tensor of a model: its full name ("2.1.0.weight"), offset and shape.
 struct named_param {
   std::string name;
   std::size_t offset;
   std::vector<std::size_t> shape;
-  std::size_t size() const {
-    std::size_t n = 1;
-    for (auto s : shape) n *= s;
-    return n;
-  }
+  std::size_t size() const { return shape_elements(shape); }
 };
 
 template <class Net, class Device = host, class Precision = fp32>

@@ -54,16 +54,18 @@ struct pass_state {
   }
 };
 
+inline std::size_t shape_elements(std::vector<std::size_t> const& shape) {
+  std::size_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
 // One parameter tensor of a layer: its name within the layer, offset and shape.
 struct param_desc {
   char const* name;
   std::size_t offset;
   std::vector<std::size_t> shape;
-  std::size_t size() const {
-    std::size_t n = 1;
-    for (auto s : shape) n *= s;
-    return n;
-  }
+  std::size_t size() const { return shape_elements(shape); }
 };
 
 namespace init {

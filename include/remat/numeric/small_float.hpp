@@ -183,84 +183,61 @@ REMAT_HOST_DEVICE bool isfinite(bfloat16 b) { return (b.bits() & 0x7f80u) != 0x7
 
 }  // namespace REMAT_NAMESPACE
 
+namespace REMAT_NAMESPACE {
+namespace detail {
+
+// std::numeric_limits for a 16-bit float, from its format's constants and special bit patterns.
+template <class T, int Digits, int Digits10, int MaxDigits10, int MinExp, int MinExp10, int MaxExp, int MaxExp10,
+          bool Iec559, std::uint16_t Min, std::uint16_t Max, std::uint16_t Epsilon, std::uint16_t Half,
+          std::uint16_t Infinity, std::uint16_t QuietNaN, std::uint16_t SignalingNaN>
+struct small_float_limits {
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr bool has_signaling_NaN = true;
+  static constexpr std::float_denorm_style has_denorm = std::denorm_present;
+  static constexpr bool has_denorm_loss = false;
+  static constexpr std::float_round_style round_style = std::round_to_nearest;
+  static constexpr bool is_iec559 = Iec559;
+  static constexpr bool is_bounded = true;
+  static constexpr bool is_modulo = false;
+  static constexpr int digits = Digits;
+  static constexpr int digits10 = Digits10;
+  static constexpr int max_digits10 = MaxDigits10;
+  static constexpr int radix = 2;
+  static constexpr int min_exponent = MinExp;
+  static constexpr int min_exponent10 = MinExp10;
+  static constexpr int max_exponent = MaxExp;
+  static constexpr int max_exponent10 = MaxExp10;
+  static constexpr bool traps = false;
+  static constexpr bool tinyness_before = false;
+  static constexpr T min() noexcept { return T::from_bits(Min); }
+  static constexpr T lowest() noexcept { return T::from_bits(std::uint16_t(Max | 0x8000u)); }
+  static constexpr T max() noexcept { return T::from_bits(Max); }
+  static constexpr T epsilon() noexcept { return T::from_bits(Epsilon); }
+  static constexpr T round_error() noexcept { return T::from_bits(Half); }
+  static constexpr T infinity() noexcept { return T::from_bits(Infinity); }
+  static constexpr T quiet_NaN() noexcept { return T::from_bits(QuietNaN); }
+  static constexpr T signaling_NaN() noexcept { return T::from_bits(SignalingNaN); }
+  static constexpr T denorm_min() noexcept { return T::from_bits(0x0001); }
+};
+
+}  // namespace detail
+}  // namespace REMAT_NAMESPACE
+
 namespace std {
 
 template <>
-class numeric_limits<REMAT_NAMESPACE::half> {
-  using T = REMAT_NAMESPACE::half;
-
- public:
-  static constexpr bool is_specialized = true;
-  static constexpr bool is_signed = true;
-  static constexpr bool is_integer = false;
-  static constexpr bool is_exact = false;
-  static constexpr bool has_infinity = true;
-  static constexpr bool has_quiet_NaN = true;
-  static constexpr bool has_signaling_NaN = true;
-  static constexpr float_denorm_style has_denorm = denorm_present;
-  static constexpr bool has_denorm_loss = false;
-  static constexpr float_round_style round_style = round_to_nearest;
-  static constexpr bool is_iec559 = true;
-  static constexpr bool is_bounded = true;
-  static constexpr bool is_modulo = false;
-  static constexpr int digits = 11;
-  static constexpr int digits10 = 3;
-  static constexpr int max_digits10 = 5;
-  static constexpr int radix = 2;
-  static constexpr int min_exponent = -13;
-  static constexpr int min_exponent10 = -4;
-  static constexpr int max_exponent = 16;
-  static constexpr int max_exponent10 = 4;
-  static constexpr bool traps = false;
-  static constexpr bool tinyness_before = false;
-  static constexpr T min() noexcept { return T::from_bits(0x0400); }
-  static constexpr T lowest() noexcept { return T::from_bits(0xfbff); }
-  static constexpr T max() noexcept { return T::from_bits(0x7bff); }
-  static constexpr T epsilon() noexcept { return T::from_bits(0x1400); }
-  static constexpr T round_error() noexcept { return T::from_bits(0x3800); }
-  static constexpr T infinity() noexcept { return T::from_bits(0x7c00); }
-  static constexpr T quiet_NaN() noexcept { return T::from_bits(0x7e00); }
-  static constexpr T signaling_NaN() noexcept { return T::from_bits(0x7d00); }
-  static constexpr T denorm_min() noexcept { return T::from_bits(0x0001); }
-};
+class numeric_limits<REMAT_NAMESPACE::half>
+    : public REMAT_NAMESPACE::detail::small_float_limits<REMAT_NAMESPACE::half, 11, 3, 5, -13, -4, 16, 4, true, 0x0400,
+                                                         0x7bff, 0x1400, 0x3800, 0x7c00, 0x7e00, 0x7d00> {};
 
 template <>
-class numeric_limits<REMAT_NAMESPACE::bfloat16> {
-  using T = REMAT_NAMESPACE::bfloat16;
-
- public:
-  static constexpr bool is_specialized = true;
-  static constexpr bool is_signed = true;
-  static constexpr bool is_integer = false;
-  static constexpr bool is_exact = false;
-  static constexpr bool has_infinity = true;
-  static constexpr bool has_quiet_NaN = true;
-  static constexpr bool has_signaling_NaN = true;
-  static constexpr float_denorm_style has_denorm = denorm_present;
-  static constexpr bool has_denorm_loss = false;
-  static constexpr float_round_style round_style = round_to_nearest;
-  static constexpr bool is_iec559 = false;
-  static constexpr bool is_bounded = true;
-  static constexpr bool is_modulo = false;
-  static constexpr int digits = 8;
-  static constexpr int digits10 = 2;
-  static constexpr int max_digits10 = 4;
-  static constexpr int radix = 2;
-  static constexpr int min_exponent = -125;
-  static constexpr int min_exponent10 = -37;
-  static constexpr int max_exponent = 128;
-  static constexpr int max_exponent10 = 38;
-  static constexpr bool traps = false;
-  static constexpr bool tinyness_before = false;
-  static constexpr T min() noexcept { return T::from_bits(0x0080); }
-  static constexpr T lowest() noexcept { return T::from_bits(0xff7f); }
-  static constexpr T max() noexcept { return T::from_bits(0x7f7f); }
-  static constexpr T epsilon() noexcept { return T::from_bits(0x3c00); }
-  static constexpr T round_error() noexcept { return T::from_bits(0x3f00); }
-  static constexpr T infinity() noexcept { return T::from_bits(0x7f80); }
-  static constexpr T quiet_NaN() noexcept { return T::from_bits(0x7fc0); }
-  static constexpr T signaling_NaN() noexcept { return T::from_bits(0x7fa0); }
-  static constexpr T denorm_min() noexcept { return T::from_bits(0x0001); }
-};
+class numeric_limits<REMAT_NAMESPACE::bfloat16>
+    : public REMAT_NAMESPACE::detail::small_float_limits<REMAT_NAMESPACE::bfloat16, 8, 2, 4, -125, -37, 128, 38, false,
+                                                         0x0080, 0x7f7f, 0x3c00, 0x3f00, 0x7f80, 0x7fc0, 0x7fa0> {};
 
 }  // namespace std
