@@ -105,7 +105,22 @@ void visit_params(std::string const& prefix, std::size_t offset, F&& f) {
     for (param_desc const& p : L::params()) f(prefix + p.name, offset + p.offset, p.shape);
 }
 
+// The first layer that a model's input reaches, through any nesting.
+template <class L>
+struct first_layer {
+  using type = L;
+};
+template <class L>
+  requires requires { typename L::first; }
+struct first_layer<L> {
+  using type = typename first_layer<typename L::first>::type;
+};
+
 }  // namespace detail
+
+// Whether a graph reads token ids (its first layer is an Embedding) rather than features.
+template <class Net>
+inline constexpr bool reads_ids_v = is_embedding_v<typename detail::first_layer<Net>::type>;
 
 template <class... L>
 struct Seq {
@@ -119,7 +134,6 @@ struct Seq {
   static constexpr std::size_t param_count = offsets[sizeof...(L)];
   static constexpr std::size_t size = sizeof...(L);
   using first = detail::nth<0, L...>;
-  static constexpr bool reads_ids = is_embedding_v<first>;
 
   template <class F>
   static void visit(std::string const& prefix, std::size_t offset, F& f) {
@@ -151,44 +165,41 @@ struct Seq {
       return false;
   }
 
-  template <std::size_t I, class T, class D>
-  static void forward_one(pass_state<T, D>& s, T const* p, act<T, D>& x) {
+  template <std::size_t I, class S>
+  static constexpr void forward_one(S& s, typename S::param_ptr p, typename S::act_type& x) {
     using Layer = detail::nth<I, L...>;
-    if constexpr (is_embedding_v<Layer>) {
-      static_assert(I == 0, "remat::Embedding must be the first layer of the model");
-      x = Layer::forward_ids(s, p + offsets[I], s.ids, s.id_count);
-    } else if constexpr (fused_with_previous<I>()) {
+    if constexpr (is_embedding_v<Layer>) static_assert(I == 0, "remat::Embedding must be the first layer of the model");
+    if constexpr (fused_with_previous<I>()) {
       // ran with the Linear before it
     } else if constexpr (fused_with_next<I>()) {
-      x = Layer::template forward<T, D, typename detail::nth<I + 1, L...>::function>(s, p + offsets[I], std::move(x));
+      x = Layer::template forward<typename detail::nth<I + 1, L...>::function>(s, p + offsets[I], std::move(x));
     } else {
       x = Layer::forward(s, p + offsets[I], std::move(x));
     }
   }
 
-  template <std::size_t I, class T, class D>
-  static void backward_one(pass_state<T, D>& s, T const* p, T* g, act<T, D>& dy) {
+  template <std::size_t I, class S>
+  static constexpr void backward_one(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                     typename S::act_type& dy) {
     using Layer = detail::nth<I, L...>;
-    if constexpr (is_embedding_v<Layer>) {
-      Layer::backward_ids(g + offsets[I], s.ids, s.id_count, *dy);
-      dy.reset();
-    } else if constexpr (fused_with_previous<I>()) {
+    if constexpr (fused_with_previous<I>()) {
     } else if constexpr (fused_with_next<I>()) {
-      dy = Layer::template backward<T, D, typename detail::nth<I + 1, L...>::function>(s, p + offsets[I],
-                                                                                       g + offsets[I], std::move(dy));
+      dy = Layer::template backward<typename detail::nth<I + 1, L...>::function>(s, p + offsets[I], g + offsets[I],
+                                                                                 std::move(dy));
     } else {
       dy = Layer::backward(s, p + offsets[I], g + offsets[I], std::move(dy));
     }
   }
 
-  template <class T, class D>
-  static act<T, D> forward(pass_state<T, D>& s, T const* p, act<T, D> x) {
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
     [&]<std::size_t... I>(std::index_sequence<I...>) { (forward_one<I>(s, p, x), ...); }(std::index_sequence_for<L...>{});
     return x;
   }
 
-  template <class T, class D>
-  static act<T, D> backward(pass_state<T, D>& s, T const* p, T* g, act<T, D> dy) {
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                 typename S::act_type dy) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (backward_one<sizeof...(L) - 1 - I>(s, p, g, dy), ...);
     }(std::index_sequence_for<L...>{});
@@ -198,6 +209,7 @@ struct Seq {
 
 template <class S>
 struct Residual {
+  using first = S;
   static constexpr bool widths_ok = residual_width_mismatch<S, S::in_width, S::out_width>::ok;
   static_assert(widths_ok, "remat::Residual: see residual_width_mismatch above");
   static constexpr std::size_t in_width = S::in_width;
@@ -213,26 +225,28 @@ struct Residual {
     S::init(p, global_offset, seed);
   }
 
-  template <class T, class D>
-  static act<T, D> forward(pass_state<T, D>& s, T const* p, act<T, D> x) {
-    act<T, D> y = S::forward(s, p, x);
-    if (y == x) {  // S was the identity: never add into its input
-      y = s.make(x->rows(), x->cols());
-      evaluate(*y, *x + *x);
-    } else {
-      evaluate(*y, *y + *x);
+  template <class St>
+  static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
+    typename St::act_type y = S::forward(s, p, x);
+    if (St::is_hollow(y)) return y;  // a selective recomputation that needs no values past here
+    if (y == x || y.use_count() > 1) {  // S was the identity, or its output is kept: add out of place
+      typename St::act_type sum = s.make(x->rows(), x->cols());
+      if constexpr (St::computes) evaluate(*sum, *y + *x);
+      return sum;
     }
+    if constexpr (St::computes) evaluate(*y, *y + *x);
     return y;
   }
 
-  template <class T, class D>
-  static act<T, D> backward(pass_state<T, D>& s, T const* p, T* g, act<T, D> dy) {
-    act<T, D> dx = S::backward(s, p, g, dy);  // dy stays shared here, so S does not overwrite it
+  template <class St>
+  static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
+                                                  typename St::act_type dy) {
+    typename St::act_type dx = S::backward(s, p, g, dy);  // dy stays shared here, so S does not overwrite it
     if (dx == dy) {
       dx = s.make(dy->rows(), dy->cols());
-      evaluate(*dx, *dy + *dy);
+      if constexpr (St::computes) evaluate(*dx, *dy + *dy);
     } else {
-      evaluate(*dx, *dx + *dy);
+      if constexpr (St::computes) evaluate(*dx, *dx + *dy);
     }
     return dx;
   }
@@ -245,6 +259,7 @@ struct Repeat {
                 "remat::Repeat<N, Block>: the block must keep its width to be chained");
   static constexpr std::size_t count = N;
   using block = Block;
+  using first = Block;
   static constexpr std::size_t in_width = Block::in_width;
   static constexpr std::size_t out_width = Block::out_width;
   static constexpr std::size_t param_count = N * Block::param_count;
@@ -260,13 +275,14 @@ struct Repeat {
       Block::init(p + k * Block::param_count, global_offset + k * Block::param_count, seed);
   }
 
-  template <class T, class D>
-  static act<T, D> forward(pass_state<T, D>& s, T const* p, act<T, D> x) {
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
     for (std::size_t k = 0; k < N; ++k) x = Block::forward(s, p + k * Block::param_count, std::move(x));
     return x;
   }
-  template <class T, class D>
-  static act<T, D> backward(pass_state<T, D>& s, T const* p, T* g, act<T, D> dy) {
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                 typename S::act_type dy) {
     for (std::size_t k = N; k-- > 0;)
       dy = Block::backward(s, p + k * Block::param_count, g + k * Block::param_count, std::move(dy));
     return dy;

@@ -6,6 +6,7 @@
 #include "../layers/loss.hpp"
 #include "../numeric/precision.hpp"
 #include "graph.hpp"
+#include "policies.hpp"
 
 #include <cmath>
 #include <string>
@@ -26,6 +27,30 @@ struct named_param {
   std::size_t size() const { return shape_elements(shape); }
 };
 
+namespace detail {
+
+// One training pass, shared by model::accumulate and the activation plan: forward keeping what
+// backward needs, the loss's gradient with respect to the output, backward. Returns the gradient
+// with respect to the input (null for a model that reads token ids).
+template <class Net, class S, class LossGrad>
+constexpr typename S::act_type training_pass(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                             typename S::act_type x, LossGrad&& loss_grad) {
+  typename S::act_type y = Net::forward(s, p, std::move(x));
+  s.forward_done(y);
+  typename S::act_type dy = s.make(y->rows(), y->cols());
+  loss_grad(y, dy);
+  y.reset();
+  return Net::backward(s, p, g, std::move(dy));
+}
+
+}  // namespace detail
+
+// What the last training pass of a model did.
+struct pass_report {
+  std::size_t saved_bytes = 0;      // activation bytes kept when the forward ended (its output excluded)
+  std::uint64_t recomputed = 0;     // block forwards that storage policies ran again
+};
+
 template <class Net, class Device = host, class Precision = fp32>
 class model {
  public:
@@ -37,12 +62,7 @@ class model {
   static constexpr std::size_t in_width = Net::in_width;
   static constexpr std::size_t out_width = Net::out_width;
   static constexpr std::size_t parameter_count = Net::param_count;
-  static constexpr bool reads_ids = [] {
-    if constexpr (requires { Net::reads_ids; })
-      return Net::reads_ids;
-    else
-      return is_embedding_v<Net>;
-  }();
+  static constexpr bool reads_ids = reads_ids_v<Net>;
   using input_element = std::conditional_t<reads_ids, std::int32_t, T>;
   using input_view = tensor_view<input_element const, Device>;
   using allocator_type = memory::caching_allocator<Device>;
@@ -87,13 +107,13 @@ class model {
                                  x.cols(), reads_ids ? " (and token ids have none)" : "");
     pass_state<T, Device> s = make_state(true, x);
     s.step = passes_;
-    act<T, Device> y = Net::forward(s, params_.data(), input_act(s, x));
-    act<T, Device> dy = s.make(y->rows(), y->cols());
-    double const l = Loss::forward_backward(*y, target, weight, dy.get());
-    y.reset();
-    act<T, Device> g = Net::backward(s, params_.data(), grads_.data(), std::move(dy));
+    double l = 0;
+    act<T, Device> g = detail::training_pass<Net>(
+        s, params_.data(), grads_.data(), input_act(s, x),
+        [&](act<T, Device> const& y, act<T, Device> const& dy) { l = Loss::forward_backward(*y, target, weight, dy.get()); });
     if (dx && g) evaluate(*dx, to_expr(*g));
     ++passes_;
+    report_ = {s.saved_bytes, s.recomputed};
     return l;
   }
 
@@ -127,6 +147,8 @@ class model {
   tensor_view<T const, Device> gradients() const { return grads_.view().row_range(0, parameter_count); }
   allocator_type& allocator() const { return *alloc_; }
   std::uint64_t seed_value() const { return seed_; }
+  // What the last training pass kept and recomputed.
+  pass_report const& last_pass() const { return report_; }
   // Training passes run so far; each draws its own dropout stream.
   std::uint64_t passes() const { return passes_; }
   void set_passes(std::uint64_t p) { passes_ = p; }
@@ -159,7 +181,7 @@ class model {
       detail::raise<shape_error>("model input: expected ", want, reads_ids ? " token id" : " features",
                                  " per row, found ", x.cols());
     if constexpr (reads_ids) {
-      using E = typename Net::first;
+      using E = typename detail::first_layer<Net>::type;
       for (std::size_t i = 0; i < x.size(); ++i)
         if (x[i] < 0 || std::size_t(x[i]) >= E::vocabulary)
           detail::raise<argument_error>("model input: expected token ids in [0, ", E::vocabulary, "), found ", x[i],
@@ -204,6 +226,7 @@ class model {
   tensor<T, Device> grads_;
   std::uint64_t seed_;
   std::uint64_t passes_ = 0;
+  pass_report report_{};
 };
 
 }  // namespace REMAT_NAMESPACE

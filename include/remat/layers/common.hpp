@@ -24,28 +24,82 @@ inline constexpr std::size_t any_width = dynamic_width;
 template <class T, class D>
 using act = std::shared_ptr<tensor<T, D>>;
 
+// One Linear's matrix-product output kept by a selective policy (see graph/policies.hpp), and
+// whether the recomputation needs it.
+template <class A>
+struct captured {
+  A value;
+  bool needed;
+};
+
+// The state of one forward (and its backward) pass. Layers are written once against this
+// interface and also run against plan::state (graph/plan.hpp), which follows the same calls
+// without computing anything to give the activation plan; `computes` tells them apart.
 template <class T, class D>
 struct pass_state {
+  using value_type = T;
+  using device = D;
+  using act_type = act<T, D>;
+  using param_ptr = T const*;
+  using grad_ptr = T*;
+  static constexpr bool computes = true;
+
   bool training = false;
+  // Whether layers keep what their backward needs (false inside a checkpointed forward).
+  bool keep = true;
+  // A forward whose side effects already happened once (a policy recomputing): a layer that
+  // updates state in forward (a counter, a running statistic) must do so only when this is false.
+  bool recomputing = false;
   std::uint64_t seed = 0;
   std::uint64_t step = 0;        // the dropout stream of this pass
   std::uint64_t rng_offset = 0;  // elements of that stream consumed so far
+  std::uint64_t recomputed = 0;  // block forwards run again by storage policies
+  std::size_t saved_bytes = 0;   // activation bytes in use when the forward ended, its output excluded
   memory::caching_allocator<D>* alloc = &memory::default_allocator<D>();
   std::int32_t const* ids = nullptr;  // the token ids of this pass, for a model that reads ids
   std::size_t id_count = 0;
   std::vector<act<T, D>> saved;          // tensors the forward kept, popped in reverse by backward
-  std::vector<std::uint64_t> counters;   // the same for counters (dropout offsets)
+  std::vector<std::uint64_t> counters;   // the same for counters (dropout offsets, RNG states)
+  // Selective recompute: the forward captures matrix-product outputs here, and the recomputing
+  // forward takes them back (in the same order, from `replay_next`) instead of multiplying again.
+  std::vector<captured<act<T, D>>>* capture = nullptr;
+  std::vector<act<T, D>>* replay = nullptr;
+  std::size_t replay_next = 0;
+
+  bool keeps() const { return training && keep; }
 
   act<T, D> make(std::size_t rows, std::size_t cols, memory::tag t = memory::tag::activations) {
     return std::make_shared<tensor<T, D>>(index_t(rows), index_t(cols), t, *alloc);
   }
+  void forward_done(act<T, D> const& y) {
+    saved_bytes = alloc->stats()[memory::tag::activations].in_use - memory::caching_allocator<D>::rounded(y->bytes());
+  }
+  // A shape without memory (what a selective recomputation passes on past its last product).
+  act<T, D> hollow(std::size_t rows, std::size_t cols) {
+    return std::make_shared<tensor<T, D>>(tensor<T, D>::shape_only, rows, cols);
+  }
+  static bool is_hollow(act<T, D> const& a) { return a && a->data() == nullptr; }
+
+  // Keeps `a` for backward; a forward that keeps nothing drops it (and, when capturing, notes that
+  // every product captured so far is needed to recompute it).
   void save(act<T, D> a) {
-    if (training) saved.push_back(std::move(a));
+    if (keeps())
+      saved.push_back(std::move(a));
+    else if (capture)
+      for (auto& c : *capture) c.needed = true;
   }
   act<T, D> restore() {
     act<T, D> a = std::move(saved.back());
     saved.pop_back();
     return a;
+  }
+  void save_counter(std::uint64_t v) {
+    if (keeps()) counters.push_back(v);
+  }
+  std::uint64_t restore_counter() {
+    std::uint64_t const v = counters.back();
+    counters.pop_back();
+    return v;
   }
   // A tensor for dx: dy's own memory if nobody else holds it.
   act<T, D> reuse_or_make(act<T, D>& dy, std::size_t cols) {

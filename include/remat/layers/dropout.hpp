@@ -38,29 +38,32 @@ struct Dropout {
   template <class T>
   static void init(T*, std::size_t, std::uint64_t) {}
 
-  template <class T, class D>
-  static expr::dropout_mask mask(pass_state<T, D> const& s, std::uint64_t offset) {
+  template <class S>
+  static expr::dropout_mask mask(S const& s, std::uint64_t offset) {
     return {{}, s.seed, s.step, offset, float(P), float(1.0 / (1.0 - P))};
   }
 
-  template <class T, class D>
-  static act<T, D> forward(pass_state<T, D>& s, T const*, act<T, D> x) {
+  // The mask of a training pass is drawn from the elements [offset, offset + size) of the pass's
+  // stream; the offset is all the backward needs.
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
     if (!s.training || P == 0.0) return x;
     std::uint64_t const offset = s.rng_offset;
     s.rng_offset += x->size();
-    act<T, D> y = s.make(x->rows(), x->cols());
-    evaluate(*y, *x * mask(s, offset));
-    s.counters.push_back(offset);
+    s.save_counter(offset);
+    if (S::is_hollow(x)) return x;  // a selective recomputation past its last needed product
+    typename S::act_type y = s.make(x->rows(), x->cols());
+    if constexpr (S::computes) evaluate(*y, *x * mask(s, offset));
     return y;
   }
 
-  template <class T, class D>
-  static act<T, D> backward(pass_state<T, D>& s, T const*, T*, act<T, D> dy) {
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr,
+                                                 typename S::act_type dy) {
     if (P == 0.0) return dy;
-    std::uint64_t const offset = s.counters.back();
-    s.counters.pop_back();
-    act<T, D> dx = s.reuse_or_make(dy, dy->cols());
-    evaluate(*dx, *dy * mask(s, offset));
+    std::uint64_t const offset = s.restore_counter();
+    typename S::act_type dx = s.reuse_or_make(dy, dy->cols());
+    if constexpr (S::computes) evaluate(*dx, *dy * mask(s, offset));
     return dx;
   }
 };

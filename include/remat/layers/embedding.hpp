@@ -21,25 +21,38 @@ struct Embedding {
     init::normal(p, param_count, global_offset, seed, 1.0);
   }
 
-  template <class T, class D>
-  static act<T, D> forward_ids(pass_state<T, D>& s, T const* p, std::int32_t const* ids, std::size_t rows) {
-    act<T, D> y = s.make(rows, W);
-    T* out = y->data();
-    kernels::for_each_index(D{}, rows, rows * W, [=](std::size_t r) {
-      T const* src = p + std::size_t(ids[r]) * W;
-      for (std::size_t i = 0; i < W; ++i) out[r * W + i] = src[i];
-    });
+  // The ids of the pass are in the pass state; the layer before (there is none) passes nothing.
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type) {
+    std::size_t const rows = s.id_count;
+    typename S::act_type y = s.make(rows, W);
+    if constexpr (S::computes) {
+      using T = typename S::value_type;
+      T* out = y->data();
+      std::int32_t const* ids = s.ids;
+      kernels::for_each_index(typename S::device{}, rows, rows * W, [=](std::size_t r) {
+        T const* src = p + std::size_t(ids[r]) * W;
+        for (std::size_t i = 0; i < W; ++i) out[r * W + i] = src[i];
+      });
+    }
     return y;
   }
 
   // Scatter-add of dy into the rows of the table that the ids picked (serial over rows: two rows
-  // may pick the same id, and the order of the sums is then fixed).
-  template <class T, class D>
-  static void backward_ids(T* g, std::int32_t const* ids, std::size_t rows, tensor<T, D> const& dy) {
-    T const* d = dy.data();
-    kernels::for_each_index(D{}, W, rows * W, [=](std::size_t i) {
-      for (std::size_t r = 0; r < rows; ++r) g[std::size_t(ids[r]) * W + i] += d[r * W + i];
-    });
+  // may pick the same id, and the order of the sums is then fixed). Ids have no gradient.
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr g,
+                                                 typename S::act_type dy) {
+    if constexpr (S::computes) {
+      using T = typename S::value_type;
+      std::size_t const rows = s.id_count;
+      std::int32_t const* ids = s.ids;
+      T const* d = dy->data();
+      kernels::for_each_index(typename S::device{}, W, rows * W, [=](std::size_t i) {
+        for (std::size_t r = 0; r < rows; ++r) g[std::size_t(ids[r]) * W + i] += d[r * W + i];
+      });
+    }
+    return {};
   }
 };
 

@@ -17,8 +17,6 @@ struct Linear {
   static constexpr std::size_t in_width = In;
   static constexpr std::size_t out_width = Out;
   static constexpr std::size_t param_count = In * Out + (Bias ? Out : 0);
-  // The forward keeps its input for the weight gradient.
-  static constexpr std::size_t saved_per_sample = In;
 
   static std::vector<param_desc> params() {
     std::vector<param_desc> p{{"weight", 0, {Out, In}}};
@@ -34,53 +32,87 @@ struct Linear {
     init::uniform(p, param_count, global_offset, seed, bound);
   }
 
-  template <class T, class D, class F = void>
-  static act<T, D> forward(pass_state<T, D>& s, T const* p, act<T, D> x) {
-    act<T, D> y = s.make(x->rows(), Out);
+  // Under a selective policy the forward captures the product's output (the pre-activation when
+  // fused) and the recomputing forward takes it back instead of multiplying again.
+  template <class F = void, class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
+    using A = typename S::act_type;
     std::size_t const rows = x->rows();
-    kernels::gemm(D{}, kernels::trans::no, kernels::trans::yes, index_t(rows), index_t(Out), index_t(In), T(1),
-                  x->data(), index_t(In), p, index_t(In), T(0), y->data(), index_t(Out));
-    tensor_view<T const, D> const b(p + In * Out, 1, Out);
+    A y;
+    bool replayed = false;
+    if (s.replay) {  // a selective recomputation: the product is already known, or not needed
+      A kept = std::move((*s.replay)[s.replay_next++]);
+      if (!kept) {  // only a plain product's output can be unneeded (a fused one's is saved)
+        s.save(std::move(x));
+        return s.hollow(rows, Out);
+      }
+      y = std::move(kept);
+      replayed = true;
+    } else {
+      y = s.make(rows, Out);
+      if constexpr (S::computes)
+        kernels::gemm(typename S::device{}, kernels::trans::no, kernels::trans::yes, index_t(rows), index_t(Out),
+                      index_t(In), typename S::value_type(1), x->data(), index_t(In), p, index_t(In),
+                      typename S::value_type(0), y->data(), index_t(Out));
+    }
     if constexpr (std::is_void_v<F>) {
-      if constexpr (Bias) evaluate(*y, *y + broadcast_rows(b, rows));
+      if constexpr (Bias && S::computes)
+        if (!replayed) evaluate(*y, *y + broadcast_rows(bias(s, p), rows));
+      if (s.capture) s.capture->push_back({y, false});
     } else {
       // The following point-wise layer, fused: y = F(x W^T + b); keep the pre-activation (without
       // the bias, which the backward adds back in the same pass).
-      act<T, D> z = y;
+      A z = y;
       if (s.training) y = s.make(rows, Out);  // inference keeps nothing: apply F in place
-      if constexpr (Bias)
-        evaluate(*y, F::apply(to_expr(*z) + broadcast_rows(b, rows)));
-      else
-        evaluate(*y, F::apply(to_expr(*z)));
+      if constexpr (S::computes) {
+        if constexpr (Bias)
+          evaluate(*y, F::apply(to_expr(*z) + broadcast_rows(bias(s, p), rows)));
+        else
+          evaluate(*y, F::apply(to_expr(*z)));
+      }
+      if (s.capture) s.capture->push_back({z, true});
       s.save(std::move(z));
     }
     s.save(std::move(x));
     return y;
   }
 
-  template <class T, class D, class F = void>
-  static act<T, D> backward(pass_state<T, D>& s, T const* p, T* g, act<T, D> dy) {
-    act<T, D> x = s.restore();
+  template <class F = void, class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                 typename S::act_type dy) {
+    using A = typename S::act_type;
+    A x = s.restore();
     std::size_t const rows = dy->rows();
     if constexpr (!std::is_void_v<F>) {
-      act<T, D> z = s.restore();
-      act<T, D> dz = s.reuse_or_make(dy, Out);
-      auto Z = leaf<0>(*z);
-      tensor_view<T const, D> const b(p + In * Out, 1, Out);
-      if constexpr (Bias)
-        evaluate(*dz, grad(F::apply(Z + broadcast_rows(b, rows)), Z, *dy));
-      else
-        evaluate(*dz, grad(F::apply(Z), Z, *dy));
+      A z = s.restore();
+      A dz = s.reuse_or_make(dy, Out);
+      if constexpr (S::computes) {
+        auto Z = leaf<0>(*z);
+        if constexpr (Bias)
+          evaluate(*dz, grad(F::apply(Z + broadcast_rows(bias(s, p), rows)), Z, *dy));
+        else
+          evaluate(*dz, grad(F::apply(Z), Z, *dy));
+      }
       dy = std::move(dz);
     }
-    // dW += dy^T x, db += column sums of dy, dx = dy W.
-    kernels::gemm(D{}, kernels::trans::yes, kernels::trans::no, index_t(Out), index_t(In), index_t(rows), T(1),
-                  dy->data(), index_t(Out), x->data(), index_t(In), T(1), g, index_t(In));
-    if constexpr (Bias) kernels::column_sums(D{}, dy->data(), rows, Out, g + In * Out, true);
-    act<T, D> dx = s.make(rows, In);
-    kernels::gemm(D{}, kernels::trans::no, kernels::trans::no, index_t(rows), index_t(In), index_t(Out), T(1),
-                  dy->data(), index_t(Out), p, index_t(In), T(0), dx->data(), index_t(In));
+    A dx = s.make(rows, In);
+    if constexpr (S::computes) {
+      // dW += dy^T x, db += column sums of dy, dx = dy W.
+      using T = typename S::value_type;
+      using D = typename S::device;
+      kernels::gemm(D{}, kernels::trans::yes, kernels::trans::no, index_t(Out), index_t(In), index_t(rows), T(1),
+                    dy->data(), index_t(Out), x->data(), index_t(In), T(1), g, index_t(In));
+      if constexpr (Bias) kernels::column_sums(D{}, dy->data(), rows, Out, g + In * Out, true);
+      kernels::gemm(D{}, kernels::trans::no, kernels::trans::no, index_t(rows), index_t(In), index_t(Out), T(1),
+                    dy->data(), index_t(Out), p, index_t(In), T(0), dx->data(), index_t(In));
+    }
     return dx;
+  }
+
+ private:
+  template <class S>
+  static tensor_view<typename S::value_type const, typename S::device> bias(S&, typename S::param_ptr p) {
+    return {p + In * Out, 1, Out};
   }
 };
 

@@ -14,8 +14,6 @@ struct LayerNorm {
   static constexpr std::size_t out_width = W;
   static constexpr std::size_t param_count = 2 * W;
   static constexpr double eps = 1e-5;
-  // Keeps its input and two numbers per sample (mean, 1/std).
-  static constexpr std::size_t saved_per_sample = W + 2;
 
   static std::vector<param_desc> params() { return {{"weight", 0, {W}}, {"bias", W, {W}}}; }
   template <class T>
@@ -24,28 +22,37 @@ struct LayerNorm {
     init::fill(p + W, W, 0.0);
   }
 
-  template <class T, class D>
-  static act<T, D> forward(pass_state<T, D>& s, T const* p, act<T, D> x) {
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
+    using A = typename S::act_type;
     std::size_t const rows = x->rows();
-    act<T, D> y = s.make(rows, W);
-    if (s.training) {
-      act<T, D> mean = s.make(rows, 1), rstd = s.make(rows, 1);
-      kernels::layer_norm_forward(D{}, x->data(), p, p + W, rows, W, eps, y->data(), mean->data(), rstd->data());
+    A y = s.make(rows, W);
+    if (s.keeps()) {
+      A mean = s.make(rows, 1), rstd = s.make(rows, 1);
+      if constexpr (S::computes)
+        kernels::layer_norm_forward(typename S::device{}, x->data(), p, p + W, rows, W, eps, y->data(),
+                                    mean->data(), rstd->data());
       s.save(std::move(x));
       s.save(std::move(mean));
       s.save(std::move(rstd));
     } else {
-      kernels::layer_norm_forward<T>(D{}, x->data(), p, p + W, rows, W, eps, y->data(), nullptr, nullptr);
+      if constexpr (S::computes)
+        kernels::layer_norm_forward<typename S::value_type>(typename S::device{}, x->data(), p, p + W, rows, W, eps,
+                                                            y->data(), nullptr, nullptr);
+      s.save(std::move(x));  // keeps nothing; tells a selective policy that x is needed
     }
     return y;
   }
 
-  template <class T, class D>
-  static act<T, D> backward(pass_state<T, D>& s, T const* p, T* g, act<T, D> dy) {
-    act<T, D> rstd = s.restore(), mean = s.restore(), x = s.restore();
-    act<T, D> dx = s.reuse_or_make(dy, W);
-    kernels::layer_norm_backward(D{}, x->data(), p, mean->data(), rstd->data(), dy->data(), dy->rows(), W,
-                                 dx->data(), g, g + W);
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                 typename S::act_type dy) {
+    using A = typename S::act_type;
+    A rstd = s.restore(), mean = s.restore(), x = s.restore();
+    A dx = s.reuse_or_make(dy, W);
+    if constexpr (S::computes)
+      kernels::layer_norm_backward(typename S::device{}, x->data(), p, mean->data(), rstd->data(), dy->data(),
+                                   dy->rows(), W, dx->data(), g, g + W);
     return dx;
   }
 };
@@ -57,7 +64,6 @@ struct RMSNorm {
   static constexpr std::size_t out_width = W;
   static constexpr std::size_t param_count = W;
   static constexpr double eps = 1e-5;
-  static constexpr std::size_t saved_per_sample = W + 1;
 
   static std::vector<param_desc> params() { return {{"weight", 0, {W}}}; }
   template <class T>
@@ -65,26 +71,35 @@ struct RMSNorm {
     init::fill(p, W, 1.0);
   }
 
-  template <class T, class D>
-  static act<T, D> forward(pass_state<T, D>& s, T const* p, act<T, D> x) {
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
+    using A = typename S::act_type;
     std::size_t const rows = x->rows();
-    act<T, D> y = s.make(rows, W);
-    if (s.training) {
-      act<T, D> rstd = s.make(rows, 1);
-      kernels::rms_norm_forward(D{}, x->data(), p, rows, W, eps, y->data(), rstd->data());
+    A y = s.make(rows, W);
+    if (s.keeps()) {
+      A rstd = s.make(rows, 1);
+      if constexpr (S::computes)
+        kernels::rms_norm_forward(typename S::device{}, x->data(), p, rows, W, eps, y->data(), rstd->data());
       s.save(std::move(x));
       s.save(std::move(rstd));
     } else {
-      kernels::rms_norm_forward<T>(D{}, x->data(), p, rows, W, eps, y->data(), nullptr);
+      if constexpr (S::computes)
+        kernels::rms_norm_forward<typename S::value_type>(typename S::device{}, x->data(), p, rows, W, eps, y->data(),
+                                                          nullptr);
+      s.save(std::move(x));
     }
     return y;
   }
 
-  template <class T, class D>
-  static act<T, D> backward(pass_state<T, D>& s, T const* p, T* g, act<T, D> dy) {
-    act<T, D> rstd = s.restore(), x = s.restore();
-    act<T, D> dx = s.reuse_or_make(dy, W);
-    kernels::rms_norm_backward(D{}, x->data(), p, rstd->data(), dy->data(), dy->rows(), W, dx->data(), g);
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                 typename S::act_type dy) {
+    using A = typename S::act_type;
+    A rstd = s.restore(), x = s.restore();
+    A dx = s.reuse_or_make(dy, W);
+    if constexpr (S::computes)
+      kernels::rms_norm_backward(typename S::device{}, x->data(), p, rstd->data(), dy->data(), dy->rows(), W,
+                                 dx->data(), g);
     return dx;
   }
 };

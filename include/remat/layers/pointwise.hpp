@@ -16,27 +16,29 @@ struct Pointwise {
   static constexpr std::size_t in_width = any_width;
   static constexpr std::size_t out_width = any_width;
   static constexpr std::size_t param_count = 0;
-  static constexpr std::size_t saved_per_sample_factor = 1;  // keeps its input: one per element
 
   static std::vector<param_desc> params() { return {}; }
   template <class T>
   static void init(T*, std::size_t, std::uint64_t) {}
 
-  template <class T, class D>
-  static act<T, D> forward(pass_state<T, D>& s, T const*, act<T, D> x) {
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
     // In inference nobody needs x afterwards, so F runs in place when x is ours alone.
-    act<T, D> y = !s.training && x.use_count() == 1 ? x : s.make(x->rows(), x->cols());
-    evaluate(*y, F::apply(to_expr(*x)));
+    typename S::act_type y = !s.training && x.use_count() == 1 ? x : s.make(x->rows(), x->cols());
+    if constexpr (S::computes) evaluate(*y, F::apply(to_expr(*x)));
     s.save(std::move(x));
     return y;
   }
 
-  template <class T, class D>
-  static act<T, D> backward(pass_state<T, D>& s, T const*, T*, act<T, D> dy) {
-    act<T, D> x = s.restore();
-    act<T, D> dx = s.reuse_or_make(dy, dy->cols());
-    auto X = leaf<0>(*x);
-    evaluate(*dx, grad(F::apply(X), X, *dy));
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr,
+                                                 typename S::act_type dy) {
+    typename S::act_type x = s.restore();
+    typename S::act_type dx = s.reuse_or_make(dy, dy->cols());
+    if constexpr (S::computes) {
+      auto X = leaf<0>(*x);
+      evaluate(*dx, grad(F::apply(X), X, *dy));
+    }
     return dx;
   }
 };

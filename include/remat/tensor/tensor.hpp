@@ -131,6 +131,14 @@ class tensor {
     requires(Width == dynamic_width)
       : tensor(unchecked{}, detail::checked_extent(rows, "rows"), detail::checked_extent(cols, "cols"), tag, alloc) {}
 
+  // A tensor that has a shape and no memory: what a recomputation that needs no values passes on
+  // (see Selective in graph/policies.hpp).
+  struct shape_only_t {};
+  static constexpr shape_only_t shape_only{};
+  tensor(shape_only_t, std::size_t rows, std::size_t cols)
+    requires(Width == dynamic_width)
+      : view_(nullptr, rows, cols) {}
+
   tensor(tensor&& o) noexcept : view_(std::exchange(o.view_, view_type{})), tag_(o.tag_), alloc_(o.alloc_) {}
   tensor& operator=(tensor&& o) noexcept {
     if (this != &o) {

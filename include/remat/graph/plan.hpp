@@ -1,0 +1,55 @@
+// remat::activation_plan<Net, Precision>(batch): the peak bytes of activations during a training
+// step of model<Net, Device, Precision>, known at compile time.
+//
+// It runs the model's training pass (detail::training_pass, the code model::accumulate runs) on a
+// plan::state, which makes, shares and drops the same tensors in the same order and adds up what
+// the caching allocator would count: each tensor rounded up to 256 bytes. Everything a step
+// allocates as activations is in it: the copy of the input, what the forward keeps, the output and
+// its gradient, the gradients flowing back, and the scratch of every recomputation. Workspace
+// (a loss's per-row values) and parameters, gradients and optimizer state are tagged apart.
+//
+//   constexpr auto plan = remat::activation_plan<Net, remat::fp32>(256);
+//   static_assert(plan.peak_bytes <= (std::size_t(64) << 20), "the model's activations must fit in 64 MiB");
+#pragma once
+
+#include "../numeric/precision.hpp"
+#include "model.hpp"
+#include "plan_state.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace REMAT_NAMESPACE {
+
+struct activation_plan_result {
+  std::size_t peak_bytes = 0;    // the most activation bytes in use at once in a training step
+  std::size_t saved_bytes = 0;   // in use when the forward ends, its output excluded: what it kept
+  std::uint64_t recomputed = 0;  // block forwards the storage policies run again
+};
+
+// `features` is the input width, needed only when the graph's own is not fixed (a point-wise
+// first layer).
+template <class Net, class Precision = fp32>
+constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width) {
+  using T = typename Precision::compute;
+  plan::counter mem;
+  activation_plan_result r;
+  {
+    plan::state<T> s;
+    s.mem = &mem;
+    plan::ref x;
+    if constexpr (reads_ids_v<Net>)
+      s.id_count = batch;
+    else
+      x = s.make(batch, features);
+    plan::ref g = detail::training_pass<Net>(s, plan::no_params{}, plan::no_params{}, std::move(x),
+                                             [](plan::ref const&, plan::ref const&) {});
+    g.reset();
+    r.saved_bytes = s.saved_bytes;
+    r.recomputed = s.recomputed;
+  }
+  r.peak_bytes = mem.peak;
+  return r;
+}
+
+}  // namespace REMAT_NAMESPACE

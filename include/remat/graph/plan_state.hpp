@@ -1,0 +1,173 @@
+// plan::state: a pass state that computes nothing and only counts. The layers' forward and
+// backward are written once against the pass-state interface; run against this state at compile
+// time, they make, share and drop the same tensors in the same order as a real training step, and
+// the state adds up the bytes the caching allocator would hand out (each request rounded up to
+// its 256-byte granularity). That is the activation plan (graph/plan.hpp).
+#pragma once
+
+#include "../config.hpp"
+#include "../layers/common.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+namespace plan {
+
+inline constexpr std::size_t granularity = 256;  // memory::caching_allocator<D>::granularity
+constexpr std::size_t rounded(std::size_t bytes) { return (bytes + granularity - 1) / granularity * granularity; }
+
+// What a planned tensor has: a shape and a byte count (zero for a hollow one).
+struct buffer {
+  std::size_t rows_ = 0, cols_ = 0, bytes = 0;
+  long refs = 0;
+  constexpr std::size_t rows() const { return rows_; }
+  constexpr std::size_t cols() const { return cols_; }
+  constexpr std::size_t size() const { return rows_ * cols_; }
+};
+
+// Parameters are not needed to plan; offsets into them are still written `p + k`.
+struct no_params {
+  constexpr no_params operator+(std::size_t) const { return {}; }
+};
+
+class counter;
+
+// A counted handle with std::shared_ptr's semantics (copy shares, the last owner frees).
+class ref {
+ public:
+  constexpr ref() = default;
+  constexpr ref(std::nullptr_t) {}
+  constexpr ref(counter* c, int id) : c_(c), id_(id) {}
+  constexpr ref(ref const& o) : c_(o.c_), id_(o.id_) { retain(); }
+  constexpr ref(ref&& o) noexcept : c_(o.c_), id_(o.id_) { o.id_ = -1; }
+  constexpr ref& operator=(ref const& o) {
+    if (this != &o) {
+      ref copy(o);
+      swap(copy);
+    }
+    return *this;
+  }
+  constexpr ref& operator=(ref&& o) noexcept {
+    if (this != &o) {
+      reset();
+      c_ = o.c_;
+      id_ = o.id_;
+      o.id_ = -1;
+    }
+    return *this;
+  }
+  constexpr ~ref() { reset(); }
+
+  constexpr void reset();
+  constexpr long use_count() const;
+  constexpr buffer const* operator->() const;
+  constexpr buffer const& operator*() const { return *operator->(); }
+  constexpr explicit operator bool() const { return id_ >= 0; }
+  constexpr bool operator==(ref const& o) const { return id_ == o.id_; }
+  constexpr int id() const { return id_; }
+
+ private:
+  constexpr void retain();
+  constexpr void swap(ref& o) {
+    counter* c = c_;
+    int i = id_;
+    c_ = o.c_;
+    id_ = o.id_;
+    o.c_ = c;
+    o.id_ = i;
+  }
+  counter* c_ = nullptr;
+  int id_ = -1;
+};
+
+// The live bytes of every planned tensor and their peak.
+class counter {
+ public:
+  std::size_t live = 0, peak = 0;
+  std::vector<buffer> buffers;
+
+  constexpr ref make(std::size_t rows, std::size_t cols, std::size_t element_bytes) {
+    std::size_t const bytes = rounded(rows * cols * element_bytes);
+    buffers.push_back(buffer{rows, cols, bytes, 1});
+    live += bytes;
+    if (live > peak) peak = live;
+    return ref(this, int(buffers.size()) - 1);
+  }
+  constexpr ref hollow(std::size_t rows, std::size_t cols) {
+    buffers.push_back(buffer{rows, cols, 0, 1});
+    return ref(this, int(buffers.size()) - 1);
+  }
+  constexpr void release(int id) {
+    if (--buffers[std::size_t(id)].refs == 0) live -= buffers[std::size_t(id)].bytes;
+  }
+};
+
+constexpr void ref::retain() {
+  if (id_ >= 0) ++c_->buffers[std::size_t(id_)].refs;
+}
+constexpr void ref::reset() {
+  if (id_ >= 0) c_->release(id_);
+  id_ = -1;
+}
+constexpr long ref::use_count() const { return id_ >= 0 ? c_->buffers[std::size_t(id_)].refs : 0; }
+constexpr buffer const* ref::operator->() const { return &c_->buffers[std::size_t(id_)]; }
+
+// The pass-state interface of layers/common.hpp, counting instead of computing. T is the type
+// activations are stored in.
+template <class T>
+struct state {
+  using value_type = T;
+  using device = void;
+  using act_type = ref;
+  using param_ptr = no_params;
+  using grad_ptr = no_params;
+  static constexpr bool computes = false;
+
+  counter* mem = nullptr;
+  bool training = true;
+  bool keep = true;
+  bool recomputing = false;
+  std::uint64_t seed = 0, step = 0, rng_offset = 0, recomputed = 0;
+  std::size_t saved_bytes = 0;
+  std::int32_t const* ids = nullptr;
+  std::size_t id_count = 0;
+  std::vector<ref> saved;
+  std::vector<std::uint64_t> counters;
+  std::vector<captured<ref>>* capture = nullptr;
+  std::vector<ref>* replay = nullptr;
+  std::size_t replay_next = 0;
+
+  constexpr bool keeps() const { return training && keep; }
+  constexpr void forward_done(ref const& y) { saved_bytes = mem->live - y->bytes; }
+  constexpr ref make(std::size_t rows, std::size_t cols) { return mem->make(rows, cols, sizeof(T)); }
+  constexpr ref hollow(std::size_t rows, std::size_t cols) { return mem->hollow(rows, cols); }
+  static constexpr bool is_hollow(ref const& a) { return a && a->bytes == 0; }
+  constexpr void save(ref a) {
+    if (keeps())
+      saved.push_back(static_cast<ref&&>(a));
+    else if (capture)
+      for (auto& c : *capture) c.needed = true;
+  }
+  constexpr ref restore() {
+    ref a = static_cast<ref&&>(saved.back());
+    saved.pop_back();
+    return a;
+  }
+  constexpr void save_counter(std::uint64_t v) {
+    if (keeps()) counters.push_back(v);
+  }
+  constexpr std::uint64_t restore_counter() {
+    std::uint64_t const v = counters.back();
+    counters.pop_back();
+    return v;
+  }
+  constexpr ref reuse_or_make(ref& dy, std::size_t cols) {
+    if (dy.use_count() == 1 && dy->cols() == cols) return dy;
+    return make(dy->rows(), cols);
+  }
+};
+
+}  // namespace plan
+}  // namespace REMAT_NAMESPACE
