@@ -134,6 +134,7 @@ struct Seq {
   static constexpr std::size_t param_count = offsets[sizeof...(L)];
   static constexpr std::size_t size = sizeof...(L);
   using first = detail::nth<0, L...>;
+  static constexpr bool handles_hollow = true;
 
   template <class F>
   static void visit(std::string const& prefix, std::size_t offset, F& f) {
@@ -168,6 +169,7 @@ struct Seq {
   template <std::size_t I, class S>
   static constexpr void forward_one(S& s, typename S::param_ptr p, typename S::act_type& x) {
     using Layer = detail::nth<I, L...>;
+    if constexpr (!handles_hollow_v<Layer>) s.need_input();
     if constexpr (is_embedding_v<Layer>) static_assert(I == 0, "remat::Embedding must be the first layer of the model");
     if constexpr (fused_with_previous<I>()) {
       // ran with the Linear before it
@@ -210,6 +212,7 @@ struct Seq {
 template <class S>
 struct Residual {
   using first = S;
+  static constexpr bool handles_hollow = true;
   static constexpr bool widths_ok = residual_width_mismatch<S, S::in_width, S::out_width>::ok;
   static_assert(widths_ok, "remat::Residual: see residual_width_mismatch above");
   static constexpr std::size_t in_width = S::in_width;
@@ -260,6 +263,7 @@ struct Repeat {
   static constexpr std::size_t count = N;
   using block = Block;
   using first = Block;
+  static constexpr bool handles_hollow = true;
   static constexpr std::size_t in_width = Block::in_width;
   static constexpr std::size_t out_width = Block::out_width;
   static constexpr std::size_t param_count = N * Block::param_count;
@@ -277,7 +281,10 @@ struct Repeat {
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
-    for (std::size_t k = 0; k < N; ++k) x = Block::forward(s, p + k * Block::param_count, std::move(x));
+    for (std::size_t k = 0; k < N; ++k) {
+      if constexpr (!handles_hollow_v<Block>) s.need_input();
+      x = Block::forward(s, p + k * Block::param_count, std::move(x));
+    }
     return x;
   }
   template <class S>

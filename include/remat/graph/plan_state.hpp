@@ -15,7 +15,7 @@
 namespace REMAT_NAMESPACE {
 namespace plan {
 
-inline constexpr std::size_t granularity = 256;  // memory::caching_allocator<D>::granularity
+inline constexpr std::size_t granularity = memory::caching_allocator<host>::granularity;
 constexpr std::size_t rounded(std::size_t bytes) { return (bytes + granularity - 1) / granularity * granularity; }
 
 // What a planned tensor has: a shape and a byte count (zero for a hollow one).
@@ -147,7 +147,11 @@ struct state {
   constexpr void save(ref a) {
     if (keeps())
       saved.push_back(static_cast<ref&&>(a));
-    else if (capture)
+    else
+      need_input();
+  }
+  constexpr void need_input() {
+    if (capture)
       for (auto& c : *capture) c.needed = true;
   }
   constexpr ref restore() {

@@ -83,6 +83,7 @@ template <class S>
 struct wraps {
   using segment = S;
   using first = S;
+  static constexpr bool handles_hollow = handles_hollow_v<S>;
   static constexpr std::size_t in_width = S::in_width;
   static constexpr std::size_t out_width = S::out_width;
   static constexpr std::size_t param_count = S::param_count;
@@ -335,7 +336,10 @@ struct Selective : detail::wraps<S> {
     s.capture = &products;
     A y = detail::keeping_nothing(s, [&] { return S::forward(s, p, x); });
     s.capture = outer;
-    for (auto& c : products) s.save(c.needed ? std::move(c.value) : A());
+    for (auto& c : products) {  // (not `needed ? value : A()`: GCC 12 miscounts that at compile time)
+      if (!c.needed) c.value.reset();
+      s.save(std::move(c.value));
+    }
     std::uint64_t const count = products.size();
     products.clear();
     s.save(std::move(x));

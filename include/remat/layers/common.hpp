@@ -24,6 +24,12 @@ inline constexpr std::size_t any_width = dynamic_width;
 template <class T, class D>
 using act = std::shared_ptr<tensor<T, D>>;
 
+// A layer that declares `static constexpr bool handles_hollow = true` copes with a hollow input (a
+// shape without values, see pass_state::hollow) in a selective recomputation; before any other
+// layer, the graph marks the captured products needed, so such a layer always sees values.
+template <class L>
+inline constexpr bool handles_hollow_v = requires { requires L::handles_hollow; };
+
 // One Linear's matrix-product output kept by a selective policy (see graph/policies.hpp), and
 // whether the recomputation needs it.
 template <class A>
@@ -85,7 +91,12 @@ struct pass_state {
   void save(act<T, D> a) {
     if (keeps())
       saved.push_back(std::move(a));
-    else if (capture)
+    else
+      need_input();
+  }
+  // Under a selective forward: everything captured so far is needed to recompute what follows.
+  void need_input() {
+    if (capture)
       for (auto& c : *capture) c.needed = true;
   }
   act<T, D> restore() {

@@ -33,6 +33,7 @@ struct Dropout {
   static constexpr std::size_t out_width = any_width;
   static constexpr std::size_t param_count = 0;
   static constexpr double probability = P;
+  static constexpr bool handles_hollow = true;
 
   static std::vector<param_desc> params() { return {}; }
   template <class T>

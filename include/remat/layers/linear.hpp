@@ -17,6 +17,7 @@ struct Linear {
   static constexpr std::size_t in_width = In;
   static constexpr std::size_t out_width = Out;
   static constexpr std::size_t param_count = In * Out + (Bias ? Out : 0);
+  static constexpr bool handles_hollow = true;  // it needs its input, and says so itself
 
   static std::vector<param_desc> params() {
     std::vector<param_desc> p{{"weight", 0, {Out, In}}};
@@ -38,7 +39,7 @@ struct Linear {
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
     using A = typename S::act_type;
     std::size_t const rows = x->rows();
-    A y;
+    A y, product;  // `product`: what a selective policy captures
     bool replayed = false;
     if (s.replay) {  // a selective recomputation: the product is already known, or not needed
       A kept = std::move((*s.replay)[s.replay_next++]);
@@ -58,7 +59,7 @@ struct Linear {
     if constexpr (std::is_void_v<F>) {
       if constexpr (Bias && S::computes)
         if (!replayed) evaluate(*y, *y + broadcast_rows(bias(s, p), rows));
-      if (s.capture) s.capture->push_back({y, false});
+      if (s.capture) product = y;
     } else {
       // The following point-wise layer, fused: y = F(x W^T + b); keep the pre-activation (without
       // the bias, which the backward adds back in the same pass).
@@ -70,10 +71,13 @@ struct Linear {
         else
           evaluate(*y, F::apply(to_expr(*z)));
       }
-      if (s.capture) s.capture->push_back({z, true});
+      if (s.capture) product = z;
       s.save(std::move(z));
     }
-    s.save(std::move(x));
+    s.save(std::move(x));  // (before capturing: it marks earlier captures needed, not this one)
+    // A fused product is the pre-activation this layer's backward needs; a plain one is needed
+    // only if a later layer needs its input.
+    if (s.capture) s.capture->push_back({std::move(product), !std::is_void_v<F>});
     return y;
   }
 

@@ -24,7 +24,12 @@ struct Pointwise {
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
     // In inference nobody needs x afterwards, so F runs in place when x is ours alone.
-    typename S::act_type y = !s.training && x.use_count() == 1 ? x : s.make(x->rows(), x->cols());
+    // (No conditional operator on handles here: GCC 12 miscounts them in constant evaluation.)
+    typename S::act_type y;
+    if (!s.training && x.use_count() == 1)
+      y = x;
+    else
+      y = s.make(x->rows(), x->cols());
     if constexpr (S::computes) evaluate(*y, F::apply(to_expr(*x)));
     s.save(std::move(x));
     return y;

@@ -1,0 +1,140 @@
+// The activation plan: constexpr, and equal to the allocator's measured peak of activation bytes
+// in a training step, for many models, policies, depths and batch sizes. The allocator rounds
+// every request up to 256 bytes and counts rounded bytes; the plan counts the same way.
+#include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+using namespace remat;
+
+namespace {
+
+template <class NetT, std::size_t Batch, class Loss = MSE>
+void require_plan_matches() {
+  constexpr std::size_t batch = Batch;
+  INFO("batch " << batch);
+  memory::caching_allocator<host> alloc;
+  model<NetT> m(seed{11}, alloc);
+  constexpr std::size_t in = model<NetT>::reads_ids ? 1 : NetT::in_width;
+  constexpr std::size_t out = NetT::out_width;
+  index_t const rows = index_t(batch);
+  tensor<typename model<NetT>::input_element> x(rows, index_t(in));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if constexpr (model<NetT>::reads_ids)
+      x[i] = std::int32_t(i % 5);
+    else
+      x[i] = float(std::sin(0.7 * double(i)));
+  }
+  // Evaluated by the compiler, and again at run time: the same numbers.
+  constexpr auto plan = activation_plan<NetT, fp32>(batch);
+  std::size_t runtime_batch = batch;
+  auto const again = activation_plan<NetT, fp32>(runtime_batch);
+  CHECK((again.peak_bytes == plan.peak_bytes && again.saved_bytes == plan.saved_bytes &&
+         again.recomputed == plan.recomputed));
+  for (int step = 0; step < 2; ++step) {  // the second step runs from the allocator's cache
+    std::size_t const before = alloc.stats()[memory::tag::activations].in_use;
+    REQUIRE(before == 0);
+    alloc.reset_peak();
+    if constexpr (std::is_same_v<Loss, MSE>) {
+      tensor<float> t(rows, index_t(out));
+      for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.25f;
+      m.template accumulate<MSE>(x, t);
+    } else {
+      tensor<std::int32_t> labels(rows, 1);
+      for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = std::int32_t(i % out);
+      m.template accumulate<Loss>(x, labels);
+    }
+    CHECK(alloc.stats()[memory::tag::activations].peak == plan.peak_bytes);
+    CHECK(m.last_pass().saved_bytes == plan.saved_bytes);
+    CHECK(m.last_pass().recomputed == plan.recomputed);
+  }
+}
+
+template <class NetT, class Loss = MSE>
+void require_plan_matches_for_batches() {
+  require_plan_matches<NetT, 1, Loss>();
+  require_plan_matches<NetT, 3, Loss>();
+  require_plan_matches<NetT, 64, Loss>();
+  require_plan_matches<NetT, 129, Loss>();
+}
+
+constexpr std::size_t W = 32;
+using Block = Residual<Seq<LayerNorm<W>, Linear<W, 64>, GELU, Dropout<0.1>, Linear<64, W>>>;
+using RmsBlock = Residual<Seq<RMSNorm<W>, Linear<W, W>, SiLU, Linear<W, W, false>, Dropout<0.2>>>;
+
+template <class Middle>
+using Net = Seq<Linear<12, W>, Middle, Linear<W, 5>>;
+
+}  // namespace
+
+TEST_CASE("plan: hand-computed plans of small models", "[plan]") {
+  // One Linear<4, 8>, batch 2: input copy (32 B), output (64 B), its gradient (64 B), the input
+  // gradient (32 B): each rounded to 256 B. Peak: output gradient, kept input and input gradient,
+  // with the output freed after the loss: 3 x 256.
+  constexpr auto a = activation_plan<Seq<Linear<4, 8>>>(2);
+  static_assert(a.peak_bytes == 3 * 256 && a.saved_bytes == 256);
+  // Linear<256, 256> fused with ReLU, batch 64: tensors of 64 KiB. The forward keeps the input and
+  // the pre-activation; with the output and its gradient that is 4 at the peak (the backward
+  // writes the activation's gradient over the output gradient, then makes the input gradient,
+  // after the output itself was freed).
+  constexpr auto b = activation_plan<Seq<Linear<256, 256>, ReLU>>(64);
+  static_assert(b.peak_bytes == 4 * 65536 && b.saved_bytes == 2 * 65536);
+  // The same with the Linear checkpointed: the forward keeps only the input; the peak is in the
+  // backward, as before.
+  constexpr auto c = activation_plan<Checkpointed<Seq<Linear<256, 256>, ReLU>>>(64);
+  static_assert(c.saved_bytes == 65536 && c.peak_bytes == 4 * 65536 && c.recomputed == 1);
+  require_plan_matches<Seq<Linear<4, 8>>, 2>();
+  require_plan_matches<Seq<Linear<256, 256>, ReLU>, 64>();
+  require_plan_matches<Checkpointed<Seq<Linear<256, 256>, ReLU>>, 64>();
+}
+
+TEST_CASE("plan: the plan equals the measured peak for every policy, depth and batch", "[plan]") {
+  require_plan_matches_for_batches<Net<Repeat<4, Block>>>();
+  require_plan_matches_for_batches<Net<Repeat<4, Checkpointed<Block>>>>();
+  require_plan_matches_for_batches<Net<Checkpointed<Repeat<4, Block>>>>();
+  require_plan_matches_for_batches<Net<CheckpointSequential<2, Repeat<5, Block>>>>();
+  require_plan_matches_for_batches<Net<Revolve<1, Repeat<5, Block>>>>();
+  require_plan_matches_for_batches<Net<Revolve<2, Repeat<7, Block>>>>();
+  require_plan_matches_for_batches<Net<Revolve<3, Repeat<12, Block>>>>();
+  require_plan_matches_for_batches<Net<Repeat<4, Selective<Block>>>>();
+  require_plan_matches_for_batches<Net<Selective<Repeat<4, Block>>>>();
+  require_plan_matches_for_batches<Net<Repeat<3, Offloaded<Block>>>>();
+  require_plan_matches_for_batches<Net<Repeat<3, RmsBlock>>>();
+  require_plan_matches_for_batches<Net<Repeat<3, Selective<RmsBlock>>>>();
+  require_plan_matches_for_batches<Net<Revolve<2, Repeat<6, Checkpointed<RmsBlock>>>>>();
+  require_plan_matches_for_batches<Net<Revolve<2, Repeat<6, Selective<Block>>>>>();
+  require_plan_matches_for_batches<CheckpointSequential<3, Seq<Linear<12, W>, GELU, LayerNorm<W>, Dropout<0.3>,
+                                                             Linear<W, W>, Tanh, Linear<W, 5>>>>();
+  require_plan_matches_for_batches<Seq<Linear<12, W>, Residual<Seq<Dropout<0.5>>>, Residual<Seq<Dropout<0.0>>>, Linear<W, 5>>>();
+}
+
+TEST_CASE("plan: models that read token ids, with a classification loss", "[plan]") {
+  using Lm = Seq<Embedding<5, W>, Repeat<2, Block>, LayerNorm<W>, Linear<W, 7>>;
+  using LmCkpt = Seq<Checkpointed<Seq<Embedding<5, W>, Repeat<2, Block>>>, LayerNorm<W>, Linear<W, 7>>;
+  require_plan_matches_for_batches<Lm, SoftmaxCrossEntropy>();
+  require_plan_matches_for_batches<LmCkpt, SoftmaxCrossEntropy>();
+}
+
+TEST_CASE("plan: policies trade memory as designed, and a budget is a static_assert", "[plan]") {
+  using Deep = Repeat<32, Block>;
+  constexpr std::size_t batch = 256;
+  constexpr auto stored = activation_plan<Net<Deep>>(batch);
+  constexpr auto every = activation_plan<Net<Repeat<32, Checkpointed<Block>>>>(batch);
+  constexpr auto sqrt_n = activation_plan<Net<CheckpointSequential<6, Deep>>>(batch);
+  constexpr auto rev = activation_plan<Net<Revolve<4, Deep>>>(batch);
+  constexpr auto sel = activation_plan<Net<Repeat<32, Selective<Block>>>>(batch);
+  static_assert(every.saved_bytes < stored.saved_bytes / 4);
+  static_assert(rev.saved_bytes < every.saved_bytes && rev.peak_bytes < every.peak_bytes);
+  static_assert(sqrt_n.peak_bytes < stored.peak_bytes);
+  static_assert(sel.saved_bytes < stored.saved_bytes && sel.recomputed == 32);
+  static_assert(rev.recomputed == revolve::cost(32, 4));
+  static_assert(stored.peak_bytes <= (std::size_t(64) << 20), "a 32-block model at batch 256 fits 64 MiB");
+  // One block's tensors of width 32 at batch 256 are 32 KiB; storing keeps, per block, the norm's
+  // input (32 KiB) and statistics (1 KiB each), the first product's input (32 KiB) and
+  // pre-activation (64 KiB), and the second product's input (64 KiB).
+  constexpr std::size_t per_block = 32768 + 2 * 1024 + 32768 + 65536 + 65536;
+  static_assert(stored.saved_bytes == 12288 + 32 * per_block + 32768);  // + input copy, + last Linear's input
+  CHECK(every.saved_bytes == 12288 + 32 * 32768 + 32768);
+  // Selective keeps the block's input and the first product's pre-activation: 96 of 226 KiB.
+  static_assert(sel.saved_bytes == 12288 + 32 * (32768 + 65536) + 32768);
+}
