@@ -46,7 +46,14 @@ if(NOT TARGET remat::blas)
   find_path(REMAT_CBLAS_INCLUDE_DIR cblas.h
             PATH_SUFFIXES openblas openblas-pthread x86_64-linux-gnu/openblas-pthread
                           x86_64-linux-gnu/openblas-openmp aarch64-linux-gnu/openblas-pthread)
-  find_library(REMAT_BLAS_LIBRARY NAMES openblas openblasp openblaso)
+  # OpenBLAS built on OpenMP shares one pool of threads with remat's point-wise kernels; the
+  # pthread build's threads and OpenMP's compete for the cores (on 2 cores a step takes twice as
+  # long). Debian's libopenblas0-openmp ships it beside the system's default build, which is left
+  # as it is.
+  find_file(REMAT_BLAS_LIBRARY NAMES libopenblas.so.0 libopenblas.so
+            PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
+            NO_DEFAULT_PATH)
+  find_library(REMAT_BLAS_LIBRARY NAMES openblaso openblas openblasp)
   if(NOT REMAT_BLAS_LIBRARY)
     set(BLA_VENDOR OpenBLAS)
     find_package(BLAS QUIET)

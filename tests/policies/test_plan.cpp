@@ -68,21 +68,21 @@ using Net = Seq<Linear<12, W>, Middle, Linear<W, 5>>;
 }  // namespace
 
 TEST_CASE("plan: hand-computed plans of small models", "[plan]") {
-  // One Linear<4, 8>, batch 2: input copy (32 B), output (64 B), its gradient (64 B), the input
-  // gradient (32 B): each rounded to 256 B. Peak: output gradient, kept input and input gradient,
-  // with the output freed after the loss: 3 x 256.
+  // One Linear<4, 8>, batch 2. The input is the caller's (read in place, not counted); the output
+  // (64 B), its gradient (64 B) and the input gradient (32 B) are each rounded to 256 B. Peak:
+  // output gradient and input gradient, the output being freed after the loss: 2 x 256.
   constexpr auto a = activation_plan<Seq<Linear<4, 8>>>(2);
-  static_assert(a.peak_bytes == 3 * 256 && a.saved_bytes == 256);
-  // Linear<256, 256> fused with ReLU, batch 64: tensors of 64 KiB. The forward keeps the input and
-  // the pre-activation; with the output and its gradient that is 4 at the peak (the backward
-  // writes the activation's gradient over the output gradient, then makes the input gradient,
-  // after the output itself was freed).
+  static_assert(a.peak_bytes == 2 * 256 && a.saved_bytes == 0);
+  // Linear<256, 256> fused with ReLU, batch 64: tensors of 64 KiB. The forward keeps the (caller's)
+  // input and the pre-activation; with the output and its gradient that is 3 at the peak (the
+  // backward writes the activation's gradient over the output gradient, then makes the input
+  // gradient, after the output itself was freed).
   constexpr auto b = activation_plan<Seq<Linear<256, 256>, ReLU>>(64);
-  static_assert(b.peak_bytes == 4 * 65536 && b.saved_bytes == 2 * 65536);
-  // The same with the Linear checkpointed: the forward keeps only the input; the peak is in the
-  // backward, as before.
+  static_assert(b.peak_bytes == 3 * 65536 && b.saved_bytes == 65536);
+  // The same checkpointed: the forward keeps only the input; the peak is in the backward, where
+  // the recomputation holds the pre-activation and its output next to the output gradient.
   constexpr auto c = activation_plan<Checkpointed<Seq<Linear<256, 256>, ReLU>>>(64);
-  static_assert(c.saved_bytes == 65536 && c.peak_bytes == 4 * 65536 && c.recomputed == 1);
+  static_assert(c.saved_bytes == 0 && c.peak_bytes == 3 * 65536 && c.recomputed == 1);
   require_plan_matches<Seq<Linear<4, 8>>, 2>();
   require_plan_matches<Seq<Linear<256, 256>, ReLU>, 64>();
   require_plan_matches<Checkpointed<Seq<Linear<256, 256>, ReLU>>, 64>();
@@ -133,8 +133,8 @@ TEST_CASE("plan: policies trade memory as designed, and a budget is a static_ass
   // input (32 KiB) and statistics (1 KiB each), the first product's input (32 KiB) and
   // pre-activation (64 KiB), and the second product's input (64 KiB).
   constexpr std::size_t per_block = 32768 + 2 * 1024 + 32768 + 65536 + 65536;
-  static_assert(stored.saved_bytes == 12288 + 32 * per_block + 32768);  // + input copy, + last Linear's input
-  CHECK(every.saved_bytes == 12288 + 32 * 32768 + 32768);
+  static_assert(stored.saved_bytes == 32 * per_block + 32768);  // + the last Linear's input
+  CHECK(every.saved_bytes == 32 * 32768 + 32768);
   // Selective keeps the block's input and the first product's pre-activation: 96 of 226 KiB.
-  static_assert(sel.saved_bytes == 12288 + 32 * (32768 + 65536) + 32768);
+  static_assert(sel.saved_bytes == 32 * (32768 + 65536) + 32768);
 }

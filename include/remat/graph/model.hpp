@@ -109,7 +109,7 @@ class model {
     s.step = passes_;
     double l = 0;
     act<T, Device> g = detail::training_pass<Net>(
-        s, params_.data(), grads_.data(), input_act(s, x),
+        s, params_.data(), grads_.data(), input_act(s, x, true),
         [&](act<T, Device> const& y, act<T, Device> const& dy) { l = Loss::forward_backward(*y, target, weight, dy.get()); });
     if (dx && g) evaluate(*dx, to_expr(*g));
     ++passes_;
@@ -125,7 +125,7 @@ class model {
     Loss::template validate<T, Device>(x.rows(), out_cols(x), target);
     pass_state<T, Device> s = make_state(true, x);
     s.step = passes_;
-    act<T, Device> y = Net::forward(s, params_.data(), input_act(s, x));
+    act<T, Device> y = Net::forward(s, params_.data(), input_act(s, x, true));
     return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
   }
 
@@ -204,10 +204,13 @@ class model {
     return s;
   }
 
-  act<T, Device> input_act(pass_state<T, Device>& s, input_view x) const {
+  // Training reads the input in place (every layer's training forward writes a new tensor);
+  // inference copies it, because point-wise layers then work in place.
+  act<T, Device> input_act(pass_state<T, Device>& s, input_view x, bool training = false) const {
     if constexpr (reads_ids) {
       return nullptr;  // the embedding reads the ids from the pass state
     } else {
+      if (training) return s.borrow(x);
       act<T, Device> a = s.make(x.rows(), x.cols());
       evaluate(*a, to_expr(x));
       return a;

@@ -4,7 +4,7 @@
 // It runs the model's training pass (detail::training_pass, the code model::accumulate runs) on a
 // plan::state, which makes, shares and drops the same tensors in the same order and adds up what
 // the caching allocator would count: each tensor rounded up to 256 bytes. Everything a step
-// allocates as activations is in it: the copy of the input, what the forward keeps, the output and
+// allocates as activations is in it: what the forward keeps, the output and
 // its gradient, the gradients flowing back, and the scratch of every recomputation. Workspace
 // (a loss's per-row values) and parameters, gradients and optimizer state are tagged apart.
 //
@@ -41,7 +41,7 @@ constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t 
     if constexpr (reads_ids_v<Net>)
       s.id_count = batch;
     else
-      x = s.make(batch, features);
+      x = s.mem->borrow(batch, features);  // the caller's input, read in place
     plan::ref g = detail::training_pass<Net>(s, plan::no_params{}, plan::no_params{}, std::move(x),
                                              [](plan::ref const&, plan::ref const&) {});
     g.reset();

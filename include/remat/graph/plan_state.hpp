@@ -22,6 +22,7 @@ constexpr std::size_t rounded(std::size_t bytes) { return (bytes + granularity -
 struct buffer {
   std::size_t rows_ = 0, cols_ = 0, bytes = 0;
   long refs = 0;
+  bool hollow = false;
   constexpr std::size_t rows() const { return rows_; }
   constexpr std::size_t cols() const { return cols_; }
   constexpr std::size_t size() const { return rows_ * cols_; }
@@ -96,7 +97,11 @@ class counter {
     return ref(this, int(buffers.size()) - 1);
   }
   constexpr ref hollow(std::size_t rows, std::size_t cols) {
-    buffers.push_back(buffer{rows, cols, 0, 1});
+    buffers.push_back(buffer{rows, cols, 0, 1, true});
+    return ref(this, int(buffers.size()) - 1);
+  }
+  constexpr ref borrow(std::size_t rows, std::size_t cols) {
+    buffers.push_back(buffer{rows, cols, 0, 1, false});
     return ref(this, int(buffers.size()) - 1);
   }
   constexpr void release(int id) {
@@ -143,7 +148,7 @@ struct state {
   constexpr void forward_done(ref const& y) { saved_bytes = mem->live - y->bytes; }
   constexpr ref make(std::size_t rows, std::size_t cols) { return mem->make(rows, cols, sizeof(T)); }
   constexpr ref hollow(std::size_t rows, std::size_t cols) { return mem->hollow(rows, cols); }
-  static constexpr bool is_hollow(ref const& a) { return a && a->bytes == 0; }
+  static constexpr bool is_hollow(ref const& a) { return a && a->hollow; }
   constexpr void save(ref a) {
     if (keeps())
       saved.push_back(static_cast<ref&&>(a));

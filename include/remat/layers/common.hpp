@@ -80,6 +80,10 @@ struct pass_state {
   void forward_done(act<T, D> const& y) {
     saved_bytes = alloc->stats()[memory::tag::activations].in_use - memory::caching_allocator<D>::rounded(y->bytes());
   }
+  // The caller's tensor, read in place (never written: training makes every output anew).
+  act<T, D> borrow(tensor_view<T const, D> v) {
+    return std::make_shared<tensor<T, D>>(tensor<T, D>::borrowed, const_cast<T*>(v.data()), v.rows(), v.cols());
+  }
   // A shape without memory (what a selective recomputation passes on past its last product).
   act<T, D> hollow(std::size_t rows, std::size_t cols) {
     return std::make_shared<tensor<T, D>>(tensor<T, D>::shape_only, rows, cols);

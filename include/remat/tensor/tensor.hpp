@@ -138,6 +138,13 @@ class tensor {
   tensor(shape_only_t, std::size_t rows, std::size_t cols)
     requires(Width == dynamic_width)
       : view_(nullptr, rows, cols) {}
+  // A tensor over memory someone else owns (and frees): a training pass reads the caller's input
+  // in place instead of copying it.
+  struct borrowed_t {};
+  static constexpr borrowed_t borrowed{};
+  tensor(borrowed_t, T* data, std::size_t rows, std::size_t cols)
+    requires(Width == dynamic_width)
+      : view_(data, rows, cols) {}
 
   tensor(tensor&& o) noexcept : view_(std::exchange(o.view_, view_type{})), tag_(o.tag_), alloc_(o.alloc_) {}
   tensor& operator=(tensor&& o) noexcept {

@@ -9,16 +9,21 @@
 #include "../tensor/tensor.hpp"
 
 #include <cmath>
+#include <limits>
 
 namespace REMAT_NAMESPACE {
 
 namespace detail {
 
-// clip_grad_norm_: scale gradients by max_norm / (norm + 1e-6) when that is below 1.
+// clip_grad_norm_: scale gradients by max_norm / (norm + 1e-6) when that is below 1. Without
+// clipping the norm is not computed (a pass over every gradient): it reads as NaN.
 template <class T, class D>
 double clip_factor(tensor_view<T const, D> g, double max_norm, double& norm_out) {
+  if (max_norm <= 0) {
+    norm_out = std::numeric_limits<double>::quiet_NaN();
+    return 1.0;
+  }
   norm_out = std::sqrt(double(sum_squares(g)));
-  if (max_norm <= 0) return 1.0;
   double const c = max_norm / (norm_out + 1e-6);
   return c < 1.0 ? c : 1.0;
 }
@@ -72,7 +77,7 @@ class AdamW {
   double lr() const { return o_.lr; }
   std::uint64_t steps() const { return t_; }
   void set_steps(std::uint64_t t) { t_ = t; }
-  // The global gradient norm seen by the last step (before clipping).
+  // The global gradient norm seen by the last step (before clipping); NaN without clipping.
   double last_grad_norm() const { return last_norm_; }
   adamw_options const& options() const { return o_; }
   tensor<T, D>& exp_avg() { return m_; }

@@ -1,0 +1,304 @@
+#!/usr/bin/python3
+"""remat against PyTorch on the storage-policy benchmark, interleaved in one run.
+
+The model (the same in both): a pre-norm residual MLP, block
+    y = x + Linear(d, d)(GELU(Linear(d, d)(LayerNorm(x)))),   d = 1024,
+N blocks, MSE against a fixed random target, AdamW, fp32, 2 threads.
+
+For each configuration (batch, N) it runs, alternating between the libraries:
+  remat:   stored, checkpoint (every block), checkpoint_sequential (round(sqrt N) runs),
+           revolve (round(sqrt N) slots), selective (keeps products, recomputes point-wise work)
+  PyTorch: plain, checkpoint per block (use_reentrant=False), checkpoint_sequential with
+           round(sqrt N) segments
+PyTorch runs in a child process twice: as shipped, and with glibc's MALLOC_MMAP_THRESHOLD_ and
+MALLOC_TRIM_THRESHOLD_ raised (freed memory is not returned to the system); the faster is the
+anchor for the ratios. Each child prints the BLAS it loaded.
+
+Saved-activation memory: remat's is what its allocator holds when the forward ends (its plan
+says the same); PyTorch's is the growth of glibc's heap (mallinfo2: arenas + mmapped blocks)
+over the forward, minus the output, in an untimed step.
+
+Writes bench/results/policies-host.jsonl (one line per configuration and library), .md (the
+table) and .png (step time against saved-activation memory).
+
+  /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies [--quick]
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+D = 1024
+POLICIES_REMAT = ["stored", "checkpoint", "checkpoint_sequential", "revolve", "selective"]
+POLICIES_TORCH = ["plain", "checkpoint", "checkpoint_sequential"]
+# The PyTorch policy each remat policy is compared with.
+PEER = {"stored": "plain", "checkpoint": "checkpoint", "checkpoint_sequential": "checkpoint_sequential",
+        "revolve": "checkpoint_sequential", "selective": "plain"}
+MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+
+
+def root(n):
+    return int(math.floor(math.sqrt(n) + 0.5))
+
+
+# ---------------------------------------------------------------- the PyTorch side (a child)
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def heap_in_use():
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _Mallinfo2
+    m = libc.mallinfo2()
+    return m.uordblks + m.hblkhd
+
+
+def loaded_blas():
+    names = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1] if "/" in line else ""
+            if "blas" in path or "mkl" in path:
+                names.add(os.path.realpath(path))
+    return sorted(names)
+
+
+def torch_worker(args):
+    import torch
+    import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+    torch.set_num_threads(2)
+    torch.manual_seed(1)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(D)
+            self.fc1 = nn.Linear(D, D)
+            self.act = nn.GELU()
+            self.fc2 = nn.Linear(D, D)
+
+        def forward(self, x):
+            return x + self.fc2(self.act(self.fc1(self.norm(x))))
+
+    n, batch, policy = args.blocks, args.batch, args.policy
+    net = nn.Sequential(*[Block() for _ in range(n)])
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    x = torch.rand(batch, D) * 2 - 1
+    t = torch.rand(batch, D) * 2 - 1
+    if policy == "checkpoint_sequential":
+        # PyTorch 1.13's checkpoint_sequential is reentrant only: with an input that needs no
+        # gradient no parameter before the last segment would get one. Its documented remedy:
+        x.requires_grad_(True)
+
+    def forward():
+        if policy == "plain":
+            return net(x)
+        if policy == "checkpoint":
+            h = x
+            for b in net:
+                h = checkpoint(b, h, use_reentrant=False)
+            return h
+        return checkpoint_sequential(net, root(n), x)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(forward(), t)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    # Saved activations: heap growth over one forward (untimed), without its output.
+    for _ in range(2):
+        step()
+    before = heap_in_use()
+    y = forward()
+    grown = heap_in_use() - before
+    saved = grown - y.numel() * 4
+    del y
+
+    times = []
+    for k in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        t1 = time.perf_counter()
+        if k >= args.warmup:
+            times.append(t1 - t0)
+    gemm = 2.0 * batch * D * D
+    flop = n * 2 * 3 * gemm
+    # checkpoint_sequential checkpoints the first K - 1 segments of N // K blocks; the last is stored.
+    recomputed = {"plain": 0, "checkpoint": n, "checkpoint_sequential": (root(n) - 1) * (n // root(n))}[policy]
+    a = torch.rand(1024, 1024)
+    b = torch.rand(1024, 1024)
+    mm = []
+    for k in range(12):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        mm.append(time.perf_counter() - t0)
+    out = {"library": "pytorch", "policy": policy, "blocks": n, "batch": batch, "width": D, "precision": "fp32",
+           "threads": torch.get_num_threads(), "steps": args.steps, "step_s": statistics.median(times),
+           "model_gflop": flop * 1e-9, "model_gflops": flop / statistics.median(times) * 1e-9,
+           "saved_activation_bytes": saved, "recomputed_block_forwards": recomputed, "loss": loss,
+           "torch_mm_gflops": 2.0 * 1024 ** 3 / statistics.median(mm[2:]) * 1e-9,
+           "malloc_tuned": "MALLOC_MMAP_THRESHOLD_" in os.environ, "blas": loaded_blas(),
+           "torch_version": torch.__version__}
+    print("json: " + json.dumps(out), flush=True)
+
+
+# ---------------------------------------------------------------- the driver
+
+def run_remat(binary, batch, n, policy, steps, warmup):
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    out = subprocess.run([binary, "--batch", str(batch), "--blocks", str(n), "--policy", policy, "--steps",
+                          str(steps), "--warmup", str(warmup)], env=env, capture_output=True, text=True)
+    if out.returncode not in (0, 3):
+        sys.exit(f"{binary} failed: {out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_torch(batch, n, policy, steps, warmup, tuned):
+    env = dict(os.environ)
+    if tuned:
+        env.update(MALLOC_TUNED)
+    out = subprocess.run([sys.executable, __file__, "--torch-worker", "--batch", str(batch), "--blocks", str(n),
+                          "--policy", policy, "--steps", str(steps), "--warmup", str(warmup)],
+                         env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"PyTorch worker failed: {out.stderr}")
+    line = [l for l in out.stdout.splitlines() if l.startswith("json: ")][-1]
+    return json.loads(line[6:])
+
+
+def mib(b):
+    return b / 2 ** 20
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--remat", default="build/default/bench/bench_policies")
+    ap.add_argument("--out", default="bench/results/policies-host")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="one small configuration, one step: a smoke test")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--policy", default="plain")
+    args = ap.parse_args()
+    if args.torch_worker:
+        return torch_worker(args)
+
+    configs = [(256, 8), (256, 16), (256, 32), (256, 64), (2048, 16)]
+    if args.quick:
+        configs, args.steps, args.warmup = [(64, 4)], 1, 1
+
+    peak = json.loads(subprocess.run([args.remat, "--gemm-peak"], capture_output=True, text=True,
+                                     env=dict(os.environ, OMP_NUM_THREADS="2")).stdout.strip())
+    print(f"sgemm 1024^3 through remat's BLAS: {peak['gflops']:.1f} GFLOP/s")
+    rows = []
+    for batch, n in configs:
+        pending = list(POLICIES_REMAT)
+        for tp in POLICIES_TORCH:  # interleave: a remat policy, then a PyTorch one
+            if pending:
+                rows.append(run_remat(args.remat, batch, n, pending.pop(0), args.steps, args.warmup))
+                print(f"  remat   N={n:3d} batch={batch:5d} {rows[-1]['policy']:22s} {rows[-1]['step_s']:.4f} s",
+                      flush=True)
+            shipped = run_torch(batch, n, tp, args.steps, args.warmup, tuned=False)
+            tuned = run_torch(batch, n, tp, args.steps, args.warmup, tuned=True)
+            best = min(shipped, tuned, key=lambda r: r["step_s"])
+            best = dict(best, step_s_shipped=shipped["step_s"], step_s_malloc_tuned=tuned["step_s"])
+            rows.append(best)
+            print(f"  pytorch N={n:3d} batch={batch:5d} {tp:22s} {shipped['step_s']:.4f} s as shipped, "
+                  f"{tuned['step_s']:.4f} s malloc tuned; BLAS {best['blas']}", flush=True)
+        for p in pending:
+            rows.append(run_remat(args.remat, batch, n, p, args.steps, args.warmup))
+            print(f"  remat   N={n:3d} batch={batch:5d} {p:22s} {rows[-1]['step_s']:.4f} s", flush=True)
+
+    for r in rows:
+        r["gemm_peak_gflops"] = peak["gflops"]
+        r["fraction_of_gemm_peak"] = r["model_gflops"] / peak["gflops"]
+        if r["library"] == "remat":
+            peer = next(q for q in rows if q["library"] == "pytorch" and q["blocks"] == r["blocks"]
+                        and q["batch"] == r["batch"] and q["policy"] == PEER[r["policy"]])
+            r["peer_policy"] = peer["policy"]
+            r["time_ratio_vs_pytorch"] = r["step_s"] / peer["step_s"]
+            r["saved_ratio_vs_pytorch"] = r["saved_activation_bytes"] / max(peer["saved_activation_bytes"], 1)
+            stored = next(q for q in rows if q["library"] == "remat" and q["policy"] == "stored"
+                          and q["blocks"] == r["blocks"] and q["batch"] == r["batch"])
+            r["time_vs_stored"] = r["step_s"] / stored["step_s"]
+            r["saved_vs_stored"] = r["saved_activation_bytes"] / stored["saved_activation_bytes"]
+
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    stamp = datetime.date.today().isoformat()
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    with open(args.out + ".jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(dict(r, date=stamp, cpu=cpu)) + "\n")
+
+    lines = [f"<!-- {stamp}, {cpu}, {os.cpu_count()} cores, 2 threads; "
+             f"/usr/bin/python3 bench/compare_torch.py (scripts/bench.sh) -->",
+             f"sgemm 1024³ peak: {peak['gflops']:.0f} GFLOP/s. Model GFLOP/s count the stored model's products "
+             f"only, so recomputation shows as a lower rate.", "",
+             "| batch | N | library | policy | step (s) | vs remat stored | GFLOP/s | of sgemm peak | saved act. (MiB) "
+             "| plan (MiB) | peak act. (MiB) | recomputed blocks | time / PyTorch | saved / PyTorch |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        remat = r["library"] == "remat"
+        lines.append("| {} | {} | {} | {} | {:.3f} | {} | {:.0f} | {:.0%} | {:.1f} | {} | {} | {} | {} | {} |".format(
+            r["batch"], r["blocks"], r["library"], r["policy"], r["step_s"],
+            f"{r['time_vs_stored']:.2f}" if remat else "", r["model_gflops"], r["fraction_of_gemm_peak"],
+            mib(r["saved_activation_bytes"]), f"{mib(r['planned_saved_bytes']):.1f}" if remat else "",
+            f"{mib(r['peak_activation_bytes']):.1f}" if remat else "", r["recomputed_block_forwards"],
+            f"{r['time_ratio_vs_pytorch']:.2f} ({r['peer_policy']})" if remat else "",
+            f"{r['saved_ratio_vs_pytorch']:.2f}" if remat else ""))
+    table = "\n".join(lines) + "\n"
+    with open(args.out + ".md", "w") as f:
+        f.write(table)
+    print(table)
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not found (Debian: python3-matplotlib): no plot")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    markers = {"stored": "o", "plain": "o", "checkpoint": "s", "checkpoint_sequential": "^", "revolve": "D",
+               "selective": "P"}
+    for ax, batch in zip(axes, sorted({b for b, _ in configs})):
+        for lib, color in (("remat", "tab:blue"), ("pytorch", "tab:orange")):
+            for pol in (POLICIES_REMAT if lib == "remat" else POLICIES_TORCH):
+                pts = [r for r in rows if r["library"] == lib and r["policy"] == pol and r["batch"] == batch]
+                if not pts:
+                    continue
+                ax.scatter([mib(r["saved_activation_bytes"]) for r in pts], [r["step_s"] for r in pts],
+                           marker=markers[pol], color=color, label=f"{lib} {pol}")
+                for r in pts:
+                    ax.annotate(f"N={r['blocks']}", (mib(r["saved_activation_bytes"]), r["step_s"]), fontsize=6,
+                                xytext=(3, 2), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("saved activations (MiB)")
+        ax.set_ylabel("step time (s)")
+        ax.set_title(f"residual MLP, d = {D}, batch {batch}, fp32, 2 threads")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.out + ".png", dpi=110)
+    print(f"wrote {args.out}.jsonl, .md and .png")
+
+
+if __name__ == "__main__":
+    main()
