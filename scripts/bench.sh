@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Builds remat with optimisation and runs the benchmarks in bench/; each writes a markdown table
-# to stdout and machine-readable lines ("json: {...}") that are collected in bench/results/.
+# Builds remat with optimisation and runs the benchmarks in bench/, writing markdown tables and
+# JSON lines (one per configuration) to bench/results/:
+#   expr-host.*      fused expressions against op-by-op evaluation and copy bandwidth
+#   policies-host.*  the residual-MLP training step under every storage policy, interleaved with
+#                    PyTorch on the same model (bench/compare_torch.py), and a plot (.png)
+# Arguments go to compare_torch.py (e.g. --quick for a smoke run, --steps 9).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh python3-matplotlib
 cmake --preset default >/dev/null
-cmake --build --preset default --target bench_expr -j"$(nproc)"
+cmake --build --preset default --target bench_expr bench_policies -j"$(nproc)"
 mkdir -p bench/results
 stamp="$(date -u +%Y-%m-%d)"
 raw="$(mktemp)"
 trap 'rm -f "$raw"' EXIT
-./build/default/bench/bench_expr "$@" | tee "$raw"
+export OMP_NUM_THREADS=2
+./build/default/bench/bench_expr | tee "$raw"
 {
   echo "<!-- $stamp, $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; scripts/bench.sh -->"
   grep -v '^json: ' "$raw"
 } > bench/results/expr-host.md
 sed -n 's/^json: //p' "$raw" > bench/results/expr-host.jsonl
 echo "wrote bench/results/expr-host.md and bench/results/expr-host.jsonl"
+/usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --out bench/results/policies-host "$@"
