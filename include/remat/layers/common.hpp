@@ -1,6 +1,19 @@
 // What every layer shares: activation handles, the state of one forward/backward pass (what the
 // forward saved, the dropout stream), the parameter description used for names and files, and
 // deterministic initialisation from the seed.
+//
+// A layer is a type with in_width, out_width, param_count, params(), init() and
+//
+//   template <class S> static constexpr typename S::act_type forward(S& s, typename S::param_ptr p,
+//                                                                     typename S::act_type x);
+//   template <class S> static constexpr typename S::act_type backward(S& s, typename S::param_ptr p,
+//                                                                      typename S::grad_ptr g,
+//                                                                      typename S::act_type dy);
+//
+// written against the state S: s.make for new tensors, s.save / s.restore for what backward needs,
+// and the arithmetic inside `if constexpr (S::computes)`. The same code then runs a training step
+// (S = pass_state) and, at compile time, the activation plan (S = plan::state, which only counts).
+// A layer written for pass_state<T, D> alone trains too, but cannot be planned.
 #pragma once
 
 #include "../error.hpp"
