@@ -122,7 +122,7 @@ constexpr buffer const* ref::operator->() const { return &c_->buffers[std::size_
 // The pass-state interface of layers/common.hpp, counting instead of computing. T is the type
 // activations are stored in.
 template <class T>
-struct state {
+struct state : pass_stacks<ref, state<T>> {
   using value_type = T;
   using device = void;
   using act_type = ref;
@@ -131,51 +131,12 @@ struct state {
   static constexpr bool computes = false;
 
   counter* mem = nullptr;
-  bool training = true;
-  bool keep = true;
-  bool recomputing = false;
-  std::uint64_t seed = 0, step = 0, rng_offset = 0, recomputed = 0;
-  std::size_t saved_bytes = 0;
-  std::int32_t const* ids = nullptr;
-  std::size_t id_count = 0;
-  std::vector<ref> saved;
-  std::vector<std::uint64_t> counters;
-  std::vector<captured<ref>>* capture = nullptr;
-  std::vector<ref>* replay = nullptr;
-  std::size_t replay_next = 0;
 
-  constexpr bool keeps() const { return training && keep; }
-  constexpr void forward_done(ref const& y) { saved_bytes = mem->live - y->bytes; }
+  constexpr state() { this->training = true; }
+  constexpr void forward_done(ref const& y) { this->saved_bytes = mem->live - y->bytes; }
   constexpr ref make(std::size_t rows, std::size_t cols) { return mem->make(rows, cols, sizeof(T)); }
   constexpr ref hollow(std::size_t rows, std::size_t cols) { return mem->hollow(rows, cols); }
   static constexpr bool is_hollow(ref const& a) { return a && a->hollow; }
-  constexpr void save(ref a) {
-    if (keeps())
-      saved.push_back(static_cast<ref&&>(a));
-    else
-      need_input();
-  }
-  constexpr void need_input() {
-    if (capture)
-      for (auto& c : *capture) c.needed = true;
-  }
-  constexpr ref restore() {
-    ref a = static_cast<ref&&>(saved.back());
-    saved.pop_back();
-    return a;
-  }
-  constexpr void save_counter(std::uint64_t v) {
-    if (keeps()) counters.push_back(v);
-  }
-  constexpr std::uint64_t restore_counter() {
-    std::uint64_t const v = counters.back();
-    counters.pop_back();
-    return v;
-  }
-  constexpr ref reuse_or_make(ref& dy, std::size_t cols) {
-    if (dy.use_count() == 1 && dy->cols() == cols) return dy;
-    return make(dy->rows(), cols);
-  }
 };
 
 }  // namespace plan

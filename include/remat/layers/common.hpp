@@ -51,18 +51,12 @@ struct captured {
   bool needed;
 };
 
-// The state of one forward (and its backward) pass. Layers are written once against this
-// interface and also run against plan::state (graph/plan.hpp), which follows the same calls
-// without computing anything to give the activation plan; `computes` tells them apart.
-template <class T, class D>
-struct pass_state {
-  using value_type = T;
-  using device = D;
-  using act_type = act<T, D>;
-  using param_ptr = T const*;
-  using grad_ptr = T*;
-  static constexpr bool computes = true;
-
+// What a pass state keeps whatever it runs on: the flags of the pass, the stacks the forward fills
+// and the backward empties, and the lists of a selective policy. A is the activation handle;
+// Self supplies make(rows, cols). Shared by pass_state (which computes) and plan::state (which
+// counts), so the plan follows exactly the rules a training step follows.
+template <class A, class Self>
+struct pass_stacks {
   bool training = false;
   // Whether layers keep what their backward needs (false inside a checkpointed forward).
   bool keep = true;
@@ -74,24 +68,71 @@ struct pass_state {
   std::uint64_t rng_offset = 0;  // elements of that stream consumed so far
   std::uint64_t recomputed = 0;  // block forwards run again by storage policies
   std::size_t saved_bytes = 0;   // activation bytes in use when the forward ended, its output excluded
-  memory::caching_allocator<D>* alloc = &memory::default_allocator<D>();
   std::int32_t const* ids = nullptr;  // the token ids of this pass, for a model that reads ids
   std::size_t id_count = 0;
-  std::vector<act<T, D>> saved;          // tensors the forward kept, popped in reverse by backward
-  std::vector<std::uint64_t> counters;   // the same for counters (dropout offsets, RNG states)
+  std::vector<A> saved;                 // tensors the forward kept, popped in reverse by backward
+  std::vector<std::uint64_t> counters;  // the same for counters (dropout offsets, RNG states)
   // Selective recompute: the forward captures matrix-product outputs here, and the recomputing
   // forward takes them back (in the same order, from `replay_next`) instead of multiplying again.
-  std::vector<captured<act<T, D>>>* capture = nullptr;
-  std::vector<act<T, D>>* replay = nullptr;
+  std::vector<captured<A>>* capture = nullptr;
+  std::vector<A>* replay = nullptr;
   std::size_t replay_next = 0;
 
-  bool keeps() const { return training && keep; }
+  constexpr bool keeps() const { return training && keep; }
+
+  // Keeps `a` for backward; a forward that keeps nothing drops it (and, when capturing, notes that
+  // every product captured so far is needed to recompute it).
+  constexpr void save(A a) {
+    if (keeps())
+      saved.push_back(static_cast<A&&>(a));
+    else
+      need_input();
+  }
+  // Under a selective forward: everything captured so far is needed to recompute what follows.
+  constexpr void need_input() {
+    if (capture)
+      for (auto& c : *capture) c.needed = true;
+  }
+  constexpr A restore() {
+    A a = static_cast<A&&>(saved.back());
+    saved.pop_back();
+    return a;
+  }
+  constexpr void save_counter(std::uint64_t v) {
+    if (keeps()) counters.push_back(v);
+  }
+  constexpr std::uint64_t restore_counter() {
+    std::uint64_t const v = counters.back();
+    counters.pop_back();
+    return v;
+  }
+  // A tensor for dx: dy's own memory if nobody else holds it.
+  constexpr A reuse_or_make(A& dy, std::size_t cols) {
+    if (dy.use_count() == 1 && dy->cols() == cols) return dy;
+    return static_cast<Self*>(this)->make(dy->rows(), cols);
+  }
+};
+
+// The state of one forward (and its backward) pass. Layers are written once against this
+// interface and also run against plan::state (graph/plan_state.hpp), which follows the same calls
+// without computing anything to give the activation plan; `computes` tells them apart.
+template <class T, class D>
+struct pass_state : pass_stacks<act<T, D>, pass_state<T, D>> {
+  using value_type = T;
+  using device = D;
+  using act_type = act<T, D>;
+  using param_ptr = T const*;
+  using grad_ptr = T*;
+  static constexpr bool computes = true;
+
+  memory::caching_allocator<D>* alloc = &memory::default_allocator<D>();
 
   act<T, D> make(std::size_t rows, std::size_t cols, memory::tag t = memory::tag::activations) {
     return std::make_shared<tensor<T, D>>(index_t(rows), index_t(cols), t, *alloc);
   }
   void forward_done(act<T, D> const& y) {
-    saved_bytes = alloc->stats()[memory::tag::activations].in_use - memory::caching_allocator<D>::rounded(y->bytes());
+    this->saved_bytes =
+        alloc->stats()[memory::tag::activations].in_use - memory::caching_allocator<D>::rounded(y->bytes());
   }
   // The caller's tensor, read in place (never written: training makes every output anew).
   act<T, D> borrow(tensor_view<T const, D> v) {
@@ -102,38 +143,6 @@ struct pass_state {
     return std::make_shared<tensor<T, D>>(tensor<T, D>::shape_only, rows, cols);
   }
   static bool is_hollow(act<T, D> const& a) { return a && a->data() == nullptr; }
-
-  // Keeps `a` for backward; a forward that keeps nothing drops it (and, when capturing, notes that
-  // every product captured so far is needed to recompute it).
-  void save(act<T, D> a) {
-    if (keeps())
-      saved.push_back(std::move(a));
-    else
-      need_input();
-  }
-  // Under a selective forward: everything captured so far is needed to recompute what follows.
-  void need_input() {
-    if (capture)
-      for (auto& c : *capture) c.needed = true;
-  }
-  act<T, D> restore() {
-    act<T, D> a = std::move(saved.back());
-    saved.pop_back();
-    return a;
-  }
-  void save_counter(std::uint64_t v) {
-    if (keeps()) counters.push_back(v);
-  }
-  std::uint64_t restore_counter() {
-    std::uint64_t const v = counters.back();
-    counters.pop_back();
-    return v;
-  }
-  // A tensor for dx: dy's own memory if nobody else holds it.
-  act<T, D> reuse_or_make(act<T, D>& dy, std::size_t cols) {
-    if (dy.use_count() == 1 && dy->cols() == cols) return dy;
-    return make(dy->rows(), cols);
-  }
 };
 
 inline std::size_t shape_elements(std::vector<std::size_t> const& shape) {
