@@ -73,3 +73,24 @@ if(NOT TARGET remat::blas)
     message(STATUS "remat: BLAS ${REMAT_BLAS_LIBRARY}, cblas.h in ${REMAT_CBLAS_INCLUDE_DIR}")
   endif()
 endif()
+
+# --- oneDNN (optional): bf16 matrix products on the CPU (AMX / AVX-512 BF16 through its matmul
+# primitive). Without it, bf16 products convert to fp32 and go to the BLAS. remat::onednn always
+# exists (empty when oneDNN is absent), so the exported target links the same way everywhere.
+if(NOT TARGET remat::onednn)
+  add_library(remat::onednn INTERFACE IMPORTED)
+  find_path(REMAT_ONEDNN_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+  find_library(REMAT_ONEDNN_LIBRARY NAMES dnnl)
+  option(REMAT_USE_ONEDNN "Use oneDNN for bf16 matrix products on the CPU when it is found" ON)
+  if(REMAT_USE_ONEDNN AND REMAT_ONEDNN_INCLUDE_DIR AND REMAT_ONEDNN_LIBRARY)
+    set_target_properties(remat::onednn PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES "${REMAT_ONEDNN_INCLUDE_DIR}"
+      INTERFACE_LINK_LIBRARIES "${REMAT_ONEDNN_LIBRARY}"
+      INTERFACE_COMPILE_DEFINITIONS "REMAT_HAS_ONEDNN=1")
+    if(NOT remat_FIND_QUIETLY)
+      message(STATUS "remat: oneDNN ${REMAT_ONEDNN_LIBRARY} for bf16 matrix products")
+    endif()
+  elseif(NOT remat_FIND_QUIETLY)
+    message(STATUS "remat: no oneDNN (libdnnl-dev); bf16 matrix products convert to fp32")
+  endif()
+endif()

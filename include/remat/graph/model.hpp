@@ -5,10 +5,12 @@
 
 #include "../layers/loss.hpp"
 #include "../numeric/precision.hpp"
+#include "../train/loss_scale.hpp"
 #include "graph.hpp"
 #include "policies.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -57,8 +59,12 @@ class model {
   using net = Net;
   using device = Device;
   using precision = Precision;
-  using value_type = typename Precision::master;
+  using value_type = typename Precision::master;  // parameters, gradients and what the caller sees
+  using compute_type = typename Precision::compute;  // activations and the weights layers read
   using T = value_type;
+  using C = compute_type;
+  using state_type = pass_state<C, Device, T>;
+  static constexpr bool mixed_precision = is_mixed_v<Precision>;
   static constexpr std::size_t in_width = Net::in_width;
   static constexpr std::size_t out_width = Net::out_width;
   static constexpr std::size_t parameter_count = Net::param_count;
@@ -72,17 +78,19 @@ class model {
         params_(index_t(stored_count()), 1, memory::tag::parameters, alloc),
         grads_(index_t(stored_count()), 1, memory::tag::gradients, alloc),
         seed_(s.value) {
+    if constexpr (mixed_precision) compute_params_ = tensor<C, Device>(index_t(stored_count()), 1, memory::tag::parameters, alloc);
     std::vector<T> host_params(stored_count(), T(0));
     Net::init(host_params.data(), 0, seed_);
     params_.copy_from(host_params);
+    compute_stale_ = true;
     zero_grad();
   }
 
   // Inference: nothing is saved for a backward pass.
   tensor<T, Device> forward(input_view x) const {
     validate_input(x);
-    pass_state<T, Device> s = make_state(false, x);
-    act<T, Device> y = Net::forward(s, params_.data(), input_act(s, x));
+    state_type s = make_state(false, x);
+    act<C, Device> y = Net::forward(s, weights(), input_act(s, x));
     return take(std::move(y));
   }
 
@@ -105,12 +113,16 @@ class model {
     if (dx && (reads_ids || dx->rows() != x.rows() || dx->cols() != x.cols()))
       detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
                                  x.cols(), reads_ids ? " (and token ids have none)" : "");
-    pass_state<T, Device> s = make_state(true, x);
+    warn_unscaled_half();
+    state_type s = make_state(true, x);
     s.step = passes_;
     double l = 0;
-    act<T, Device> g = detail::training_pass<Net>(
-        s, params_.data(), grads_.data(), input_act(s, x, true),
-        [&](act<T, Device> const& y, act<T, Device> const& dy) { l = Loss::forward_backward(*y, target, weight, dy.get()); });
+    // The loss's gradient is multiplied by the loss scale (gradients stay scaled until the
+    // optimizer's update divides it out); the loss itself is not.
+    double const scale = weight * scaler_.scale();
+    act<C, Device> g = detail::training_pass<Net>(
+        s, weights(), grads_.data(), input_act(s, x, true),
+        [&](act<C, Device> const& y, act<C, Device> const& dy) { l = Loss::forward_backward(*y, target, scale, dy.get()); });
     if (dx && g) evaluate(*dx, to_expr(*g));
     ++passes_;
     report_ = {s.saved_bytes, s.recomputed};
@@ -123,10 +135,10 @@ class model {
   double training_loss(input_view x, typename Loss::template target_type<T, Device> target) const {
     validate_input(x);
     Loss::template validate<T, Device>(x.rows(), out_cols(x), target);
-    pass_state<T, Device> s = make_state(true, x);
+    state_type s = make_state(true, x);
     s.step = passes_;
-    act<T, Device> y = Net::forward(s, params_.data(), input_act(s, x, true));
-    return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
+    act<C, Device> y = Net::forward(s, weights(), input_act(s, x, true));
+    return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
   }
 
   void zero_grad() { evaluate(grads_, expr::to_expr(0.0)); }
@@ -141,7 +153,25 @@ class model {
     return l;
   }
 
-  tensor_view<T, Device> parameters() { return params_.view().row_range(0, parameter_count); }
+  // The fp32 master weights. Handing out a writable view marks the compute copy (mixed precision)
+  // stale, so the next pass casts it again; after writing through a view kept from earlier, call
+  // parameters_changed(). Optimizers update both copies in one pass.
+  tensor_view<T, Device> parameters() {
+    compute_stale_ = true;
+    return params_.view().row_range(0, parameter_count);
+  }
+  void parameters_changed() { compute_stale_ = true; }
+  // The weights in the compute type that layers read (empty unless mixed precision), for an
+  // optimizer that writes them in its update.
+  tensor_view<C, Device> compute_parameters() {
+    if constexpr (mixed_precision)
+      return compute_params_.view().row_range(0, parameter_count);
+    else
+      return {};
+  }
+  // The loss scale: its value, skipped steps and (for DynamicLossScale) its schedule.
+  loss_scaler& scaler() { return scaler_; }
+  loss_scaler const& scaler() const { return scaler_; }
   tensor_view<T const, Device> parameters() const { return params_.view().row_range(0, parameter_count); }
   tensor_view<T, Device> gradients() { return grads_.view().row_range(0, parameter_count); }
   tensor_view<T const, Device> gradients() const { return grads_.view().row_range(0, parameter_count); }
@@ -189,11 +219,44 @@ class model {
     } else {
       if (!std::isfinite(double(sum(to_expr(x) * 0.0))))
         detail::raise<argument_error>("model input: expected finite values, found NaN or inf");
+      if constexpr (std::is_same_v<C, half>) {
+        double const big = double(max_of(abs(to_expr(x))));
+        if (big > 65504.0)
+          detail::raise<argument_error>("model input: expected values within half's range (|x| <= 65504) for a "
+                                        "mixed<half> model, found ",
+                                        big);
+      }
     }
   }
 
-  pass_state<T, Device> make_state(bool training, input_view x) const {
-    pass_state<T, Device> s;
+  // The weights layers read: the master weights, or their compute copy cast when stale (once per
+  // change of the weights, not per pass).
+  C const* weights() const {
+    if constexpr (mixed_precision) {
+      if (compute_stale_) {
+        evaluate(compute_params_, to_expr(params_));
+        compute_stale_ = false;
+      }
+      return compute_params_.data();
+    } else {
+      return params_.data();
+    }
+  }
+
+  static void warn_unscaled_half() {
+    if constexpr (std::is_same_v<C, half> && Precision::loss_scale::identity) {
+      static bool warned = false;
+      if (!warned) {
+        warned = true;
+        std::fprintf(stderr,
+                     "remat: warning: a mixed<half> model without a loss scale; fp16 gradients may underflow to "
+                     "zero (use mixed<half, remat::DynamicLossScale> or StaticLossScale<S>)\n");
+      }
+    }
+  }
+
+  state_type make_state(bool training, input_view x) const {
+    state_type s;
     s.training = training;
     s.seed = seed_;
     s.alloc = alloc_;
@@ -206,19 +269,22 @@ class model {
 
   // Training reads the input in place (every layer's training forward writes a new tensor);
   // inference copies it, because point-wise layers then work in place.
-  act<T, Device> input_act(pass_state<T, Device>& s, input_view x, bool training = false) const {
+  // A mixed-precision model converts it to the compute type (an activation).
+  act<C, Device> input_act(state_type& s, input_view x, bool training = false) const {
     if constexpr (reads_ids) {
       return nullptr;  // the embedding reads the ids from the pass state
     } else {
-      if (training) return s.borrow(x);
-      act<T, Device> a = s.make(x.rows(), x.cols());
+      if constexpr (!mixed_precision)
+        if (training) return s.borrow(x);
+      act<C, Device> a = s.make(x.rows(), x.cols());
       evaluate(*a, to_expr(x));
       return a;
     }
   }
 
-  static tensor<T, Device> take(act<T, Device> y) {
-    if (y.use_count() == 1) return std::move(*y);
+  static tensor<T, Device> take(act<C, Device> y) {
+    if constexpr (!mixed_precision)
+      if (y.use_count() == 1) return std::move(*y);
     tensor<T, Device> out(index_t(y->rows()), index_t(y->cols()), memory::tag::activations, *y->allocator());
     evaluate(out, to_expr(*y));
     return out;
@@ -227,6 +293,9 @@ class model {
   allocator_type* alloc_;
   tensor<T, Device> params_;
   tensor<T, Device> grads_;
+  mutable tensor<C, Device> compute_params_;  // mixed precision only
+  mutable bool compute_stale_ = true;
+  loss_scaler scaler_ = loss_scaler::of<typename Precision::loss_scale>();
   std::uint64_t seed_;
   std::uint64_t passes_ = 0;
   pass_report report_{};

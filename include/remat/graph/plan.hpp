@@ -40,6 +40,8 @@ constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t 
     plan::ref x;
     if constexpr (reads_ids_v<Net>)
       s.id_count = batch;
+    else if constexpr (is_mixed_v<Precision>)
+      x = s.make(batch, features);  // the caller's input converted to the compute type
     else
       x = s.mem->borrow(batch, features);  // the caller's input, read in place
     plan::ref g = detail::training_pass<Net>(s, plan::no_params{}, plan::no_params{}, std::move(x),

@@ -124,6 +124,7 @@ constexpr buffer const* ref::operator->() const { return &c_->buffers[std::size_
 template <class T>
 struct state : pass_stacks<ref, state<T>> {
   using value_type = T;
+  using grad_type = T;
   using device = void;
   using act_type = ref;
   using param_ptr = no_params;

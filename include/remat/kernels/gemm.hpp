@@ -1,14 +1,31 @@
 // Matrix products: C = alpha * op(A) * op(B) + beta * C, row-major, accumulated in fp32 (fp64 for
-// double). Host: CBLAS (OpenBLAS). The CUDA path (cuBLASLt) implements the same signature.
+// double). Host: CBLAS (OpenBLAS) for float and double. 16-bit inputs (bfloat16, half) accumulate
+// in fp32 and write C in the 16-bit type (rounded once) or in fp32; on the host a bf16 product
+// goes to oneDNN's matmul (AMX / AVX-512 BF16) when remat was built with it, and otherwise, like
+// every half product, converts its inputs to fp32 for the BLAS. The CUDA path (cuBLASLt)
+// implements the same signature.
 #pragma once
 
 #include "../device.hpp"
 #include "../error.hpp"
+#include "../memory/allocator.hpp"
+#include "../numeric/compute.hpp"
 
 #include <cblas.h>
 
+#if defined(REMAT_HAS_ONEDNN)
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+#endif
+
+#include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstddef>
+#include <cstring>
 #include <type_traits>
 
 namespace REMAT_NAMESPACE {
@@ -35,35 +52,203 @@ inline CBLAS_TRANSPOSE cblas_trans(trans t) { return t == trans::no ? CblasNoTra
 
 }  // namespace detail
 
-// Row-major C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C.
+// How a product of 16-bit inputs runs on the host: oneDNN's bf16 matmul, or conversion to fp32 and
+// the BLAS. `automatic` takes oneDNN for bfloat16 when remat has it (4-5x the fp32 BLAS on a
+// processor with AMX, see bench/gemm16.cpp) and conversion otherwise (oneDNN 2.6 has no half
+// matmul on the CPU). Tests and benchmarks set it to compare the paths.
+enum class gemm16_path { automatic, onednn, convert };
+
+inline std::atomic<gemm16_path>& gemm16_setting() {
+  static std::atomic<gemm16_path> p{gemm16_path::automatic};
+  return p;
+}
+inline void set_gemm16_path(gemm16_path p) { gemm16_setting().store(p); }
+
+inline constexpr bool has_onednn =
+#if defined(REMAT_HAS_ONEDNN)
+    true;
+#else
+    false;
+#endif
+
+// The path a product of T inputs takes now.
 template <class T>
-  requires(std::is_same_v<T, float> || std::is_same_v<T, double>)
-void gemm(host, trans ta, trans tb, index_t m, index_t n, index_t k, T alpha, T const* a, index_t lda, T const* b,
-          index_t ldb, T beta, T* c, index_t ldc) {
+gemm16_path gemm16_path_for() {
+  gemm16_path const p = gemm16_setting().load();
+  bool const onednn_ok = has_onednn && std::is_same_v<T, bfloat16>;
+  if (p == gemm16_path::onednn && !onednn_ok)
+    REMAT_NAMESPACE::detail::raise<argument_error>(
+        "gemm: the oneDNN path was asked for, but ",
+        has_onednn ? "it has no half matmul on the CPU" : "remat was built without oneDNN (libdnnl-dev)");
+  if (p == gemm16_path::automatic) return onednn_ok ? gemm16_path::onednn : gemm16_path::convert;
+  return p;
+}
+
+namespace detail {
+
+// Scratch for a converting product, tagged workspace in the host allocator.
+struct scratch {
+  void* p;
+  explicit scratch(std::size_t bytes)
+      : p(memory::default_allocator<host>().allocate(bytes ? bytes : 1, memory::tag::workspace)) {}
+  ~scratch() { memory::default_allocator<host>().deallocate(p); }
+  scratch(scratch const&) = delete;
+  scratch& operator=(scratch const&) = delete;
+  float* f() const { return static_cast<float*>(p); }
+};
+
+template <class F>
+void for_rows(index_t rows, index_t cols, F const& f) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 15))
+#endif
+  for (index_t r = 0; r < rows; ++r) f(r);
+}
+
+// A stored rows x cols matrix with row stride ld, converted to a dense fp32 one.
+template <class T>
+void widen(T const* src, index_t rows, index_t cols, index_t ld, float* dst) {
+  for_rows(rows, cols, [=](index_t r) {
+    for (index_t c = 0; c < cols; ++c) dst[r * cols + c] = to_compute<float>(src[r * ld + c]);
+  });
+}
+
+#if defined(REMAT_HAS_ONEDNN)
+// One matmul primitive per shape, made once: oneDNN's descriptors cost tens of microseconds.
+struct onednn_key {
+  index_t m, n, k, lda, ldb, ldc;
+  bool ta, tb, out32;
+  float alpha, beta;
+  auto tie() const { return std::tie(m, n, k, lda, ldb, ldc, ta, tb, out32, alpha, beta); }
+  bool operator<(onednn_key const& o) const { return tie() < o.tie(); }
+};
+
+struct onednn_context {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{eng};
+  std::mutex mutex;
+  std::map<onednn_key, std::pair<dnnl::matmul, std::size_t>> cache;  // primitive, scratchpad bytes
+
+  static onednn_context& get() {
+    static onednn_context c;
+    return c;
+  }
+};
+
+inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, void* c) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  onednn_context& ctx = onednn_context::get();
+  dnnl::memory::desc const ad({key.m, key.k}, dt::bf16, key.ta ? dims{1, key.lda} : dims{key.lda, 1});
+  dnnl::memory::desc const bd({key.k, key.n}, dt::bf16, key.tb ? dims{1, key.ldb} : dims{key.ldb, 1});
+  dnnl::memory::desc const cd({key.m, key.n}, key.out32 ? dt::f32 : dt::bf16, dims{key.ldc, 1});
+  std::unique_lock lock(ctx.mutex);
+  auto it = ctx.cache.find(key);
+  if (it == ctx.cache.end()) {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+    if (key.beta != 0.0f) {
+      dnnl::post_ops po;
+      po.append_sum(key.beta);
+      attr.set_post_ops(po);
+    }
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, ctx.eng);
+    it = ctx.cache.emplace(key, std::make_pair(dnnl::matmul(pd), pd.scratchpad_desc().get_size())).first;
+  }
+  dnnl::matmul const prim = it->second.first;
+  std::size_t const pad_bytes = it->second.second;
+  lock.unlock();
+  scratch pad(pad_bytes);
+  dnnl::memory am(ad, ctx.eng, const_cast<void*>(a)), bm(bd, ctx.eng, const_cast<void*>(b)), cm(cd, ctx.eng, c);
+  dnnl::memory pm(dnnl::memory::desc({index_t(pad_bytes)}, dt::u8, dims{1}), ctx.eng, pad.p);
+  prim.execute(ctx.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, pm}});
+  ctx.stream.wait();
+}
+#endif
+
+}  // namespace detail
+
+// Row-major C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C. A and B have one element
+// type; C has it too, or is fp32 when A and B are 16-bit (a weight gradient accumulating in the
+// fp32 master gradients).
+template <class T, class Out>
+  requires((std::is_same_v<T, float> || std::is_same_v<T, double>) ? std::is_same_v<Out, T>
+                                                                     : (is_small_float_v<T> &&
+                                                                        (std::is_same_v<Out, T> ||
+                                                                         std::is_same_v<Out, float>)))
+void gemm(host, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_identity_t<compute_type_t<T>> alpha,
+          T const* a, index_t lda, T const* b, index_t ldb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
+          index_t ldc) {
   int const M = detail::blas_int(m, "m"), N = detail::blas_int(n, "n"), K = detail::blas_int(k, "k");
   detail::check_ld(lda, m, k, ta, "A");
   detail::check_ld(ldb, k, n, tb, "B");
   detail::check_ld(ldc, m, n, trans::no, "C");
   if (M == 0 || N == 0) return;
   int const LDA = detail::blas_int(lda, "lda"), LDB = detail::blas_int(ldb, "ldb"), LDC = detail::blas_int(ldc, "ldc");
-  if constexpr (std::is_same_v<T, float>)
+  if constexpr (std::is_same_v<T, float>) {
     cblas_sgemm(CblasRowMajor, detail::cblas_trans(ta), detail::cblas_trans(tb), M, N, K, alpha, a, LDA, b, LDB,
                 beta, c, LDC);
-  else
+  } else if constexpr (std::is_same_v<T, double>) {
     cblas_dgemm(CblasRowMajor, detail::cblas_trans(ta), detail::cblas_trans(tb), M, N, K, alpha, a, LDA, b, LDB,
                 beta, c, LDC);
+  } else {
+    constexpr bool out32 = std::is_same_v<Out, float>;
+#if defined(REMAT_HAS_ONEDNN)
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      if (gemm16_path_for<T>() == gemm16_path::onednn) {
+        if (K == 0) {  // oneDNN wants k > 0: C = beta * C
+          for (index_t i = 0; i < m; ++i)
+            for (index_t j = 0; j < n; ++j)
+              c[i * ldc + j] = beta == 0.0f ? Out(0.0f) : from_compute<Out>(beta * to_compute<float>(c[i * ldc + j]));
+          return;
+        }
+        try {
+          detail::onednn_matmul({m, n, k, lda, ldb, ldc, ta == trans::yes, tb == trans::yes, out32, alpha, beta}, a, b,
+                                c);
+        } catch (dnnl::error const& e) {
+          REMAT_NAMESPACE::detail::raise<error>("gemm: oneDNN matmul ", m, " x ", n, " x ", k, " failed: ", e.what());
+        }
+        return;
+      }
+    }
+#endif
+    (void)gemm16_path_for<T>();  // (checks that a forced oneDNN path is possible)
+    // Convert: A and B to dense fp32, the BLAS, then C rounded once to the 16-bit type.
+    index_t const ar = ta == trans::no ? m : k, ac = ta == trans::no ? k : m;
+    index_t const br = tb == trans::no ? k : n, bc = tb == trans::no ? n : k;
+    detail::scratch fa(std::size_t(ar * ac) * sizeof(float)), fb(std::size_t(br * bc) * sizeof(float));
+    detail::widen(a, ar, ac, lda, fa.f());
+    detail::widen(b, br, bc, ldb, fb.f());
+    if constexpr (out32) {
+      cblas_sgemm(CblasRowMajor, detail::cblas_trans(ta), detail::cblas_trans(tb), M, N, K, alpha, fa.f(),
+                  std::max(1, int(ac)), fb.f(), std::max(1, int(bc)), beta, c, LDC);
+    } else {
+      detail::scratch fc(std::size_t(m * n) * sizeof(float));
+      if (beta != 0.0f) detail::widen(c, m, n, ldc, fc.f());
+      cblas_sgemm(CblasRowMajor, detail::cblas_trans(ta), detail::cblas_trans(tb), M, N, K, alpha, fa.f(),
+                  std::max(1, int(ac)), fb.f(), std::max(1, int(bc)), beta, fc.f(), N);
+      float const* src = fc.f();
+      detail::for_rows(m, n, [=](index_t r) {
+        for (index_t j = 0; j < n; ++j) c[r * ldc + j] = from_compute<Out>(src[r * n + j]);
+      });
+    }
+  }
 }
 
 // The same on tensor views: C = alpha * op(A) * op(B) + beta * C, with the shapes checked.
 template <class A, class B, class C>
-void gemm(A const& a, trans ta, B const& b, trans tb, C const& c, typename C::value_type alpha = 1,
-          typename C::value_type beta = 0) {
+void gemm(A const& a, trans ta, B const& b, trans tb, C const& c,
+          compute_type_t<std::remove_const_t<typename A::value_type>> alpha = 1,
+          compute_type_t<std::remove_const_t<typename A::value_type>> beta = 0) {
   using D = typename C::device_type;
   static_assert(std::is_same_v<typename A::device_type, D> && std::is_same_v<typename B::device_type, D>,
                 "gemm: A, B and C must live on the same device");
-  static_assert(std::is_same_v<typename A::value_type, typename C::value_type> &&
-                    std::is_same_v<typename B::value_type, typename C::value_type>,
-                "gemm: A, B and C must have the same element type");
+  using TA = std::remove_const_t<typename A::value_type>;
+  static_assert(std::is_same_v<TA, std::remove_const_t<typename B::value_type>> &&
+                    (std::is_same_v<TA, typename C::value_type> ||
+                     (is_small_float_v<TA> && std::is_same_v<typename C::value_type, float>)),
+                "gemm: A and B must have one element type, and C the same (or fp32 for 16-bit A and B)");
   index_t const m = index_t(ta == trans::no ? a.rows() : a.cols());
   index_t const k = index_t(ta == trans::no ? a.cols() : a.rows());
   index_t const kb = index_t(tb == trans::no ? b.rows() : b.cols());

@@ -1,5 +1,7 @@
 // LayerNorm and RMSNorm over the last dimension, forward and backward, one row per task. Sums
-// accumulate in the compute type (fp32 for fp32 and 16-bit data, fp64 for double).
+// accumulate in the compute type (fp32 for fp32 and 16-bit data, fp64 for double), and the saved
+// statistics are kept in it; parameter gradients G may be wider than the data (fp32 master
+// gradients of 16-bit activations).
 #pragma once
 
 #include "../expr/math.hpp"
@@ -13,7 +15,7 @@ namespace kernels {
 // y = (x - mean) * rstd * gamma + beta; saves mean and rstd per row.
 template <class T>
 void layer_norm_forward(host, T const* x, T const* gamma, T const* beta, std::size_t rows, std::size_t w, double eps,
-                        T* y, T* mean_out, T* rstd_out) {
+                        T* y, compute_type_t<T>* mean_out, compute_type_t<T>* rstd_out) {
   using V = compute_type_t<T>;
   for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
     T const* xr = x + r * w;
@@ -29,19 +31,20 @@ void layer_norm_forward(host, T const* x, T const* gamma, T const* beta, std::si
     T* yr = y + r * w;
     for (std::size_t i = 0; i < w; ++i)
       yr[i] = from_compute<T>((to_compute<V>(xr[i]) - mean) * rstd * to_compute<V>(gamma[i]) + to_compute<V>(beta[i]));
-    if (mean_out) mean_out[r] = from_compute<T>(mean);
-    if (rstd_out) rstd_out[r] = from_compute<T>(rstd);
+    if (mean_out) mean_out[r] = mean;
+    if (rstd_out) rstd_out[r] = rstd;
   });
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma; dgamma += sum_r dy * xhat,
 // dbeta += sum_r dy. dx may alias dy.
-template <class T>
-void layer_norm_backward(host, T const* x, T const* gamma, T const* mean, T const* rstd, T const* dy,
-                         std::size_t rows, std::size_t w, T* dx, T* dgamma, T* dbeta) {
+template <class T, class G>
+void layer_norm_backward(host, T const* x, T const* gamma, compute_type_t<T> const* mean,
+                         compute_type_t<T> const* rstd, T const* dy, std::size_t rows, std::size_t w, T* dx,
+                         G* dgamma, G* dbeta) {
   using V = compute_type_t<T>;
   auto xhat = [=](std::size_t r, std::size_t i) {
-    return (to_compute<V>(x[r * w + i]) - to_compute<V>(mean[r])) * to_compute<V>(rstd[r]);
+    return (to_compute<V>(x[r * w + i]) - mean[r]) * rstd[r];
   };
   // Parameter gradients first (they read dy, which dx may overwrite): columns in blocks, rows in
   // order, so the sums do not depend on the thread count.
@@ -61,8 +64,8 @@ void layer_norm_backward(host, T const* x, T const* gamma, T const* mean, T cons
         ab[c - c0] += d;
       }
     for (std::size_t c = c0; c < c1; ++c) {
-      dgamma[c] = from_compute<T>(ag[c - c0]);
-      dbeta[c] = from_compute<T>(ab[c - c0]);
+      dgamma[c] = from_compute<G>(ag[c - c0]);
+      dbeta[c] = from_compute<G>(ab[c - c0]);
     }
   });
   for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
@@ -73,7 +76,7 @@ void layer_norm_backward(host, T const* x, T const* gamma, T const* mean, T cons
       sg += g;
       sgx += g * xhat(r, i);
     }
-    V const mg = sg / V(w), mgx = sgx / V(w), s = to_compute<V>(rstd[r]);
+    V const mg = sg / V(w), mgx = sgx / V(w), s = rstd[r];
     T* dxr = dx + r * w;
     for (std::size_t i = 0; i < w; ++i) {
       V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
@@ -85,7 +88,7 @@ void layer_norm_backward(host, T const* x, T const* gamma, T const* mean, T cons
 // y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); saves rstd per row.
 template <class T>
 void rms_norm_forward(host, T const* x, T const* gamma, std::size_t rows, std::size_t w, double eps, T* y,
-                      T* rstd_out) {
+                      compute_type_t<T>* rstd_out) {
   using V = compute_type_t<T>;
   for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
     T const* xr = x + r * w;
@@ -97,14 +100,14 @@ void rms_norm_forward(host, T const* x, T const* gamma, std::size_t rows, std::s
     V const rstd = V(1) / expr::math::sqrt(q / V(w) + V(eps));
     T* yr = y + r * w;
     for (std::size_t i = 0; i < w; ++i) yr[i] = from_compute<T>(to_compute<V>(xr[i]) * rstd * to_compute<V>(gamma[i]));
-    if (rstd_out) rstd_out[r] = from_compute<T>(rstd);
+    if (rstd_out) rstd_out[r] = rstd;
   });
 }
 
 // dx = rstd * g - x * rstd^3 * mean(g * x) with g = dy * gamma; dgamma += sum_r dy * x * rstd.
-template <class T>
-void rms_norm_backward(host, T const* x, T const* gamma, T const* rstd, T const* dy, std::size_t rows, std::size_t w,
-                       T* dx, T* dgamma) {
+template <class T, class G>
+void rms_norm_backward(host, T const* x, T const* gamma, compute_type_t<T> const* rstd, T const* dy, std::size_t rows,
+                       std::size_t w, T* dx, G* dgamma) {
   using V = compute_type_t<T>;
   constexpr std::size_t block = 64;
   std::size_t const blocks = (w + block - 1) / block;
@@ -113,18 +116,18 @@ void rms_norm_backward(host, T const* x, T const* gamma, T const* rstd, T const*
     V ag[block];
     for (std::size_t c = c0; c < c1; ++c) ag[c - c0] = to_compute<V>(dgamma[c]);
     for (std::size_t r = 0; r < rows; ++r) {
-      V const s = to_compute<V>(rstd[r]);
+      V const s = rstd[r];
       for (std::size_t c = c0; c < c1; ++c)
         ag[c - c0] += to_compute<V>(dy[r * w + c]) * to_compute<V>(x[r * w + c]) * s;
     }
-    for (std::size_t c = c0; c < c1; ++c) dgamma[c] = from_compute<T>(ag[c - c0]);
+    for (std::size_t c = c0; c < c1; ++c) dgamma[c] = from_compute<G>(ag[c - c0]);
   });
   for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
     T const* xr = x + r * w;
     T const* dyr = dy + r * w;
     V sgx = 0;
     for (std::size_t i = 0; i < w; ++i) sgx += to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * to_compute<V>(xr[i]);
-    V const s = to_compute<V>(rstd[r]), k = s * s * s * sgx / V(w);
+    V const s = rstd[r], k = s * s * s * sgx / V(w);
     T* dxr = dx + r * w;
     for (std::size_t i = 0; i < w; ++i)
       dxr[i] = from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k);

@@ -1,10 +1,16 @@
 // Fused optimizer updates: one pass over parameters, gradients and state, in the order of
-// operations PyTorch's single-tensor implementations use, so results agree to rounding.
+// operations PyTorch's single-tensor implementations use, so results agree to rounding. The
+// gradient factor unscales (loss scale) and clips in the same multiply; a mixed-precision model's
+// compute copy of the weights (pc, 16-bit) is written in the same pass. grad_check is the one
+// reduction before it: the sum of squares in double, which is finite exactly when every gradient
+// is, and gives the norm for clipping.
 #pragma once
 
 #include "../expr/math.hpp"
 #include "../numeric/compute.hpp"
 #include "rows.hpp"
+
+#include "reduce.hpp"
 
 #include <cstddef>
 
@@ -12,7 +18,7 @@ namespace REMAT_NAMESPACE {
 namespace kernels {
 
 struct adamw_scalars {
-  double grad_scale;   // gradient clipping (and, later, loss-scale) factor
+  double grad_scale;   // gradient clipping times 1 / loss scale
   double decay;        // 1 - lr * weight_decay
   double beta1, beta2;
   double step_size;    // lr / (1 - beta1^t)
@@ -20,12 +26,28 @@ struct adamw_scalars {
   double eps;
 };
 
+struct square_as_double {
+  template <class T>
+  struct fn {
+    T const* g;
+    REMAT_HOST_DEVICE double operator()(std::size_t i) const {
+      double const x = double(to_compute<compute_type_t<T>>(g[i]));
+      return x * x;
+    }
+  };
+};
+
 template <class T>
-void adamw_update(host, std::size_t n, T* p, T const* g, T* m, T* v, adamw_scalars k) {
+double grad_check(host, std::size_t n, T const* g) {
+  return transform_reduce(host{}, n, square_as_double::fn<T>{g}, 0.0, plus_op{});
+}
+
+template <class T, class C = T>
+void adamw_update(host, std::size_t n, T* p, T const* g, T* m, T* v, adamw_scalars k, C* pc = nullptr) {
   using V = compute_type_t<T>;
   V const gs = V(k.grad_scale), decay = V(k.decay), b1 = V(1.0 - k.beta1), b2 = V(k.beta2), c2 = V(1.0 - k.beta2),
           neg_step = V(-k.step_size), bc2 = V(k.bc2_sqrt), eps = V(k.eps);
-  for_each_index(host{}, n, n, [=](std::size_t i) {
+  auto step = [=](std::size_t i) {
     V const gi = to_compute<V>(g[i]) * gs;
     V pi = to_compute<V>(p[i]) * decay;
     V mi = to_compute<V>(m[i]);
@@ -36,7 +58,12 @@ void adamw_update(host, std::size_t n, T* p, T const* g, T* m, T* v, adamw_scala
     p[i] = from_compute<T>(pi);
     m[i] = from_compute<T>(mi);
     v[i] = from_compute<T>(vi);
-  });
+    return pi;
+  };
+  if (pc)
+    for_each_index(host{}, n, n, [=](std::size_t i) { pc[i] = from_compute<C>(step(i)); });
+  else
+    for_each_index(host{}, n, n, [=](std::size_t i) { (void)step(i); });
 }
 
 struct sgd_scalars {
@@ -44,12 +71,12 @@ struct sgd_scalars {
   bool nesterov, first_step;
 };
 
-template <class T>
-void sgd_update(host, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k) {
+template <class T, class C = T>
+void sgd_update(host, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C* pc = nullptr) {
   using V = compute_type_t<T>;
   V const gs = V(k.grad_scale), neg_lr = V(-k.lr), mom = V(k.momentum), wd = V(k.weight_decay);
   bool const use_momentum = k.momentum != 0.0, nesterov = k.nesterov, first = k.first_step;
-  for_each_index(host{}, n, n, [=](std::size_t i) {
+  auto step = [=](std::size_t i) {
     V const pi = to_compute<V>(p[i]);
     V d = to_compute<V>(g[i]) * gs + wd * pi;
     if (use_momentum) {
@@ -57,8 +84,14 @@ void sgd_update(host, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k) {
       buf[i] = from_compute<T>(b);
       d = nesterov ? d + mom * b : b;
     }
-    p[i] = from_compute<T>(pi + neg_lr * d);
-  });
+    V const out = pi + neg_lr * d;
+    p[i] = from_compute<T>(out);
+    return out;
+  };
+  if (pc)
+    for_each_index(host{}, n, n, [=](std::size_t i) { pc[i] = from_compute<C>(step(i)); });
+  else
+    for_each_index(host{}, n, n, [=](std::size_t i) { (void)step(i); });
 }
 
 }  // namespace kernels

@@ -25,8 +25,8 @@ void for_each_index(host, std::size_t n, std::size_t work, F const& f) {
 
 // out[c] = beta * out[c] + sum_r x[r, c] for a row-major rows x cols matrix. Each column's sum
 // runs over rows in order, so the result does not depend on the thread count.
-template <class T>
-void column_sums(host, T const* x, std::size_t rows, std::size_t cols, T* out, bool accumulate) {
+template <class T, class Out>
+void column_sums(host, T const* x, std::size_t rows, std::size_t cols, Out* out, bool accumulate) {
   using V = compute_type_t<T>;
   constexpr std::size_t block = 64;  // columns per task: contiguous in each row
   std::size_t const blocks = (cols + block - 1) / block;
@@ -38,7 +38,7 @@ void column_sums(host, T const* x, std::size_t rows, std::size_t cols, T* out, b
       T const* row = x + r * cols;
       for (std::size_t c = c0; c < c1; ++c) acc[c - c0] += to_compute<V>(row[c]);
     }
-    for (std::size_t c = c0; c < c1; ++c) out[c] = from_compute<T>(acc[c - c0]);
+    for (std::size_t c = c0; c < c1; ++c) out[c] = from_compute<Out>(acc[c - c0]);
   });
 }
 

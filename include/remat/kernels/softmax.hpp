@@ -14,7 +14,7 @@ namespace kernels {
 
 template <class T>
 void softmax_cross_entropy(host, T const* logits, std::int32_t const* labels, std::size_t rows, std::size_t classes,
-                           double scale, T* row_loss, T* dlogits) {
+                           double scale, compute_type_t<T>* row_loss, T* dlogits) {
   using V = compute_type_t<T>;
   for_each_index(host{}, rows, rows * classes, [=](std::size_t r) {
     T const* z = logits + r * classes;
@@ -24,7 +24,7 @@ void softmax_cross_entropy(host, T const* logits, std::int32_t const* labels, st
     for (std::size_t c = 0; c < classes; ++c) s += expr::math::exp(to_compute<V>(z[c]) - m);
     V const log_s = expr::math::log(s);
     std::size_t const y = std::size_t(labels[r]);
-    row_loss[r] = from_compute<T>(log_s - (to_compute<V>(z[y]) - m));
+    row_loss[r] = log_s - (to_compute<V>(z[y]) - m);
     if (dlogits) {
       T* d = dlogits + r * classes;
       for (std::size_t c = 0; c < classes; ++c) {

@@ -18,6 +18,7 @@
 
 #include "../error.hpp"
 #include "../memory/allocator.hpp"
+#include "../numeric/compute.hpp"
 #include "../numeric/philox.hpp"
 #include "../tensor/tensor.hpp"
 
@@ -113,16 +114,30 @@ struct pass_stacks {
   }
 };
 
+// Columns of T that hold n statistics per row (a norm's mean and 1/std) in T's compute type:
+// statistics stay fp32 when activations are 16-bit.
+template <class T>
+constexpr std::size_t stat_columns(std::size_t n) {
+  return (n * sizeof(compute_type_t<T>) + sizeof(T) - 1) / sizeof(T);
+}
+template <class T>
+compute_type_t<T>* stat_data(T* p) {
+  return reinterpret_cast<compute_type_t<T>*>(p);
+}
+
 // The state of one forward (and its backward) pass. Layers are written once against this
 // interface and also run against plan::state (graph/plan_state.hpp), which follows the same calls
 // without computing anything to give the activation plan; `computes` tells them apart.
-template <class T, class D>
-struct pass_state : pass_stacks<act<T, D>, pass_state<T, D>> {
+// T is the type of activations and of the parameters layers read (the compute copy in mixed
+// precision); G the type of the gradients they accumulate into (fp32 master gradients).
+template <class T, class D, class G = T>
+struct pass_state : pass_stacks<act<T, D>, pass_state<T, D, G>> {
   using value_type = T;
+  using grad_type = G;
   using device = D;
   using act_type = act<T, D>;
   using param_ptr = T const*;
-  using grad_ptr = T*;
+  using grad_ptr = G*;
   static constexpr bool computes = true;
 
   memory::caching_allocator<D>* alloc = &memory::default_allocator<D>();

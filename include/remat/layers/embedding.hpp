@@ -45,11 +45,16 @@ struct Embedding {
                                                  typename S::act_type dy) {
     if constexpr (S::computes) {
       using T = typename S::value_type;
+      using G = typename S::grad_type;
+      using V = compute_type_t<G>;
       std::size_t const rows = s.id_count;
       std::int32_t const* ids = s.ids;
       T const* d = dy->data();
       kernels::for_each_index(typename S::device{}, W, rows * W, [=](std::size_t i) {
-        for (std::size_t r = 0; r < rows; ++r) g[std::size_t(ids[r]) * W + i] += d[r * W + i];
+        for (std::size_t r = 0; r < rows; ++r) {
+          G& gi = g[std::size_t(ids[r]) * W + i];
+          gi = from_compute<G>(to_compute<V>(gi) + to_compute<V>(d[r * W + i]));
+        }
       });
     }
     return {};

@@ -53,8 +53,7 @@ struct Linear {
       y = s.make(rows, Out);
       if constexpr (S::computes)
         kernels::gemm(typename S::device{}, kernels::trans::no, kernels::trans::yes, index_t(rows), index_t(Out),
-                      index_t(In), typename S::value_type(1), x->data(), index_t(In), p, index_t(In),
-                      typename S::value_type(0), y->data(), index_t(Out));
+                      index_t(In), 1, x->data(), index_t(In), p, index_t(In), 0, y->data(), index_t(Out));
     }
     if constexpr (std::is_void_v<F>) {
       if constexpr (Bias && S::computes)
@@ -102,13 +101,12 @@ struct Linear {
     A dx = s.make(rows, In);
     if constexpr (S::computes) {
       // dW += dy^T x, db += column sums of dy, dx = dy W.
-      using T = typename S::value_type;
       using D = typename S::device;
-      kernels::gemm(D{}, kernels::trans::yes, kernels::trans::no, index_t(Out), index_t(In), index_t(rows), T(1),
-                    dy->data(), index_t(Out), x->data(), index_t(In), T(1), g, index_t(In));
+      kernels::gemm(D{}, kernels::trans::yes, kernels::trans::no, index_t(Out), index_t(In), index_t(rows), 1,
+                    dy->data(), index_t(Out), x->data(), index_t(In), 1, g, index_t(In));
       if constexpr (Bias) kernels::column_sums(D{}, dy->data(), rows, Out, g + In * Out, true);
-      kernels::gemm(D{}, kernels::trans::no, kernels::trans::no, index_t(rows), index_t(In), index_t(Out), T(1),
-                    dy->data(), index_t(Out), p, index_t(In), T(0), dx->data(), index_t(In));
+      kernels::gemm(D{}, kernels::trans::no, kernels::trans::no, index_t(rows), index_t(In), index_t(Out), 1,
+                    dy->data(), index_t(Out), p, index_t(In), 0, dx->data(), index_t(In));
     }
     return dx;
   }

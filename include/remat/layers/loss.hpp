@@ -26,8 +26,9 @@ struct MSE {
   }
 
   // Returns the loss; writes scale * dloss/dy into dy (if given).
-  template <class T, class D>
-  static double forward_backward(tensor<T, D> const& y, tensor_view<T const, D> t, double scale, tensor<T, D>* dy) {
+  // y may be in the compute type (16-bit) and t in the master type; the sums are fp32 or better.
+  template <class T, class U, class D>
+  static double forward_backward(tensor<T, D> const& y, tensor_view<U const, D> t, double scale, tensor<T, D>* dy) {
     double const n = double(y.size());
     double const loss = double(sum_squares(y - t)) / n;
     if (dy) evaluate(*dy, (y - t) * (2.0 * scale / n));
@@ -56,7 +57,7 @@ struct SoftmaxCrossEntropy {
   static double forward_backward(tensor<T, D> const& y, tensor_view<std::int32_t const, D> labels, double scale,
                                  tensor<T, D>* dy) {
     std::size_t const rows = y.rows(), classes = y.cols();
-    tensor<T, D> row_loss(index_t(rows), 1, memory::tag::workspace, *y.allocator());
+    tensor<compute_type_t<T>, D> row_loss(index_t(rows), 1, memory::tag::workspace, *y.allocator());
     kernels::softmax_cross_entropy(D{}, y.data(), labels.data(), rows, classes, scale / double(rows),
                                    row_loss.data(), dy ? dy->data() : static_cast<T*>(nullptr));
     return double(sum(row_loss)) / double(rows);

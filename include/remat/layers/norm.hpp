@@ -28,10 +28,11 @@ struct LayerNorm {
     std::size_t const rows = x->rows();
     A y = s.make(rows, W);
     if (s.keeps()) {
-      A mean = s.make(rows, 1), rstd = s.make(rows, 1);
+      using T = typename S::value_type;
+      A mean = s.make(rows, stat_columns<T>(1)), rstd = s.make(rows, stat_columns<T>(1));
       if constexpr (S::computes)
         kernels::layer_norm_forward(typename S::device{}, x->data(), p, p + W, rows, W, eps, y->data(),
-                                    mean->data(), rstd->data());
+                                    stat_data(mean->data()), stat_data(rstd->data()));
       s.save(std::move(x));
       s.save(std::move(mean));
       s.save(std::move(rstd));
@@ -51,8 +52,8 @@ struct LayerNorm {
     A rstd = s.restore(), mean = s.restore(), x = s.restore();
     A dx = s.reuse_or_make(dy, W);
     if constexpr (S::computes)
-      kernels::layer_norm_backward(typename S::device{}, x->data(), p, mean->data(), rstd->data(), dy->data(),
-                                   dy->rows(), W, dx->data(), g, g + W);
+      kernels::layer_norm_backward(typename S::device{}, x->data(), p, stat_data(mean->data()),
+                                   stat_data(rstd->data()), dy->data(), dy->rows(), W, dx->data(), g, g + W);
     return dx;
   }
 };
@@ -77,9 +78,10 @@ struct RMSNorm {
     std::size_t const rows = x->rows();
     A y = s.make(rows, W);
     if (s.keeps()) {
-      A rstd = s.make(rows, 1);
+      A rstd = s.make(rows, stat_columns<typename S::value_type>(1));
       if constexpr (S::computes)
-        kernels::rms_norm_forward(typename S::device{}, x->data(), p, rows, W, eps, y->data(), rstd->data());
+        kernels::rms_norm_forward(typename S::device{}, x->data(), p, rows, W, eps, y->data(),
+                                  stat_data(rstd->data()));
       s.save(std::move(x));
       s.save(std::move(rstd));
     } else {
@@ -98,8 +100,8 @@ struct RMSNorm {
     A rstd = s.restore(), x = s.restore();
     A dx = s.reuse_or_make(dy, W);
     if constexpr (S::computes)
-      kernels::rms_norm_backward(typename S::device{}, x->data(), p, rstd->data(), dy->data(), dy->rows(), W,
-                                 dx->data(), g);
+      kernels::rms_norm_backward(typename S::device{}, x->data(), p, stat_data(rstd->data()), dy->data(),
+                                 dy->rows(), W, dx->data(), g);
     return dx;
   }
 };

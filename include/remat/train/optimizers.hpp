@@ -1,12 +1,19 @@
 // SGD (momentum, Nesterov, weight decay) and AdamW (decoupled weight decay, bias correction),
 // each with optional gradient clipping by global norm; an update is one fused pass over the
 // parameters. Both follow PyTorch's definitions (torch.optim.SGD, torch.optim.AdamW).
+//
+// Built from a model, an optimizer also serves its precision: it divides the loss scale out of
+// the gradients in the update's multiply, and (unless the scale is the identity) checks them for
+// inf/NaN first. On overflow the step is skipped: weights, moments and the step count stay as they
+// were, step() returns false and the scale backs off. A mixed-precision model's compute copy of
+// the weights is written in the same pass as the fp32 master weights.
 #pragma once
 
 #include "../expr/expr.hpp"
 #include "../kernels/optimizers.hpp"
 #include "../memory/allocator.hpp"
 #include "../tensor/tensor.hpp"
+#include "loss_scale.hpp"
 
 #include <cmath>
 #include <limits>
@@ -15,17 +22,44 @@ namespace REMAT_NAMESPACE {
 
 namespace detail {
 
-// clip_grad_norm_: scale gradients by max_norm / (norm + 1e-6) when that is below 1. Without
-// clipping the norm is not computed (a pass over every gradient): it reads as NaN.
+// What an optimizer step does before its update: the overflow check of a loss scale and
+// clip_grad_norm_ (scale gradients by max_norm / (norm + 1e-6) when that is below 1), both from one
+// reduction over the gradients, which is skipped when neither is wanted (the norm then reads NaN).
+struct grad_prelude {
+  bool overflow = false;
+  double factor = 1.0;  // the gradients' multiplier in the update: clipping / loss scale
+  double norm = std::numeric_limits<double>::quiet_NaN();  // of the unscaled gradients
+};
+
 template <class T, class D>
-double clip_factor(tensor_view<T const, D> g, double max_norm, double& norm_out) {
-  if (max_norm <= 0) {
-    norm_out = std::numeric_limits<double>::quiet_NaN();
-    return 1.0;
+grad_prelude prepare_gradients(tensor_view<T const, D> g, double max_norm, loss_scaler const* scaler) {
+  grad_prelude r;
+  double const scale = scaler ? scaler->scale() : 1.0;
+  bool const check = scaler && scaler->checks();
+  r.factor = 1.0 / scale;
+  if (!check && max_norm <= 0) return r;
+  double const squares = kernels::grad_check(D{}, g.size(), g.data());
+  if (!std::isfinite(squares)) {
+    if (check) {
+      r.overflow = true;
+      return r;
+    }
+    // Without a loss scale an inf/NaN gradient is not a skipped step: clipping proceeds as
+    // PyTorch's does, and the update spreads the NaN.
   }
-  norm_out = std::sqrt(double(sum_squares(g)));
-  double const c = max_norm / (norm_out + 1e-6);
-  return c < 1.0 ? c : 1.0;
+  r.norm = std::sqrt(squares) / scale;
+  if (max_norm > 0) {
+    double const c = max_norm / (r.norm + 1e-6);
+    r.factor = (c < 1.0 ? c : 1.0) / scale;
+  }
+  return r;
+}
+
+template <class T, class D, class C>
+C* compute_copy(tensor_view<C, D> pc, std::size_t n, char const* who) {
+  if (pc.data() && pc.size() != n)
+    raise<shape_error>(who, ": expected a compute copy of ", n, " weights, found ", pc.size());
+  return pc.data();
 }
 
 }  // namespace detail
@@ -39,11 +73,14 @@ struct adamw_options {
   double clip_norm = 0;  // 0: no clipping
 };
 
-template <class T, class D = host>
+template <class T, class D = host, class C = T>
 class AdamW {
  public:
   template <class Model>
-  explicit AdamW(Model& m, adamw_options o = {}) : AdamW(m.parameters(), m.gradients(), o, m.allocator()) {}
+  explicit AdamW(Model& m, adamw_options o = {}) : AdamW(m.parameters(), m.gradients(), o, m.allocator()) {
+    pc_ = detail::compute_copy<T>(m.compute_parameters(), p_.size(), "AdamW");
+    scaler_ = &m.scaler();
+  }
 
   // Over any parameter and gradient buffers of the same size.
   AdamW(tensor_view<T, D> params, tensor_view<T, D> grads, adamw_options o = {},
@@ -60,25 +97,36 @@ class AdamW {
     evaluate(v_, expr::to_expr(0.0));
   }
 
-  void step() {
+  // Returns false when the step was skipped (a gradient overflowed under a loss scale).
+  bool step() {
+    detail::grad_prelude const pre = detail::prepare_gradients(tensor_view<T const, D>(g_), o_.clip_norm, scaler_);
+    last_norm_ = pre.norm;
+    last_skipped_ = pre.overflow;
+    if (scaler_) scaler_->update(pre.overflow);
+    if (pre.overflow) return false;
     ++t_;
-    double const scale = detail::clip_factor(tensor_view<T const, D>(g_), o_.clip_norm, last_norm_);
-    kernels::adamw_scalars k{scale,
+    kernels::adamw_scalars k{pre.factor,
                              1.0 - o_.lr * o_.weight_decay,
                              o_.beta1,
                              o_.beta2,
                              o_.lr / (1.0 - std::pow(o_.beta1, double(t_))),
                              std::sqrt(1.0 - std::pow(o_.beta2, double(t_))),
                              o_.eps};
-    kernels::adamw_update(D{}, p_.size(), p_.data(), g_.data(), m_.data(), v_.data(), k);
+    kernels::adamw_update(D{}, p_.size(), p_.data(), g_.data(), m_.data(), v_.data(), k, pc_);
+    return true;
   }
 
   void set_lr(double lr) { o_.lr = lr; }
   double lr() const { return o_.lr; }
   std::uint64_t steps() const { return t_; }
   void set_steps(std::uint64_t t) { t_ = t; }
-  // The global gradient norm seen by the last step (before clipping); NaN without clipping.
+  // The global norm of the (unscaled) gradients seen by the last step, before clipping; NaN when
+  // neither clipping nor a loss scale's check needed it.
   double last_grad_norm() const { return last_norm_; }
+  // Whether the last step was skipped because a gradient overflowed.
+  bool last_step_skipped() const { return last_skipped_; }
+  // The loss scale of the model this optimizer was built from (null over bare buffers).
+  loss_scaler* scaler() const { return scaler_; }
   adamw_options const& options() const { return o_; }
   tensor<T, D>& exp_avg() { return m_; }
   tensor<T, D>& exp_avg_sq() { return v_; }
@@ -87,12 +135,16 @@ class AdamW {
   tensor_view<T, D> p_, g_;
   tensor<T, D> m_, v_;
   adamw_options o_;
+  C* pc_ = nullptr;
+  loss_scaler* scaler_ = nullptr;
   std::uint64_t t_ = 0;
   double last_norm_ = 0;
+  bool last_skipped_ = false;
 };
 
 template <class Model>
-AdamW(Model&, adamw_options = {}) -> AdamW<typename Model::value_type, typename Model::device>;
+AdamW(Model&, adamw_options = {})
+    -> AdamW<typename Model::value_type, typename Model::device, typename Model::compute_type>;
 
 struct sgd_options {
   double lr = 1e-2;
@@ -102,11 +154,14 @@ struct sgd_options {
   double clip_norm = 0;
 };
 
-template <class T, class D = host>
+template <class T, class D = host, class C = T>
 class SGD {
  public:
   template <class Model>
-  explicit SGD(Model& m, sgd_options o = {}) : SGD(m.parameters(), m.gradients(), o, m.allocator()) {}
+  explicit SGD(Model& m, sgd_options o = {}) : SGD(m.parameters(), m.gradients(), o, m.allocator()) {
+    pc_ = detail::compute_copy<T>(m.compute_parameters(), p_.size(), "SGD");
+    scaler_ = &m.scaler();
+  }
 
   SGD(tensor_view<T, D> params, tensor_view<T, D> grads, sgd_options o = {},
       memory::caching_allocator<D>& alloc = memory::default_allocator<D>())
@@ -119,28 +174,40 @@ class SGD {
     if (o_.momentum != 0) buf_ = tensor<T, D>(index_t(p_.size()), 1, memory::tag::optimizer_state, alloc);
   }
 
-  void step() {
-    double const scale = detail::clip_factor(tensor_view<T const, D>(g_), o_.clip_norm, last_norm_);
-    kernels::sgd_scalars k{scale, o_.lr, o_.momentum, o_.weight_decay, o_.nesterov, t_ == 0};
-    kernels::sgd_update(D{}, p_.size(), p_.data(), g_.data(), buf_.empty() ? nullptr : buf_.data(), k);
+  // Returns false when the step was skipped (a gradient overflowed under a loss scale).
+  bool step() {
+    detail::grad_prelude const pre = detail::prepare_gradients(tensor_view<T const, D>(g_), o_.clip_norm, scaler_);
+    last_norm_ = pre.norm;
+    last_skipped_ = pre.overflow;
+    if (scaler_) scaler_->update(pre.overflow);
+    if (pre.overflow) return false;
+    kernels::sgd_scalars k{pre.factor, o_.lr, o_.momentum, o_.weight_decay, o_.nesterov, t_ == 0};
+    kernels::sgd_update(D{}, p_.size(), p_.data(), g_.data(), buf_.empty() ? nullptr : buf_.data(), k, pc_);
     ++t_;
+    return true;
   }
 
   void set_lr(double lr) { o_.lr = lr; }
   double lr() const { return o_.lr; }
   std::uint64_t steps() const { return t_; }
   double last_grad_norm() const { return last_norm_; }
+  bool last_step_skipped() const { return last_skipped_; }
+  loss_scaler* scaler() const { return scaler_; }
 
  private:
   tensor_view<T, D> p_, g_;
   tensor<T, D> buf_;
   sgd_options o_;
+  C* pc_ = nullptr;
+  loss_scaler* scaler_ = nullptr;
   std::uint64_t t_ = 0;
   double last_norm_ = 0;
+  bool last_skipped_ = false;
 };
 
 template <class Model>
-SGD(Model&, sgd_options = {}) -> SGD<typename Model::value_type, typename Model::device>;
+SGD(Model&, sgd_options = {})
+    -> SGD<typename Model::value_type, typename Model::device, typename Model::compute_type>;
 
 // Linear warm-up from 0 to base_lr over `warmup` steps, then cosine decay to min_lr at `total`.
 struct warmup_cosine {
