@@ -9,12 +9,12 @@ using namespace remat;
 
 namespace {
 
-template <class NetT, std::size_t Batch, class Loss = MSE>
+template <class NetT, std::size_t Batch, class Loss = MSE, class P = fp32>
 void require_plan_matches() {
   constexpr std::size_t batch = Batch;
-  INFO("batch " << batch);
+  INFO("batch " << batch << ", precision " << P::name);
   memory::caching_allocator<host> alloc;
-  model<NetT> m(seed{11}, alloc);
+  model<NetT, host, P> m(seed{11}, alloc);
   constexpr std::size_t in = model<NetT>::reads_ids ? 1 : NetT::in_width;
   constexpr std::size_t out = NetT::out_width;
   index_t const rows = index_t(batch);
@@ -26,9 +26,9 @@ void require_plan_matches() {
       x[i] = float(std::sin(0.7 * double(i)));
   }
   // Evaluated by the compiler, and again at run time: the same numbers.
-  constexpr auto plan = activation_plan<NetT, fp32>(batch);
+  constexpr auto plan = activation_plan<NetT, P>(batch);
   std::size_t runtime_batch = batch;
-  auto const again = activation_plan<NetT, fp32>(runtime_batch);
+  auto const again = activation_plan<NetT, P>(runtime_batch);
   CHECK((again.peak_bytes == plan.peak_bytes && again.saved_bytes == plan.saved_bytes &&
          again.recomputed == plan.recomputed));
   for (int step = 0; step < 2; ++step) {  // the second step runs from the allocator's cache
@@ -50,12 +50,12 @@ void require_plan_matches() {
   }
 }
 
-template <class NetT, class Loss = MSE>
+template <class NetT, class Loss = MSE, class P = fp32>
 void require_plan_matches_for_batches() {
-  require_plan_matches<NetT, 1, Loss>();
-  require_plan_matches<NetT, 3, Loss>();
-  require_plan_matches<NetT, 64, Loss>();
-  require_plan_matches<NetT, 129, Loss>();
+  require_plan_matches<NetT, 1, Loss, P>();
+  require_plan_matches<NetT, 3, Loss, P>();
+  require_plan_matches<NetT, 64, Loss, P>();
+  require_plan_matches<NetT, 129, Loss, P>();
 }
 
 constexpr std::size_t W = 32;
@@ -137,4 +137,30 @@ TEST_CASE("plan: policies trade memory as designed, and a budget is a static_ass
   CHECK(every.saved_bytes == 32 * 32768 + 32768);
   // Selective keeps the block's input and the first product's pre-activation: 96 of 226 KiB.
   static_assert(sel.saved_bytes == 32 * (32768 + 65536) + 32768);
+}
+
+TEST_CASE("plan: mixed precision keeps activations in the compute type, and the plan equals the measured peak",
+          "[plan][mixed]") {
+  using bf = mixed<bfloat16>;
+  using hf = mixed<half, DynamicLossScale>;
+  require_plan_matches_for_batches<Net<Repeat<4, Block>>, MSE, bf>();
+  require_plan_matches_for_batches<Net<Repeat<4, Checkpointed<Block>>>, MSE, bf>();
+  require_plan_matches_for_batches<Net<Revolve<2, Repeat<7, Block>>>, MSE, hf>();
+  require_plan_matches_for_batches<Net<Repeat<4, Selective<Block>>>, MSE, bf>();
+  require_plan_matches_for_batches<Net<Repeat<3, Selective<RmsBlock>>>, MSE, hf>();
+  require_plan_matches_for_batches<Net<CheckpointSequential<2, Repeat<5, Block>>>, MSE, hf>();
+  using Lm = Seq<Embedding<5, W>, Repeat<2, Block>, LayerNorm<W>, Linear<W, 7>>;
+  require_plan_matches_for_batches<Lm, SoftmaxCrossEntropy, bf>();
+
+  // The saved activations halve, exactly: every kept tensor is 16-bit except LayerNorm's two
+  // statistics per row (fp32 in both, 1 KiB each at batch 256), and the mixed model keeps its input
+  // converted to bf16 (256 x 12 x 2 bytes) where the fp32 model reads the caller's in place.
+  using Big = Net<Repeat<8, Block>>;
+  constexpr auto f32 = activation_plan<Big, fp32>(256);
+  constexpr auto b16 = activation_plan<Big, bf>(256);
+  constexpr auto h16 = activation_plan<Big, hf>(256);
+  static_assert(b16.saved_bytes == h16.saved_bytes && b16.peak_bytes == h16.peak_bytes);
+  static_assert(2 * b16.saved_bytes == f32.saved_bytes + 8 * 2 * 1024 + 2 * (256 * 12 * 2));
+  static_assert(10 * b16.peak_bytes <= 6 * f32.peak_bytes);
+  CHECK(b16.saved_bytes < f32.saved_bytes);
 }

@@ -11,7 +11,11 @@
 #include "../memory/allocator.hpp"
 #include "../numeric/compute.hpp"
 
+// OpenBLAS's cblas.h declares a global `bfloat16` (a uint16_t) that would make `bfloat16` ambiguous
+// after `using namespace remat`; it is renamed while the header is read.
+#define bfloat16 remat_openblas_bfloat16
 #include <cblas.h>
+#undef bfloat16
 
 #if defined(REMAT_HAS_ONEDNN)
 #include <oneapi/dnnl/dnnl.hpp>

@@ -14,17 +14,19 @@
 #include "../config.hpp"
 #include "small_float.hpp"
 
+#include <cstdint>
 #include <type_traits>
 
 namespace REMAT_NAMESPACE {
 
-template <double S = 1.0>
+// S is best a power of two: scaling and unscaling are then exact.
+template <std::uint64_t S = 1>
 struct StaticLossScale {
-  static_assert(S >= 1.0, "remat::StaticLossScale<S>: S must be at least 1");
+  static_assert(S >= 1, "remat::StaticLossScale<S>: S must be at least 1");
   static constexpr bool dynamic = false;
-  static constexpr double initial = S;
+  static constexpr double initial = double(S);
   // S = 1: no scaling, no overflow check, nothing to skip.
-  static constexpr bool identity = S == 1.0;
+  static constexpr bool identity = S == 1;
 };
 
 // GradScaler's defaults: start at 2^16, double after 2000 steps without overflow, halve on one.
@@ -37,7 +39,7 @@ struct DynamicLossScale {
 
 template <class T>
 inline constexpr bool is_loss_scale_v = false;
-template <double S>
+template <std::uint64_t S>
 inline constexpr bool is_loss_scale_v<StaticLossScale<S>> = true;
 template <>
 inline constexpr bool is_loss_scale_v<DynamicLossScale> = true;
