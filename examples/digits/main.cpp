@@ -4,6 +4,11 @@
 // and saves the weights as safetensors.
 //
 //   digits [--epochs N] [--data digits.csv] [--out digits.safetensors] [--seed S]
+//          [--precision fp32|bf16|half] [--against-fp32]
+//
+// --precision bf16 trains mixed<bfloat16>, half trains mixed<half, DynamicLossScale> (fp32 master
+// weights either way); --against-fp32 then trains the fp32 model too and fails unless the test
+// accuracies are within one point.
 #include <remat/remat.hpp>
 
 #include <algorithm>
@@ -81,27 +86,23 @@ static double accuracy(M const& m, dataset const& d) {
   return double(correct) / double(d.n);
 }
 
-int main(int argc, char** argv) {
+struct options {
   int epochs = 30;
   std::string data = REMAT_DIGITS_CSV, out = "digits.safetensors";
   std::uint64_t seed_value = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--epochs")) epochs = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--data")) data = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--seed")) seed_value = std::strtoull(argv[i + 1], nullptr, 10);
-  }
-  dataset all = read_csv(data), train, test;
-  split(all, train, test);
-  std::printf("digits: %zu images (%zu train, %zu test), model of %zu parameters\n", all.n, train.n, test.n,
-              std::size_t(model<Net>::parameter_count));
+};
 
-  model<Net> m{seed{seed_value}};
+// Trains model<Net, host, P> and returns its test accuracy.
+template <class P>
+double run(options const& o, dataset const& train, dataset const& test) {
+  std::printf("\n== %s: model of %zu parameters\n", P::name, std::size_t(model<Net>::parameter_count));
+  memory::caching_allocator<host> alloc;
+  model<Net, host, P> m{seed{o.seed_value}, alloc};
   AdamW opt(m, {.lr = 2e-3, .weight_decay = 0.05, .clip_norm = 1.0});
   constexpr std::size_t batch = 64;
   std::size_t const steps_per_epoch = train.n / batch;
+  int const epochs = o.epochs;
   warmup_cosine schedule{.base_lr = 2e-3, .warmup = steps_per_epoch, .total = steps_per_epoch * std::size_t(epochs)};
-  auto& alloc = m.allocator();
   tensor<float> xb(index_t(batch), 64);
   tensor<std::int32_t> yb(index_t(batch), 1);
   std::vector<std::size_t> order(train.n);
@@ -111,7 +112,7 @@ int main(int argc, char** argv) {
 
   for (int epoch = 1; epoch <= epochs; ++epoch) {
     for (std::size_t i = train.n - 1; i > 0; --i)  // reshuffle each epoch, deterministically
-      std::swap(order[i], order[std::size_t(philox::uniform(seed_value, 100 + std::uint64_t(epoch), i) * float(i + 1)) % (i + 1)]);
+      std::swap(order[i], order[std::size_t(philox::uniform(o.seed_value, 100 + std::uint64_t(epoch), i) * float(i + 1)) % (i + 1)]);
     double loss_sum = 0;
     alloc.reset_peak();
     for (std::size_t s = 0; s < steps_per_epoch; ++s) {
@@ -121,7 +122,7 @@ int main(int argc, char** argv) {
         yb[b] = train.y[i];
       }
       opt.set_lr(schedule(opt.steps()));
-      loss_sum += m.train_step<SoftmaxCrossEntropy>(xb, yb, opt);
+      loss_sum += m.template train_step<SoftmaxCrossEntropy>(xb, yb, opt);
       if (!tty) continue;
       int const done = int(20 * (s + 1) / steps_per_epoch);
       std::printf("\repoch %3d/%d [%.*s%.*s] loss %.4f", epoch, epochs, done, "####################", 20 - done,
@@ -129,14 +130,58 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     if (!tty) std::printf("epoch %3d/%d loss %.4f", epoch, epochs, loss_sum / double(steps_per_epoch));
-    std::printf("  train acc %5.1f%%  peak %s\n", 100 * accuracy(m, train),
+    std::printf("  train acc %5.1f%%  peak %s", 100 * accuracy(m, train),
                 memory::format_bytes(alloc.stats().total.peak).c_str());
+    if (m.scaler().checks())
+      std::printf("  loss scale %g, %llu skipped", m.scaler().scale(),
+                  static_cast<unsigned long long>(m.scaler().skipped_steps()));
+    std::printf("\n");
   }
   double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double const test_acc = accuracy(m, test);
-  std::printf("\ntest accuracy %.2f%% (%zu images), %.1f s of training\n\n", 100 * test_acc, test.n, seconds);
+  std::printf("\n%s: test accuracy %.2f%% (%zu images), %.1f s of training\n\n", P::name, 100 * test_acc, test.n,
+              seconds);
   std::printf("%s", alloc.summary().c_str());
-  save(m, out);
-  std::printf("weights saved to %s\n", out.c_str());
-  return test_acc >= 0.95 ? 0 : 2;
+  save(m, o.out);
+  std::printf("weights (fp32 master) saved to %s\n", o.out.c_str());
+  return test_acc;
+}
+
+int main(int argc, char** argv) {
+  options o;
+  std::string precision = "fp32";
+  bool against = false;
+  for (int i = 1; i < argc; ++i) {
+    bool const has_value = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--against-fp32")) against = true;
+    else if (has_value && !std::strcmp(argv[i], "--epochs")) o.epochs = std::atoi(argv[++i]);
+    else if (has_value && !std::strcmp(argv[i], "--data")) o.data = argv[++i];
+    else if (has_value && !std::strcmp(argv[i], "--out")) o.out = argv[++i];
+    else if (has_value && !std::strcmp(argv[i], "--seed")) o.seed_value = std::strtoull(argv[++i], nullptr, 10);
+    else if (has_value && !std::strcmp(argv[i], "--precision")) precision = argv[++i];
+    else {
+      std::fprintf(stderr, "digits: unknown or incomplete option '%s'\n", argv[i]);
+      return 1;
+    }
+  }
+  if (precision != "fp32" && precision != "bf16" && precision != "half") {
+    std::fprintf(stderr, "digits: --precision must be fp32, bf16 or half, found '%s'\n", precision.c_str());
+    return 1;
+  }
+  dataset all = read_csv(o.data), train, test;
+  split(all, train, test);
+  std::printf("digits: %zu images (%zu train, %zu test)\n", all.n, train.n, test.n);
+
+  double acc = 0;
+  if (precision == "fp32") acc = run<fp32>(o, train, test);
+  if (precision == "bf16") acc = run<mixed<bfloat16>>(o, train, test);
+  if (precision == "half") acc = run<mixed<half, DynamicLossScale>>(o, train, test);
+  if (acc < 0.95) return 2;
+  if (against && precision != "fp32") {
+    double const ref = run<fp32>(o, train, test);
+    std::printf("\n%s %.2f%% against fp32 %.2f%%: %+.2f points\n", precision.c_str(), 100 * acc, 100 * ref,
+                100 * (acc - ref));
+    if (acc < ref - 0.01) return 3;
+  }
+  return 0;
 }

@@ -39,4 +39,5 @@
 #include "numeric/precision.hpp"
 #include "numeric/small_float.hpp"
 #include "tensor/tensor.hpp"
+#include "train/loss_scale.hpp"
 #include "train/optimizers.hpp"
