@@ -23,3 +23,6 @@ export OMP_NUM_THREADS=2
 sed -n 's/^json: //p' "$raw" > bench/results/expr-host.jsonl
 echo "wrote bench/results/expr-host.md and bench/results/expr-host.jsonl"
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --out bench/results/policies-host "$@"
+# Mixed precision: remat's mixed<bfloat16> against torch.autocast('cpu', dtype=torch.bfloat16).
+/usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --precision bf16 \
+  --out bench/results/policies-host-bf16 "$@"
