@@ -407,3 +407,52 @@ TEST_CASE("mixed: the compute copy is the master weights cast once per change", 
   CHECK(y1.to_vector() != y0.to_vector());
   for (std::size_t i = 0; i < y1.size(); ++i) REQUIRE(y1[i] == 0.0f);
 }
+
+TEST_CASE("mixed: the loss scale is saved with the optimizer, and a run resumes bit for bit", "[mixed][scale][io]") {
+  using P = mixed<f16, DynamicLossScale>;
+  tensor<float> const x = inputs(32, 16), t = inputs(32, 8, 0.17);
+  tensor<float> far(32, 8);
+  for (std::size_t i = 0; i < far.size(); ++i) far[i] = 1e4f;
+  model<Net, host, P> a(seed{12});
+  AdamW oa(a, {.lr = 1e-2});
+  a.scaler().configure({.init_scale = 65536.0, .growth_interval = 3});
+  a.train_step<MSE>(x, t, oa);
+  a.train_step<MSE>(x, far, oa);  // overflow: skipped, the scale halves
+  a.train_step<MSE>(x, t, oa);
+  REQUIRE(a.scaler().skipped_steps() == 1);
+  REQUIRE(a.scaler().scale() == 32768.0);
+  REQUIRE(a.scaler().growth_tracker() == 1);
+  std::string const dir = REMAT_TEST_BINARY_DIR;
+  save(a, dir + "/mixed-model.safetensors");
+  save(oa, dir + "/mixed-adamw.safetensors");
+
+  model<Net, host, P> b(seed{99});
+  AdamW ob(b, {.lr = 1e-2});
+  b.scaler().configure({.init_scale = 65536.0, .growth_interval = 3});
+  load(b, dir + "/mixed-model.safetensors");
+  load(ob, dir + "/mixed-adamw.safetensors");
+  CHECK(b.scaler().scale() == 32768.0);
+  CHECK(b.scaler().growth_tracker() == 1);
+  CHECK(b.scaler().skipped_steps() == 1);
+  CHECK(ob.steps() == oa.steps());
+  for (int i = 0; i < 3; ++i) {  // the second step grows the scale in both
+    a.train_step<MSE>(x, t, oa);
+    b.train_step<MSE>(x, t, ob);
+  }
+  CHECK(a.scaler().scale() == 65536.0);
+  CHECK(b.scaler().scale() == 65536.0);
+  auto const pa = tensor_to_host(a.parameters()), pb = tensor_to_host(b.parameters());
+  CHECK(std::memcmp(pa.data(), pb.data(), pa.size() * 4) == 0);
+
+  SECTION("a file for another model changes nothing") {
+    using Other = Seq<Linear<16, 8>>;
+    model<Other, host, P> o(seed{1});
+    AdamW oo(o);
+    save(oo, dir + "/other-adamw.safetensors");
+    auto const m1 = ob.exp_avg().to_vector();
+    double const scale = b.scaler().scale();
+    REQUIRE_THROWS_AS(load(ob, dir + "/other-adamw.safetensors"), io_error);
+    CHECK(ob.exp_avg().to_vector() == m1);
+    CHECK(b.scaler().scale() == scale);
+  }
+}

@@ -6,6 +6,7 @@
 
 #include "../error.hpp"
 #include "../graph/model.hpp"
+#include "../train/optimizers.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -15,6 +16,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -359,6 +362,71 @@ void load(model<Net, Device, Precision>& m, std::string const& path) {
                                 "' that this model does not (a file for another model?)");
     }
   tensor_from_host(m.parameters(), std::span<T const>(host));
+}
+
+// An AdamW optimizer's state: its moments ("exp_avg", "exp_avg_sq", as in PyTorch's state dict)
+// and, in the metadata, its step count and the loss scale of the model it serves (value, growth
+// tracker, skipped steps), so a run with a dynamic loss scale resumes where it stopped.
+template <class T, class D, class C>
+void save(AdamW<T, D, C> const& opt, std::string const& path, std::map<std::string, std::string> metadata = {}) {
+  std::vector<T> const m = tensor_to_host(opt.exp_avg().view()), v = tensor_to_host(opt.exp_avg_sq().view());
+  std::vector<safetensors::entry> entries{
+      {"exp_avg", safetensors::dtype_name<T>(), {m.size()}, m.data(), m.size() * sizeof(T)},
+      {"exp_avg_sq", safetensors::dtype_name<T>(), {v.size()}, v.data(), v.size() * sizeof(T)}};
+  metadata["remat.optimizer"] = "AdamW";
+  metadata["remat.step"] = std::to_string(opt.steps());
+  if (loss_scaler const* s = opt.scaler()) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", s->scale());
+    metadata["remat.loss_scale"] = buf;
+    metadata["remat.loss_scale_growth_tracker"] = std::to_string(s->growth_tracker());
+    metadata["remat.loss_scale_skipped_steps"] = std::to_string(s->skipped_steps());
+  }
+  safetensors::write(path, entries, metadata);
+}
+
+// Restores what save(opt, path) wrote, all or nothing: a file for another model (sizes, dtype)
+// or a corrupt one throws io_error and leaves the optimizer and its loss scale as they were.
+template <class T, class D, class C>
+void load(AdamW<T, D, C>& opt, std::string const& path) {
+  safetensors::file const f = safetensors::read(path);
+  std::size_t const n = opt.exp_avg().size();
+  std::vector<T> m(n), v(n);
+  for (auto [name, out] : {std::pair<char const*, std::vector<T>*>{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
+    auto it = f.tensors.find(name);
+    if (it == f.tensors.end())
+      detail::raise<io_error>("load '", path, "': expected an AdamW state with a tensor '", name, "', found none");
+    safetensors::tensor_info const& t = it->second;
+    if (t.dtype != safetensors::dtype_name<T>() || t.shape != std::vector<std::size_t>{n})
+      detail::raise<io_error>("load '", path, "': tensor '", name, "' expected ", safetensors::dtype_name<T>(), " [",
+                              n, "], found ", t.dtype, " with ", t.end - t.begin, " bytes");
+    std::memcpy(out->data(), f.data.data() + t.begin, t.end - t.begin);
+  }
+  auto number = [&](char const* key, bool required) -> std::optional<double> {
+    auto it = f.metadata.find(key);
+    if (it == f.metadata.end()) {
+      if (required) detail::raise<io_error>("load '", path, "': expected metadata '", key, "', found none");
+      return std::nullopt;
+    }
+    char* end = nullptr;
+    double const x = std::strtod(it->second.c_str(), &end);
+    if (it->second.empty() || *end != '\0' || !(x >= 0))
+      detail::raise<io_error>("load '", path, "': metadata '", key, "' expected a non-negative number, found '",
+                              it->second, "'");
+    return x;
+  };
+  double const step = *number("remat.step", true);
+  auto const scale = number("remat.loss_scale", false);
+  auto const tracker = number("remat.loss_scale_growth_tracker", false);
+  auto const skipped = number("remat.loss_scale_skipped_steps", false);
+  if (opt.scaler() && scale) {
+    loss_scaler check = *opt.scaler();  // validate on a copy first: all or nothing
+    check.set_state(*scale, std::uint64_t(tracker.value_or(0)), std::uint64_t(skipped.value_or(0)));
+    *opt.scaler() = check;
+  }
+  tensor_from_host(opt.exp_avg().view(), std::span<T const>(m));
+  tensor_from_host(opt.exp_avg_sq().view(), std::span<T const>(v));
+  opt.set_steps(std::uint64_t(step));
 }
 
 }  // namespace REMAT_NAMESPACE

@@ -130,6 +130,8 @@ class AdamW {
   adamw_options const& options() const { return o_; }
   tensor<T, D>& exp_avg() { return m_; }
   tensor<T, D>& exp_avg_sq() { return v_; }
+  tensor<T, D> const& exp_avg() const { return m_; }
+  tensor<T, D> const& exp_avg_sq() const { return v_; }
 
  private:
   tensor_view<T, D> p_, g_;
