@@ -129,8 +129,7 @@ struct onednn_key {
 
 struct onednn_context {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{eng};
-  std::mutex mutex;
+  std::mutex mutex;  // guards the cache; primitives themselves may run on several threads at once
   std::map<onednn_key, std::pair<dnnl::matmul, std::size_t>> cache;  // primitive, scratchpad bytes
 
   static onednn_context& get() {
@@ -166,8 +165,9 @@ inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, v
   scratch pad(pad_bytes);
   dnnl::memory am(ad, ctx.eng, const_cast<void*>(a)), bm(bd, ctx.eng, const_cast<void*>(b)), cm(cd, ctx.eng, c);
   dnnl::memory pm(dnnl::memory::desc({index_t(pad_bytes)}, dt::u8, dims{1}), ctx.eng, pad.p);
-  prim.execute(ctx.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, pm}});
-  ctx.stream.wait();
+  thread_local dnnl::stream stream{ctx.eng};  // a stream is not to be shared between threads
+  prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, pm}});
+  stream.wait();
 }
 #endif
 
