@@ -17,7 +17,9 @@
 #include <cblas.h>
 #undef bfloat16
 
-#if defined(REMAT_HAS_ONEDNN)
+// oneDNN serves host C++ only: nvcc's front end fails on its headers, and CUDA code has cuBLASLt.
+#if defined(REMAT_HAS_ONEDNN) && !defined(__CUDACC__)
+#define REMAT_GEMM_ONEDNN 1
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <map>
@@ -69,7 +71,7 @@ inline std::atomic<gemm16_path>& gemm16_setting() {
 inline void set_gemm16_path(gemm16_path p) { gemm16_setting().store(p); }
 
 inline constexpr bool has_onednn =
-#if defined(REMAT_HAS_ONEDNN)
+#if defined(REMAT_GEMM_ONEDNN)
     true;
 #else
     false;
@@ -117,7 +119,7 @@ void widen(T const* src, index_t rows, index_t cols, index_t ld, float* dst) {
   });
 }
 
-#if defined(REMAT_HAS_ONEDNN)
+#if defined(REMAT_GEMM_ONEDNN)
 // One matmul primitive per shape, made once: oneDNN's descriptors cost tens of microseconds.
 struct onednn_key {
   index_t m, n, k, lda, ldb, ldc;
@@ -198,7 +200,7 @@ void gemm(host, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_i
                 beta, c, LDC);
   } else {
     constexpr bool out32 = std::is_same_v<Out, float>;
-#if defined(REMAT_HAS_ONEDNN)
+#if defined(REMAT_GEMM_ONEDNN)
     if constexpr (std::is_same_v<T, bfloat16>) {
       if (gemm16_path_for<T>() == gemm16_path::onednn) {
         if (K == 0) {  // oneDNN wants k > 0: C = beta * C
