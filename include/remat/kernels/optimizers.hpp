@@ -42,6 +42,16 @@ double grad_check(host, std::size_t n, T const* g) {
   return transform_reduce(host{}, n, square_as_double::fn<T>{g}, 0.0, plus_op{});
 }
 
+// Runs step(i) (which writes the fp32 state and returns the new weight) for every element, and
+// casts the new weight into the compute copy pc when there is one.
+template <class C, class Step>
+void run_update(std::size_t n, C* pc, Step const& step) {
+  if (pc)
+    for_each_index(host{}, n, n, [=](std::size_t i) { pc[i] = from_compute<C>(step(i)); });
+  else
+    for_each_index(host{}, n, n, [=](std::size_t i) { (void)step(i); });
+}
+
 template <class T, class C = T>
 void adamw_update(host, std::size_t n, T* p, T const* g, T* m, T* v, adamw_scalars k, C* pc = nullptr) {
   using V = compute_type_t<T>;
@@ -60,10 +70,7 @@ void adamw_update(host, std::size_t n, T* p, T const* g, T* m, T* v, adamw_scala
     v[i] = from_compute<T>(vi);
     return pi;
   };
-  if (pc)
-    for_each_index(host{}, n, n, [=](std::size_t i) { pc[i] = from_compute<C>(step(i)); });
-  else
-    for_each_index(host{}, n, n, [=](std::size_t i) { (void)step(i); });
+  run_update(n, pc, step);
 }
 
 struct sgd_scalars {
@@ -88,10 +95,7 @@ void sgd_update(host, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C*
     p[i] = from_compute<T>(out);
     return out;
   };
-  if (pc)
-    for_each_index(host{}, n, n, [=](std::size_t i) { pc[i] = from_compute<C>(step(i)); });
-  else
-    for_each_index(host{}, n, n, [=](std::size_t i) { (void)step(i); });
+  run_update(n, pc, step);
 }
 
 }  // namespace kernels

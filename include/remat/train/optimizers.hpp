@@ -55,12 +55,44 @@ grad_prelude prepare_gradients(tensor_view<T const, D> g, double max_norm, loss_
   return r;
 }
 
+// What AdamW and SGD share beyond their update: the model's compute copy of the weights (written
+// in the update's pass), its loss scale, and what the last step saw.
 template <class T, class D, class C>
-C* compute_copy(tensor_view<C, D> pc, std::size_t n, char const* who) {
-  if (pc.data() && pc.size() != n)
-    raise<shape_error>(who, ": expected a compute copy of ", n, " weights, found ", pc.size());
-  return pc.data();
-}
+class optimizer_base {
+ public:
+  // The global norm of the (unscaled) gradients seen by the last step, before clipping; NaN when
+  // neither clipping nor a loss scale's check needed it.
+  double last_grad_norm() const { return last_norm_; }
+  // Whether the last step was skipped because a gradient overflowed.
+  bool last_step_skipped() const { return last_skipped_; }
+  // The loss scale of the model this optimizer was built from (null over bare buffers).
+  loss_scaler* scaler() const { return scaler_; }
+
+ protected:
+  template <class Model>
+  void attach(Model& m, std::size_t n, char const* who) {
+    tensor_view<C, D> pc = m.compute_parameters();
+    if (pc.data() && pc.size() != n)
+      raise<shape_error>(who, ": expected a compute copy of ", n, " weights, found ", pc.size());
+    pc_ = pc.data();
+    scaler_ = &m.scaler();
+  }
+  // The check and the clipping factor; false (and the scale backed off) when the step is skipped.
+  bool begin_step(tensor_view<T const, D> g, double clip_norm, grad_prelude& pre) {
+    pre = prepare_gradients(g, clip_norm, scaler_);
+    last_norm_ = pre.norm;
+    last_skipped_ = pre.overflow;
+    if (scaler_) scaler_->update(pre.overflow);
+    return !pre.overflow;
+  }
+
+  C* pc_ = nullptr;
+  loss_scaler* scaler_ = nullptr;
+
+ private:
+  double last_norm_ = 0;
+  bool last_skipped_ = false;
+};
 
 }  // namespace detail
 
@@ -74,12 +106,11 @@ struct adamw_options {
 };
 
 template <class T, class D = host, class C = T>
-class AdamW {
+class AdamW : public detail::optimizer_base<T, D, C> {
  public:
   template <class Model>
   explicit AdamW(Model& m, adamw_options o = {}) : AdamW(m.parameters(), m.gradients(), o, m.allocator()) {
-    pc_ = detail::compute_copy<T>(m.compute_parameters(), p_.size(), "AdamW");
-    scaler_ = &m.scaler();
+    this->attach(m, p_.size(), "AdamW");
   }
 
   // Over any parameter and gradient buffers of the same size.
@@ -99,11 +130,8 @@ class AdamW {
 
   // Returns false when the step was skipped (a gradient overflowed under a loss scale).
   bool step() {
-    detail::grad_prelude const pre = detail::prepare_gradients(tensor_view<T const, D>(g_), o_.clip_norm, scaler_);
-    last_norm_ = pre.norm;
-    last_skipped_ = pre.overflow;
-    if (scaler_) scaler_->update(pre.overflow);
-    if (pre.overflow) return false;
+    detail::grad_prelude pre;
+    if (!this->begin_step(g_, o_.clip_norm, pre)) return false;
     ++t_;
     kernels::adamw_scalars k{pre.factor,
                              1.0 - o_.lr * o_.weight_decay,
@@ -112,7 +140,7 @@ class AdamW {
                              o_.lr / (1.0 - std::pow(o_.beta1, double(t_))),
                              std::sqrt(1.0 - std::pow(o_.beta2, double(t_))),
                              o_.eps};
-    kernels::adamw_update(D{}, p_.size(), p_.data(), g_.data(), m_.data(), v_.data(), k, pc_);
+    kernels::adamw_update(D{}, p_.size(), p_.data(), g_.data(), m_.data(), v_.data(), k, this->pc_);
     return true;
   }
 
@@ -120,13 +148,6 @@ class AdamW {
   double lr() const { return o_.lr; }
   std::uint64_t steps() const { return t_; }
   void set_steps(std::uint64_t t) { t_ = t; }
-  // The global norm of the (unscaled) gradients seen by the last step, before clipping; NaN when
-  // neither clipping nor a loss scale's check needed it.
-  double last_grad_norm() const { return last_norm_; }
-  // Whether the last step was skipped because a gradient overflowed.
-  bool last_step_skipped() const { return last_skipped_; }
-  // The loss scale of the model this optimizer was built from (null over bare buffers).
-  loss_scaler* scaler() const { return scaler_; }
   adamw_options const& options() const { return o_; }
   tensor<T, D>& exp_avg() { return m_; }
   tensor<T, D>& exp_avg_sq() { return v_; }
@@ -137,11 +158,7 @@ class AdamW {
   tensor_view<T, D> p_, g_;
   tensor<T, D> m_, v_;
   adamw_options o_;
-  C* pc_ = nullptr;
-  loss_scaler* scaler_ = nullptr;
   std::uint64_t t_ = 0;
-  double last_norm_ = 0;
-  bool last_skipped_ = false;
 };
 
 template <class Model>
@@ -157,12 +174,11 @@ struct sgd_options {
 };
 
 template <class T, class D = host, class C = T>
-class SGD {
+class SGD : public detail::optimizer_base<T, D, C> {
  public:
   template <class Model>
   explicit SGD(Model& m, sgd_options o = {}) : SGD(m.parameters(), m.gradients(), o, m.allocator()) {
-    pc_ = detail::compute_copy<T>(m.compute_parameters(), p_.size(), "SGD");
-    scaler_ = &m.scaler();
+    this->attach(m, p_.size(), "SGD");
   }
 
   SGD(tensor_view<T, D> params, tensor_view<T, D> grads, sgd_options o = {},
@@ -178,13 +194,10 @@ class SGD {
 
   // Returns false when the step was skipped (a gradient overflowed under a loss scale).
   bool step() {
-    detail::grad_prelude const pre = detail::prepare_gradients(tensor_view<T const, D>(g_), o_.clip_norm, scaler_);
-    last_norm_ = pre.norm;
-    last_skipped_ = pre.overflow;
-    if (scaler_) scaler_->update(pre.overflow);
-    if (pre.overflow) return false;
+    detail::grad_prelude pre;
+    if (!this->begin_step(g_, o_.clip_norm, pre)) return false;
     kernels::sgd_scalars k{pre.factor, o_.lr, o_.momentum, o_.weight_decay, o_.nesterov, t_ == 0};
-    kernels::sgd_update(D{}, p_.size(), p_.data(), g_.data(), buf_.empty() ? nullptr : buf_.data(), k, pc_);
+    kernels::sgd_update(D{}, p_.size(), p_.data(), g_.data(), buf_.empty() ? nullptr : buf_.data(), k, this->pc_);
     ++t_;
     return true;
   }
@@ -192,19 +205,12 @@ class SGD {
   void set_lr(double lr) { o_.lr = lr; }
   double lr() const { return o_.lr; }
   std::uint64_t steps() const { return t_; }
-  double last_grad_norm() const { return last_norm_; }
-  bool last_step_skipped() const { return last_skipped_; }
-  loss_scaler* scaler() const { return scaler_; }
 
  private:
   tensor_view<T, D> p_, g_;
   tensor<T, D> buf_;
   sgd_options o_;
-  C* pc_ = nullptr;
-  loss_scaler* scaler_ = nullptr;
   std::uint64_t t_ = 0;
-  double last_norm_ = 0;
-  bool last_skipped_ = false;
 };
 
 template <class Model>
