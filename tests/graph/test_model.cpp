@@ -117,7 +117,7 @@ TEST_CASE("model: bad input throws a clear error and changes neither the model n
   evaluate(bad_labels, to_expr(labels));
   bad_labels[3] = 4;
   CHECK_THROWS_WITH(m.train_step<SoftmaxCrossEntropy>(x, bad_labels, opt),
-                    Catch::Contains("classes in [0, 4), found 4 at row 3"));
+                    Catch::Contains("classes in [0, 4), found 4 at label 3"));
   bad_labels[3] = -1;
   CHECK_THROWS_AS(m.train_step<SoftmaxCrossEntropy>(x, bad_labels, opt), argument_error);
   CHECK_THROWS_AS(m.train_step<SoftmaxCrossEntropy>(x, labels.row_range(0, 7), opt), shape_error);
@@ -138,7 +138,7 @@ TEST_CASE("model: token ids out of the vocabulary are refused", "[graph][model][
   auto const p0 = tensor_to_host(m.parameters());
   tensor<std::int32_t> ids(3, 1);
   ids[0] = 1, ids[1] = 10, ids[2] = 2;
-  CHECK_THROWS_WITH(m.forward(ids), Catch::Contains("token ids in [0, 10), found 10 at row 1"));
+  CHECK_THROWS_WITH(m.forward(ids), Catch::Contains("token ids in [0, 10), found 10 at element 1"));
   ids[1] = 9;
   CHECK(m.forward(ids).rows() == 3);
   CHECK(same_bits(tensor_to_host(m.parameters()), p0));

@@ -20,6 +20,7 @@ struct gradient_check_options {
   double tolerance = 1e-6;             // on |analytic - numeric| / max(1, |analytic|, |numeric|)
   std::size_t max_checks_per_tensor = 48;  // larger tensors are sampled evenly
   std::size_t vocabulary = 0;          // for models that read token ids: ids drawn below this (0: all)
+  std::size_t sequence = 4;            // for sequence models: positions per sequence (batch sequences)
 };
 
 struct gradient_check_report {
@@ -62,15 +63,19 @@ gradient_check_report check_gradients(gradient_check_options o = {}) {
   constexpr std::size_t in_w = M::reads_ids ? 1 : (M::in_width == any_width ? 5 : M::in_width);
   constexpr std::size_t out_w = M::out_width == any_width ? in_w : M::out_width;
   M m{seed{o.seed}};
-  std::size_t const b = o.batch;
-  tensor<typename M::input_element> x{static_cast<index_t>(b), static_cast<index_t>(in_w)};
-  tensor<double> r{static_cast<index_t>(b), static_cast<index_t>(out_w)};
+  std::size_t const seq = M::sequence_model ? o.sequence : 1;
+  // Ids: one sequence per row; features: sequences of `seq` consecutive rows.
+  std::size_t const b = M::reads_ids ? o.batch : o.batch * seq;
+  std::size_t const x_cols = M::reads_ids ? seq : in_w, out_rows = o.batch * seq;
+  if constexpr (M::sequence_model && !M::reads_ids) m.set_sequence_length(seq);
+  tensor<typename M::input_element> x{static_cast<index_t>(b), static_cast<index_t>(x_cols)};
+  tensor<double> r{static_cast<index_t>(out_rows), static_cast<index_t>(out_w)};
   tensor<double> dx{static_cast<index_t>(b), static_cast<index_t>(in_w)};
   std::size_t k = 0;
   for (std::size_t i = 0; i < x.size(); ++i, ++k) {
     double const u = double(philox::uniform(o.seed, 99, k));
     if constexpr (M::reads_ids) {
-      std::size_t const v = o.vocabulary ? o.vocabulary : Net::first::vocabulary;
+      std::size_t const v = o.vocabulary ? o.vocabulary : detail::first_layer<Net>::type::vocabulary;
       x[i] = std::int32_t(u * double(v)) % std::int32_t(v);
     } else {
       x[i] = 4.0 * u - 2.0;

@@ -8,6 +8,7 @@
 #include "../layers/linear.hpp"
 #include "../layers/pointwise.hpp"
 
+#include <algorithm>
 #include <array>
 #include <string>
 #include <tuple>
@@ -295,5 +296,61 @@ struct Repeat {
     return dy;
   }
 };
+
+namespace detail {
+
+// The segments directly inside a composite (a Seq's layers, a Residual's or a policy's segment, a
+// Repeat's block); none for a layer.
+template <class L>
+struct children {
+  using type = std::tuple<>;
+};
+template <class... L>
+struct children<Seq<L...>> {
+  using type = std::tuple<L...>;
+};
+template <class S>
+struct children<Residual<S>> {
+  using type = std::tuple<S>;
+};
+template <std::size_t N, class B>
+struct children<Repeat<N, B>> {
+  using type = std::tuple<B>;
+};
+template <class L>
+  requires requires { typename L::segment; }
+struct children<L> {
+  using type = std::tuple<typename L::segment>;
+};
+
+// Whether any layer of L reads rows as positions of sequences (attention, positions).
+template <class L>
+constexpr bool uses_sequences() {
+  if constexpr (requires { requires L::sequence_layer; })
+    return true;
+  else
+    return []<class... C>(std::tuple<C...>*) { return (uses_sequences<C>() || ... || false); }(
+        static_cast<typename children<L>::type*>(nullptr));
+}
+
+// The longest sequence every layer of L accepts (a positional table's length), or SIZE_MAX.
+template <class L>
+constexpr std::size_t max_sequence() {
+  std::size_t m = std::size_t(-1);
+  if constexpr (requires { L::max_sequence; }) m = L::max_sequence;
+  std::size_t const inner = []<class... C>(std::tuple<C...>*) {
+    std::size_t r = std::size_t(-1);
+    ((r = std::min(r, max_sequence<C>())), ...);
+    return r;
+  }(static_cast<typename children<L>::type*>(nullptr));
+  return std::min(m, inner);
+}
+
+}  // namespace detail
+
+// Whether a graph is a sequence model: its rows are positions of sequences of a length fixed per
+// pass (token ids batch x seq; see model).
+template <class Net>
+inline constexpr bool is_sequence_model_v = detail::uses_sequences<Net>();
 
 }  // namespace REMAT_NAMESPACE

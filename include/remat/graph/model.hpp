@@ -69,6 +69,11 @@ class model {
   static constexpr std::size_t out_width = Net::out_width;
   static constexpr std::size_t parameter_count = Net::param_count;
   static constexpr bool reads_ids = reads_ids_v<Net>;
+  // A sequence model (attention, positions) sees its rows as positions of sequences: token ids come
+  // batch x seq (one sequence per row); a model reading features groups its rows by
+  // set_sequence_length. Sequences are at most max_sequence long (the positional table).
+  static constexpr bool sequence_model = is_sequence_model_v<Net>;
+  static constexpr std::size_t max_sequence = detail::max_sequence<Net>();
   using input_element = std::conditional_t<reads_ids, std::int32_t, T>;
   using input_view = tensor_view<input_element const, Device>;
   using allocator_type = memory::caching_allocator<Device>;
@@ -98,7 +103,7 @@ class model {
   template <class Loss>
   double loss(input_view x, typename Loss::template target_type<T, Device> target) const {
     validate_input(x);
-    Loss::template validate<T, Device>(x.rows(), out_cols(x), target);
+    Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
     tensor<T, Device> y = forward(x);
     return Loss::forward_backward(y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
   }
@@ -134,7 +139,7 @@ class model {
   template <class Loss>
   double training_loss(input_view x, typename Loss::template target_type<T, Device> target) const {
     validate_input(x);
-    Loss::template validate<T, Device>(x.rows(), out_cols(x), target);
+    Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
     state_type s = make_state(true, x);
     s.step = passes_;
     act<C, Device> y = Net::forward(s, weights(), input_act(s, x, true));
@@ -183,6 +188,17 @@ class model {
   std::uint64_t passes() const { return passes_; }
   void set_passes(std::uint64_t p) { passes_ = p; }
 
+  // For a sequence model reading features: its input rows are sequences of `n` consecutive rows.
+  // (A model reading token ids takes the length from the ids' columns.)
+  void set_sequence_length(std::size_t n) {
+    static_assert(sequence_model, "model::set_sequence_length: this model has no sequence layers");
+    if (n == 0 || n > max_sequence)
+      detail::raise<argument_error>("model::set_sequence_length: expected a length in [1, ", max_sequence,
+                                    "], found ", n);
+    seq_len_ = n;
+  }
+  std::size_t sequence_length() const { return seq_len_; }
+
   // Every parameter tensor with a PyTorch-style name ("0.weight", "1.2.0.bias"), offset and shape.
   static std::vector<named_param> parameter_table() {
     std::vector<named_param> out;
@@ -197,16 +213,33 @@ class model {
   static constexpr std::size_t stored_count() { return parameter_count > 0 ? parameter_count : 1; }
 
   std::size_t out_cols(input_view x) const { return out_width == any_width ? x.cols() : out_width; }
+  // One output row per token id (batch x seq ids give batch * seq rows), or per input row.
+  static std::size_t out_rows(input_view x) { return reads_ids ? x.size() : x.rows(); }
 
   template <class Loss>
   void validate_step(input_view x, typename Loss::template target_type<T, Device> target) const {
     validate_input(x);
-    Loss::template validate<T, Device>(x.rows(), out_cols(x), target);
+    Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
   }
 
   void validate_input(input_view x) const {
     if (x.rows() == 0) detail::raise<argument_error>("model input: expected a batch of at least one row, found 0 rows");
-    std::size_t const want = reads_ids ? 1 : in_width;
+    if constexpr (sequence_model && reads_ids) {
+      if (x.cols() == 0)
+        detail::raise<argument_error>("model input: expected sequences of at least one token, found length 0");
+      if (x.cols() > max_sequence)
+        detail::raise<argument_error>("model input: expected sequences of at most ", max_sequence,
+                                      " tokens (the positional table), found ", x.cols());
+    }
+    if constexpr (sequence_model && !reads_ids) {
+      if (seq_len_ == 0)
+        detail::raise<argument_error>("model input: a sequence model reading features needs its sequence length; "
+                                      "call set_sequence_length first");
+      if (x.rows() % seq_len_ != 0)
+        detail::raise<shape_error>("model input: expected whole sequences of ", seq_len_, " rows, found ", x.rows(),
+                                   " rows");
+    }
+    std::size_t const want = reads_ids ? (sequence_model ? x.cols() : 1) : in_width;
     if (want != any_width && x.cols() != want)
       detail::raise<shape_error>("model input: expected ", want, reads_ids ? " token id" : " features",
                                  " per row, found ", x.cols());
@@ -215,7 +248,7 @@ class model {
       for (std::size_t i = 0; i < x.size(); ++i)
         if (x[i] < 0 || std::size_t(x[i]) >= E::vocabulary)
           detail::raise<argument_error>("model input: expected token ids in [0, ", E::vocabulary, "), found ", x[i],
-                                        " at row ", i);
+                                        " at element ", i);
     } else {
       if (!std::isfinite(double(sum(to_expr(x) * 0.0))))
         detail::raise<argument_error>("model input: expected finite values, found NaN or inf");
@@ -262,7 +295,10 @@ class model {
     s.alloc = alloc_;
     if constexpr (reads_ids) {
       s.ids = x.data();
-      s.id_count = x.rows();
+      s.id_count = x.size();
+      if constexpr (sequence_model) s.seq_len = x.cols();
+    } else if constexpr (sequence_model) {
+      s.seq_len = seq_len_;
     }
     return s;
   }
@@ -298,6 +334,7 @@ class model {
   loss_scaler scaler_ = loss_scaler::of<typename Precision::loss_scale>();
   std::uint64_t seed_;
   std::uint64_t passes_ = 0;
+  std::size_t seq_len_ = 0;  // a sequence model reading features: rows per sequence
   pass_report report_{};
 };
 

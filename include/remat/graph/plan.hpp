@@ -28,9 +28,11 @@ struct activation_plan_result {
 };
 
 // `features` is the input width, needed only when the graph's own is not fixed (a point-wise
-// first layer).
+// first layer). For a sequence model, `batch` counts sequences of `sequence` positions each (see
+// sequence_plan).
 template <class Net, class Precision = fp32>
-constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width) {
+constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width,
+                                                 std::size_t sequence = 1) {
   using T = typename Precision::compute;
   plan::counter mem;
   activation_plan_result r;
@@ -38,12 +40,14 @@ constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t 
     plan::state<T> s;
     s.mem = &mem;
     plan::ref x;
+    s.seq_len = sequence;
+    std::size_t const rows = batch * sequence;
     if constexpr (reads_ids_v<Net>)
-      s.id_count = batch;
+      s.id_count = rows;
     else if constexpr (is_mixed_v<Precision>)
-      x = s.make(batch, features);  // the caller's input converted to the compute type
+      x = s.make(rows, features);  // the caller's input converted to the compute type
     else
-      x = s.mem->borrow(batch, features);  // the caller's input, read in place
+      x = s.mem->borrow(rows, features);  // the caller's input, read in place
     plan::ref g = detail::training_pass<Net>(s, plan::no_params{}, plan::no_params{}, std::move(x),
                                              [](plan::ref const&, plan::ref const&) {});
     g.reset();
@@ -52,6 +56,13 @@ constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t 
   }
   r.peak_bytes = mem.peak;
   return r;
+}
+
+// The plan of a sequence model for `batch` sequences of `sequence` positions.
+template <class Net, class Precision = fp32>
+constexpr activation_plan_result sequence_plan(std::size_t batch, std::size_t sequence) {
+  static_assert(is_sequence_model_v<Net>, "remat::sequence_plan: the model has no sequence layers");
+  return activation_plan<Net, Precision>(batch, Net::in_width, sequence);
 }
 
 }  // namespace REMAT_NAMESPACE

@@ -10,6 +10,7 @@
 #include "../error.hpp"
 #include "../memory/allocator.hpp"
 #include "../numeric/compute.hpp"
+#include "rows.hpp"
 
 // OpenBLAS's cblas.h declares a global `bfloat16` (a uint16_t) that would make `bfloat16` ambiguous
 // after `using namespace remat`; it is renamed while the header is read.
@@ -240,6 +241,39 @@ void gemm(host, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_i
       });
     }
   }
+}
+
+// Where matrix i of a batch starts: base + (i / group) * outer + (i % group) * inner, with
+// `group` matrices per outer step (the heads of one sequence in attention).
+struct batch_stride {
+  index_t outer = 0;
+  index_t inner = 0;
+  constexpr index_t at(std::size_t i, std::size_t group) const {
+    return index_t(i / group) * outer + index_t(i % group) * inner;
+  }
+};
+
+// `count` products C_i = alpha * op(A_i) * op(B_i) + beta * C_i of one shape. On the host the
+// products run in parallel, each on one thread (the BLAS runs single-threaded inside a parallel
+// region), so every C_i is the same whatever the thread count.
+template <class T, class Out>
+void gemm_batched(host, std::size_t count, std::size_t group, trans ta, trans tb, index_t m, index_t n, index_t k,
+                  std::type_identity_t<compute_type_t<T>> alpha, T const* a, index_t lda, batch_stride sa,
+                  T const* b, index_t ldb, batch_stride sb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
+                  index_t ldc, batch_stride sc) {
+  if (count == 0) return;
+  if (group == 0) REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: group must be at least 1");
+  (void)detail::blas_int(m, "m"), (void)detail::blas_int(n, "n"), (void)detail::blas_int(k, "k");
+  detail::check_ld(lda, m, k, ta, "A");
+  detail::check_ld(ldb, k, n, tb, "B");
+  detail::check_ld(ldc, m, n, trans::no, "C");
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) (void)gemm16_path_for<T>();
+  // (the checks above are the ones each product would make: none can throw inside the loop)
+  for_each_index(host{}, count, std::size_t(count) * std::size_t(m * n) * std::size_t(k > 0 ? k : 1) / 8,
+                 [=](std::size_t i) {
+                   gemm(host{}, ta, tb, m, n, k, alpha, a + sa.at(i, group), lda, b + sb.at(i, group), ldb, beta,
+                        c + sc.at(i, group), ldc);
+                 });
 }
 
 // The same on tensor views: C = alpha * op(A) * op(B) + beta * C, with the shapes checked.

@@ -69,6 +69,8 @@ struct pass_stacks {
   std::uint64_t rng_offset = 0;  // elements of that stream consumed so far
   std::uint64_t recomputed = 0;  // block forwards run again by storage policies
   std::size_t saved_bytes = 0;   // activation bytes in use when the forward ended, its output excluded
+  // Rows of a sequence batch: row r is position r % seq_len of sequence r / seq_len (1: no sequences).
+  std::size_t seq_len = 1;
   std::int32_t const* ids = nullptr;  // the token ids of this pass, for a model that reads ids
   std::size_t id_count = 0;
   std::vector<A> saved;                 // tensors the forward kept, popped in reverse by backward

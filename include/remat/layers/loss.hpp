@@ -36,7 +36,8 @@ struct MSE {
   }
 };
 
-// Softmax cross-entropy with integer class labels (one per row): mean over rows of
+// Softmax cross-entropy with integer class labels (one per output row; for a language model, one
+// per position): mean over rows of
 // -log softmax(y)[label], computed stably.
 struct SoftmaxCrossEntropy {
   template <class T, class D>
@@ -44,13 +45,15 @@ struct SoftmaxCrossEntropy {
 
   template <class T, class D>
   static void validate(std::size_t rows, std::size_t cols, tensor_view<std::int32_t const, D> labels) {
-    if (labels.rows() != rows || labels.cols() != 1)
-      detail::raise<shape_error>("SoftmaxCrossEntropy labels: expected ", rows, " x 1 (one per row), found ",
-                                 labels.rows(), " x ", labels.cols());
+    // One label per output row: rows x 1, or batch x seq for a sequence model's batch * seq rows.
+    if (labels.size() != rows)
+      detail::raise<shape_error>("SoftmaxCrossEntropy labels: expected ", rows,
+                                 " labels (one per output row: rows x 1, or batch x seq), found ", labels.rows(),
+                                 " x ", labels.cols());
     for (std::size_t r = 0; r < rows; ++r)
       if (labels[r] < 0 || std::size_t(labels[r]) >= cols)
         detail::raise<argument_error>("SoftmaxCrossEntropy labels: expected classes in [0, ", cols, "), found ",
-                                      labels[r], " at row ", r);
+                                      labels[r], " at label ", r);
   }
 
   template <class T, class D>

@@ -1,0 +1,57 @@
+// The point-wise part of causal attention, row by row: the masked, scaled softmax of the scores and
+// its backward. Scores and their gradients are in the compute type (fp32 when activations are
+// 16-bit); the probabilities are stored in the activation type. Row r of the (count * seq) x seq
+// matrices is position r % seq of its sequence: it attends to columns 0..r % seq, and the rest of
+// the row is zero.
+#pragma once
+
+#include "../expr/math.hpp"
+#include "rows.hpp"
+
+#include <cstddef>
+
+namespace REMAT_NAMESPACE {
+namespace kernels {
+
+// probs = softmax(scale * scores) over the causal part of each row. probs may alias scores when
+// they have one type.
+template <class V, class T>
+void causal_softmax(host, V const* scores, T* probs, std::size_t count, std::size_t seq, V scale) {
+  std::size_t const rows = count * seq;
+  for_each_index(host{}, rows, rows * seq, [=](std::size_t r) {
+    std::size_t const last = r % seq;  // the last column this position sees
+    V const* z = scores + r * seq;
+    T* p = probs + r * seq;
+    V m = z[0] * scale;
+    for (std::size_t c = 1; c <= last; ++c) m = z[c] * scale > m ? z[c] * scale : m;
+    V sum = 0;
+    for (std::size_t c = 0; c <= last; ++c) sum += expr::math::exp(z[c] * scale - m);
+    V const inv = V(1) / sum;
+    for (std::size_t c = 0; c <= last; ++c) p[c] = from_compute<T>(expr::math::exp(z[c] * scale - m) * inv);
+    for (std::size_t c = last + 1; c < seq; ++c) p[c] = from_compute<T>(V(0));
+  });
+}
+
+// The gradient of the scores: dscores = scale * P o (dP - sum_c dP o P) with dP = dpd o mask,
+// where dpd is the gradient of the probabilities after dropout and mask(i) the dropout factor of
+// element i (0 or 1/(1-p); 1 without dropout). dscores may alias dpd when they have one type.
+template <class V, class T, class Out, class Mask>
+void causal_softmax_backward(host, T const* probs, V const* dpd, Out* dscores, std::size_t count, std::size_t seq,
+                             V scale, Mask const& mask) {
+  std::size_t const rows = count * seq;
+  for_each_index(host{}, rows, rows * seq, [=](std::size_t r) {
+    std::size_t const last = r % seq;
+    std::size_t const base = r * seq;
+    T const* p = probs + base;
+    V const* g = dpd + base;
+    Out* d = dscores + base;
+    V dot = 0;
+    for (std::size_t c = 0; c <= last; ++c) dot += g[c] * mask(base + c) * to_compute<V>(p[c]);
+    for (std::size_t c = 0; c <= last; ++c)
+      d[c] = from_compute<Out>(scale * to_compute<V>(p[c]) * (g[c] * mask(base + c) - dot));
+    for (std::size_t c = last + 1; c < seq; ++c) d[c] = from_compute<Out>(V(0));
+  });
+}
+
+}  // namespace kernels
+}  // namespace REMAT_NAMESPACE

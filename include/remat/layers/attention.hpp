@@ -1,0 +1,165 @@
+// AttentionCore<W, H, P>: the parameter-free middle of causal multi-head self-attention. Its input
+// is the QKV projection of a sequence batch, (batch * seq) x 3W with the columns [q | k | v] and
+// head h in columns h * W/H .. (h + 1) * W/H of each (as nanoGPT's c_attn); its output is
+// (batch * seq) x W, the heads side by side, ready for the output projection. Per sequence and
+// head: S = Q K^T / sqrt(W/H) with future positions masked, P = softmax(S) in the compute type
+// (fp32), dropout P on P, Y = dropout(P) V. The products are batched GEMMs through kernels::gemm.
+//
+// It keeps its input and P (batch x H x seq x seq: the sequence-length-squared buffer); the dropout
+// mask is regenerated from its offset. Wrapped in Checkpointed (see RecomputeAttention in
+// graph/transformer.hpp) it keeps only its input, and backward recomputes S, P and the mask:
+// Megatron-LM's selective recompute of the attention core.
+#pragma once
+
+#include "../kernels/attention.hpp"
+#include "../kernels/gemm.hpp"
+#include "dropout.hpp"
+
+#include <cmath>
+
+namespace REMAT_NAMESPACE {
+
+template <std::size_t W, std::size_t H, double P = 0.0>
+struct AttentionCore {
+  static_assert(W > 0 && H > 0 && W % H == 0,
+                "remat::AttentionCore<W, H>: the width W must be a positive multiple of the head count H");
+  static_assert(P >= 0.0 && P < 1.0, "remat::AttentionCore<W, H, P>: the dropout probability P must be in [0, 1)");
+  static constexpr std::size_t in_width = 3 * W;
+  static constexpr std::size_t out_width = W;
+  static constexpr std::size_t param_count = 0;
+  static constexpr std::size_t heads = H;
+  static constexpr std::size_t head_width = W / H;
+  static constexpr double dropout = P;
+  static constexpr bool sequence_layer = true;  // rows are positions of sequences (pass_state::seq_len)
+
+  static std::vector<param_desc> params() { return {}; }
+  template <class T>
+  static void init(T*, std::size_t, std::uint64_t) {}
+
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
+    using A = typename S::act_type;
+    std::size_t const seq = s.seq_len, rows = x->rows(), count = rows / seq * H;
+    // The scores, in the compute type; the probabilities overwrite them when that is the storage type.
+    A scores = s.make(count * seq, stat_columns<typename S::value_type>(seq));
+    A probs;
+    if constexpr (same_storage<S>)
+      probs = scores;
+    else
+      probs = s.make(count * seq, seq);
+    if constexpr (S::computes) {
+      auto const* q = x->data();
+      kernels::gemm_batched(device<S>{}, count, H, kernels::trans::no, kernels::trans::yes, index_t(seq), index_t(seq),
+                            index_t(head_width), 1, q, index_t(3 * W), qkv_stride(seq), q + W, index_t(3 * W),
+                            qkv_stride(seq), 0, stat_data(scores->data()), index_t(seq), square_stride(seq));
+      kernels::causal_softmax(device<S>{}, stat_data(scores->data()), probs->data(), count, seq, scale<S>());
+    }
+    scores.reset();
+    A dropped = probs;  // the probabilities after dropout
+    if (s.training && P > 0.0) {
+      std::uint64_t const offset = s.rng_offset;
+      s.rng_offset += count * seq * seq;
+      s.save_counter(offset);
+      dropped = s.make(count * seq, seq);
+      if constexpr (S::computes) evaluate(*dropped, *probs * Dropout<P>::mask(s, offset));
+    }
+    A y = s.make(rows, W);
+    if constexpr (S::computes)
+      kernels::gemm_batched(device<S>{}, count, H, kernels::trans::no, kernels::trans::no, index_t(seq),
+                            index_t(head_width), index_t(seq), 1, dropped->data(), index_t(seq), square_stride(seq),
+                            x->data() + 2 * W, index_t(3 * W), qkv_stride(seq), 0, y->data(), index_t(W),
+                            out_stride(seq));
+    dropped.reset();
+    s.save(std::move(x));
+    s.save(std::move(probs));
+    return y;
+  }
+
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr,
+                                                 typename S::act_type dy) {
+    using A = typename S::act_type;
+    A probs = s.restore(), x = s.restore();
+    std::size_t const seq = s.seq_len, rows = x->rows(), count = rows / seq * H;
+    bool const drops = P > 0.0;
+    std::uint64_t const offset = drops ? s.restore_counter() : 0;
+    A dx = s.make(rows, 3 * W);
+    using T = typename S::value_type;
+    // dV = dropout(P)^T dY
+    {
+      A dropped = probs;
+      if (drops) {
+        dropped = s.make(count * seq, seq);
+        if constexpr (S::computes) evaluate(*dropped, *probs * Dropout<P>::mask(s, offset));
+      }
+      if constexpr (S::computes)
+        kernels::gemm_batched(device<S>{}, count, H, kernels::trans::yes, kernels::trans::no, index_t(seq),
+                              index_t(head_width), index_t(seq), 1, dropped->data(), index_t(seq), square_stride(seq),
+                              dy->data(), index_t(W), out_stride(seq), 0, dx->data() + 2 * W, index_t(3 * W),
+                              qkv_stride(seq));
+    }
+    // dP (after dropout) = dY V^T in the compute type, then the softmax's backward into dS.
+    A dpd = s.make(count * seq, stat_columns<T>(seq));
+    A dscores;
+    if constexpr (same_storage<S>)
+      dscores = dpd;
+    else
+      dscores = s.make(count * seq, seq);
+    if constexpr (S::computes) {
+      using V = compute_type_t<T>;
+      T const* xd = x->data();
+      kernels::gemm_batched(device<S>{}, count, H, kernels::trans::no, kernels::trans::yes, index_t(seq), index_t(seq),
+                            index_t(head_width), 1, dy->data(), index_t(W), out_stride(seq), xd + 2 * W,
+                            index_t(3 * W), qkv_stride(seq), 0, stat_data(dpd->data()), index_t(seq),
+                            square_stride(seq));
+      if (drops) {
+        expr::dropout_mask const m = Dropout<P>::mask(s, offset);
+        kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
+                                         seq, scale<S>(), [m](std::size_t i) { return m.template eval<V>(i); });
+      } else {
+        kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
+                                         seq, scale<S>(), [](std::size_t) { return V(1); });
+      }
+    }
+    probs.reset();
+    dpd.reset();
+    if constexpr (S::computes) {
+      T const* xd = x->data();
+      // dQ = dS K, dK = dS^T Q (the 1/sqrt(d) is in dS)
+      kernels::gemm_batched(device<S>{}, count, H, kernels::trans::no, kernels::trans::no, index_t(seq),
+                            index_t(head_width), index_t(seq), 1, dscores->data(), index_t(seq), square_stride(seq),
+                            xd + W, index_t(3 * W), qkv_stride(seq), 0, dx->data(), index_t(3 * W),
+                            qkv_stride(seq));
+      kernels::gemm_batched(device<S>{}, count, H, kernels::trans::yes, kernels::trans::no, index_t(seq),
+                            index_t(head_width), index_t(seq), 1, dscores->data(), index_t(seq), square_stride(seq),
+                            xd, index_t(3 * W), qkv_stride(seq), 0, dx->data() + W, index_t(3 * W),
+                            qkv_stride(seq));
+    }
+    return dx;
+  }
+
+ private:
+  template <class S>
+  using device = typename S::device;
+  template <class S>
+  static constexpr bool same_storage = std::is_same_v<typename S::value_type, compute_type_t<typename S::value_type>>;
+  template <class S>
+  static compute_type_t<typename S::value_type> scale() {
+    return compute_type_t<typename S::value_type>(1.0 / std::sqrt(double(head_width)));
+  }
+  // Head h of sequence b in the (batch * seq) x 3W input (plus a column offset the caller adds).
+  static constexpr kernels::batch_stride qkv_stride(std::size_t seq) {
+    return {index_t(seq * 3 * W), index_t(head_width)};
+  }
+  static constexpr kernels::batch_stride out_stride(std::size_t seq) { return {index_t(seq * W), index_t(head_width)}; }
+  static constexpr kernels::batch_stride square_stride(std::size_t seq) {
+    return {index_t(H * seq * seq), index_t(seq * seq)};
+  }
+};
+
+template <class L>
+inline constexpr bool is_attention_core_v = false;
+template <std::size_t W, std::size_t H, double P>
+inline constexpr bool is_attention_core_v<AttentionCore<W, H, P>> = true;
+
+}  // namespace REMAT_NAMESPACE
