@@ -1,0 +1,295 @@
+// Transformers: causal self-attention and GPT models against central differences, hand-computed
+// values and causality; every storage policy bit for bit against the stored model with dropout on;
+// the activation plan against the allocator's measured peak; bad input.
+#include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+using namespace remat;
+
+namespace {
+
+template <class Net>
+void require_gradients(gradient_check_options o = {}) {
+  gradient_check_report const r = check_gradients<Net>(o);
+  INFO(r.summary());
+  CHECK(r.passed);
+  CHECK(r.checked > 10);
+}
+
+constexpr std::size_t V = 13, L = 16, W = 16, H = 4, N = 3;
+using Block = GPTBlock<W, H, 0.1>;
+template <class Middle>
+using LM = Seq<Embedding<V, W>, PositionEmbedding<L, W>, Dropout<0.1>, Middle, LayerNorm<W>, Linear<W, V>>;
+
+tensor<std::int32_t> token_batch(std::size_t batch, std::size_t seq, std::size_t salt = 0) {
+  tensor<std::int32_t> ids{index_t(batch), index_t(seq)};
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::int32_t((i * 7 + salt * 3 + i / 5) % V);
+  return ids;
+}
+
+bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("attention: gradients of the core, the attention layer and GPT models against central differences",
+          "[transformer][gradients]") {
+  require_gradients<AttentionCore<8, 2>>({.batch = 2, .sequence = 5});
+  require_gradients<AttentionCore<8, 2, 0.25>>({.batch = 2, .sequence = 5});
+  require_gradients<AttentionCore<6, 3>>({.batch = 1, .sequence = 1});
+  require_gradients<CausalSelfAttention<8, 2>>({.batch = 2, .sequence = 3});
+  // A sequence model reading features (rows grouped by set_sequence_length).
+  require_gradients<Seq<Linear<5, 8>, GPTBlock<8, 2, 0.2>, Linear<8, 3>>>({.batch = 2, .sequence = 4});
+  // Whole language models with dropout, stored and under policies.
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1>>({.batch = 2, .sequence = 5});
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, Checkpointed>>({.batch = 2, .sequence = 6});
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, RecomputeAttention>>({.batch = 2, .sequence = 5});
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, Selective>>({.batch = 2, .sequence = 5});
+}
+
+TEST_CASE("attention: hand-computed values", "[transformer]") {
+  SECTION("a sequence of one attends to itself: the output is its value, exactly") {
+    model<AttentionCore<4, 2>> m;
+    m.set_sequence_length(1);
+    tensor<float> qkv(3, 12);
+    for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = float(std::sin(0.3 * double(i)) * 4);
+    tensor<float> y = m.forward(qkv);
+    for (std::size_t r = 0; r < 3; ++r)
+      for (std::size_t c = 0; c < 4; ++c) CHECK(y[r * 4 + c] == qkv[r * 12 + 8 + c]);
+  }
+  SECTION("two positions, one head of width 2: softmax of the scaled scores by hand") {
+    model<AttentionCore<2, 1>, host, fp64> m;
+    m.set_sequence_length(2);
+    // row t: q_t (2), k_t (2), v_t (2)
+    tensor<double> qkv(2, 6);
+    double const in[12] = {0.5, -1.0, 2.0, 0.25, 3.0, -2.0,  // position 0
+                           1.5, 0.5, -0.5, 1.0, 7.0, 5.0};   // position 1
+    for (std::size_t i = 0; i < 12; ++i) qkv[i] = in[i];
+    tensor<double> y = m.forward(qkv);
+    CHECK(y[0] == 3.0);
+    CHECK(y[1] == -2.0);
+    // position 1: s_j = q_1 . k_j / sqrt(2), j = 0, 1
+    double const s0 = (1.5 * 2.0 + 0.5 * 0.25) / std::sqrt(2.0), s1 = (1.5 * -0.5 + 0.5 * 1.0) / std::sqrt(2.0);
+    double const p0 = std::exp(s0) / (std::exp(s0) + std::exp(s1)), p1 = 1 - p0;
+    CHECK(y[2] == Approx(p0 * 3.0 + p1 * 7.0).epsilon(1e-14));
+    CHECK(y[3] == Approx(p0 * -2.0 + p1 * 5.0).epsilon(1e-14));
+  }
+  SECTION("causal: changing a token changes no earlier position's logits; positions matter") {
+    model<LM<Repeat<N, Block>>> m(seed{3});
+    tensor<std::int32_t> a = token_batch(2, 9), b = token_batch(2, 9);
+    b[6] = (b[6] + 1) % std::int32_t(V);  // sequence 0, position 6
+    tensor<float> ya = m.forward(a), yb = m.forward(b);
+    for (std::size_t t = 0; t < 9; ++t)
+      for (std::size_t c = 0; c < V; ++c) {
+        if (t < 6) CHECK(ya[t * V + c] == yb[t * V + c]);
+      }
+    bool later_changed = false;
+    for (std::size_t t = 6; t < 9; ++t)
+      for (std::size_t c = 0; c < V; ++c) later_changed |= ya[t * V + c] != yb[t * V + c];
+    CHECK(later_changed);
+    for (std::size_t i = 9 * V; i < ya.size(); ++i) CHECK(ya[i] == yb[i]);  // the other sequence
+    // The same token at two positions gives two different outputs.
+    tensor<std::int32_t> same(1, 2);
+    same[0] = same[1] = 4;
+    tensor<float> ys = m.forward(same);
+    bool differ = false;
+    for (std::size_t c = 0; c < V; ++c) differ |= ys[c] != ys[V + c];
+    CHECK(differ);
+  }
+}
+
+namespace {
+
+struct run_result {
+  std::vector<double> losses;
+  std::vector<float> params, grads;
+  std::uint64_t recomputed = 0;
+  std::size_t saved = 0;
+};
+
+template <class Net, class P = fp32>
+run_result train_lm(int steps = 3) {
+  model<Net, host, P> m(seed{5});
+  AdamW opt(m, {.lr = 3e-3});
+  tensor<std::int32_t> ids = token_batch(3, 10);
+  tensor<std::int32_t> next = token_batch(3, 10, 1);
+  run_result r;
+  for (int k = 0; k < steps; ++k) {
+    r.losses.push_back(m.template train_step<SoftmaxCrossEntropy>(ids, next, opt));
+    r.recomputed += m.last_pass().recomputed;
+  }
+  r.saved = m.last_pass().saved_bytes;
+  r.params = tensor_to_host(m.parameters());
+  r.grads = tensor_to_host(m.gradients());
+  return r;
+}
+
+template <class Net, class P = fp32>
+void require_same_training(run_result const& stored, std::uint64_t recomputed_per_step) {
+  run_result const r = train_lm<Net, P>();
+  for (std::size_t k = 0; k < r.losses.size(); ++k) CHECK(r.losses[k] == stored.losses[k]);
+  CHECK(same_bits(r.params, stored.params));
+  CHECK(same_bits(r.grads, stored.grads));
+  CHECK(r.recomputed == 3 * recomputed_per_step);
+  CHECK(r.saved < stored.saved);
+}
+
+}  // namespace
+
+TEST_CASE("transformer policies: every policy trains a GPT bit for bit like the stored one, dropout on",
+          "[transformer][policies]") {
+  run_result const stored = train_lm<LM<Repeat<N, Block>>>();
+  REQUIRE(stored.losses[2] < stored.losses[0]);
+  SECTION("Checkpointed per block and around the chain") {
+    require_same_training<LM<Repeat<N, Checkpointed<Block>>>>(stored, N);
+    require_same_training<LM<Checkpointed<Repeat<N, Block>>>>(stored, N);
+  }
+  SECTION("Revolve and CheckpointSequential") {
+    require_same_training<LM<Revolve<1, Repeat<N, Block>>>>(stored, revolve::cost(N, 1));
+    require_same_training<LM<Revolve<2, Repeat<N, Block>>>>(stored, revolve::cost(N, 2));
+    require_same_training<LM<CheckpointSequential<2, Repeat<N, Block>>>>(stored, N);
+  }
+  SECTION("the attention core recomputed, and Selective") {
+    require_same_training<LM<RecomputeAttention<Repeat<N, Block>>>>(stored, N);
+    require_same_training<LM<Repeat<N, Selective<Block>>>>(stored, N);
+    require_same_training<LM<Selective<Repeat<N, Block>>>>(stored, N);
+    require_same_training<LM<Revolve<2, Repeat<N, RecomputeAttention<Block>>>>>(stored, revolve::cost(N, 2) + N);
+  }
+  SECTION("in bf16 too") {
+    run_result const stored16 = train_lm<LM<Repeat<N, Block>>, mixed<bfloat16>>();
+    require_same_training<LM<Repeat<N, Checkpointed<Block>>>, mixed<bfloat16>>(stored16, N);
+    require_same_training<LM<RecomputeAttention<Repeat<N, Block>>>, mixed<bfloat16>>(stored16, N);
+    require_same_training<LM<Repeat<N, Selective<Block>>>, mixed<bfloat16>>(stored16, N);
+  }
+}
+
+TEST_CASE("transformer: bf16 gradients follow fp32's", "[transformer][precision]") {
+  using Net = LM<Repeat<N, GPTBlock<W, H>>>;
+  model<Net> m32(seed{9});
+  model<Net, host, mixed<bfloat16>> m16(seed{9});
+  tensor<std::int32_t> ids = token_batch(4, 12), next = token_batch(4, 12, 1);
+  double const l32 = m32.accumulate<SoftmaxCrossEntropy>(ids, next);
+  double const l16 = m16.accumulate<SoftmaxCrossEntropy>(ids, next);
+  CHECK(std::fabs(l16 - l32) < 0.02 * l32);
+  double diff = 0, norm = 0;
+  auto g32 = m32.gradients();
+  auto g16 = m16.gradients();
+  for (std::size_t i = 0; i < g32.size(); ++i) {
+    diff += (double(g16[i]) - double(g32[i])) * (double(g16[i]) - double(g32[i]));
+    norm += double(g32[i]) * double(g32[i]);
+  }
+  double const rel = std::sqrt(diff / norm);
+  INFO("relative gradient error " << rel);
+  CHECK(rel < 16 * 0x1p-8);
+}
+
+namespace {
+
+template <class Net, class P = fp32>
+void require_plan_matches(std::size_t batch, std::size_t seq) {
+  INFO("batch " << batch << ", seq " << seq << ", precision " << P::name);
+  memory::caching_allocator<host> alloc;
+  model<Net, host, P> m(seed{11}, alloc);
+  tensor<std::int32_t> ids = token_batch(batch, seq), next = token_batch(batch, seq, 2);
+  auto const plan = sequence_plan<Net, P>(batch, seq);
+  for (int step = 0; step < 2; ++step) {
+    REQUIRE(alloc.stats()[memory::tag::activations].in_use == 0);
+    alloc.reset_peak();
+    m.template accumulate<SoftmaxCrossEntropy>(ids, next);
+    CHECK(alloc.stats()[memory::tag::activations].peak == plan.peak_bytes);
+    CHECK(m.last_pass().saved_bytes == plan.saved_bytes);
+    CHECK(m.last_pass().recomputed == plan.recomputed);
+  }
+}
+
+template <class Net>
+void require_plan_matches_everywhere() {
+  for (auto [b, t] : {std::pair<std::size_t, std::size_t>{1, 1}, {2, 5}, {3, 16}, {5, 7}}) {
+    require_plan_matches<Net>(b, t);
+    require_plan_matches<Net, mixed<bfloat16>>(b, t);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("transformer plan: the activation plan equals the measured peak", "[transformer][plan]") {
+  require_plan_matches_everywhere<LM<Repeat<N, Block>>>();
+  require_plan_matches_everywhere<LM<Repeat<N, Checkpointed<Block>>>>();
+  require_plan_matches_everywhere<LM<Revolve<2, Repeat<N, Block>>>>();
+  require_plan_matches_everywhere<LM<RecomputeAttention<Repeat<N, Block>>>>();
+  require_plan_matches_everywhere<LM<Repeat<N, Selective<Block>>>>();
+  require_plan_matches_everywhere<GPT<V, L, W, H, 2, 0.0, Checkpointed>>();
+}
+
+TEST_CASE("transformer plan: recomputing the attention core drops exactly the seq x seq probabilities",
+          "[transformer][plan]") {
+  constexpr std::size_t batch = 4, seq = 16;
+  constexpr auto stored = sequence_plan<LM<Repeat<N, Block>>>(batch, seq);
+  constexpr auto core = sequence_plan<LM<RecomputeAttention<Repeat<N, Block>>>>(batch, seq);
+  constexpr std::size_t probs = batch * H * seq * seq * sizeof(float);  // a multiple of 256 bytes
+  static_assert(stored.saved_bytes - core.saved_bytes == N * probs);
+  // The probabilities grow with the square of the sequence: at 4x the length, 16x the bytes.
+  constexpr auto stored64 = sequence_plan<LM<Repeat<N, Block>>>(batch, 4 * seq);
+  constexpr auto core64 = sequence_plan<LM<RecomputeAttention<Repeat<N, Block>>>>(batch, 4 * seq);
+  static_assert(stored64.saved_bytes - core64.saved_bytes == 16 * N * probs);
+  CHECK(core.recomputed == N);
+}
+
+TEST_CASE("transformer: bad input is refused with a clear error and changes nothing", "[transformer][errors]") {
+  model<LM<Repeat<N, Block>>> m(seed{1});
+  AdamW opt(m, {.lr = 1e-2});
+  tensor<std::int32_t> ids = token_batch(2, 8), next = token_batch(2, 8, 1);
+  m.train_step<SoftmaxCrossEntropy>(ids, next, opt);
+  std::vector<float> const params = tensor_to_host(m.parameters()), grads = tensor_to_host(m.gradients());
+  std::uint64_t const passes = m.passes();
+  auto unchanged = [&] {
+    CHECK(same_bits(tensor_to_host(std::as_const(m).parameters()), params));
+    CHECK(same_bits(tensor_to_host(std::as_const(m).gradients()), grads));
+    CHECK(m.passes() == passes);
+  };
+  SECTION("a token id outside the vocabulary") {
+    tensor<std::int32_t> bad = token_batch(2, 8);
+    bad[11] = std::int32_t(V);
+    CHECK_THROWS_AS(m.train_step<SoftmaxCrossEntropy>(bad, next, opt), argument_error);
+    CHECK_THROWS_WITH(m.train_step<SoftmaxCrossEntropy>(bad, next, opt),
+                      Catch::Contains("token ids in [0, 13), found 13 at element 11"));
+    bad[11] = -1;
+    CHECK_THROWS_AS(m.forward(bad), argument_error);
+    unchanged();
+  }
+  SECTION("a sequence longer than the positional table") {
+    tensor<std::int32_t> longer = token_batch(1, L + 1), next_longer = token_batch(1, L + 1, 1);
+    CHECK_THROWS_WITH(m.train_step<SoftmaxCrossEntropy>(longer, next_longer, opt),
+                      Catch::Contains("at most 16 tokens (the positional table), found 17"));
+    CHECK_THROWS_AS(m.forward(longer), argument_error);
+    unchanged();
+  }
+  SECTION("an empty batch, and sequences of length zero") {
+    tensor_view<std::int32_t const> none(ids.data(), 0, 8), empty(ids.data(), 2, 0), labels(next.data(), 0, 8);
+    CHECK_THROWS_AS(m.train_step<SoftmaxCrossEntropy>(none, labels, opt), argument_error);
+    CHECK_THROWS_WITH(m.forward(empty), Catch::Contains("at least one token, found length 0"));
+    unchanged();
+  }
+  SECTION("labels that are not one per position") {
+    tensor<std::int32_t> few = token_batch(2, 7);
+    CHECK_THROWS_AS(m.train_step<SoftmaxCrossEntropy>(ids, few, opt), shape_error);
+    CHECK_THROWS_WITH(m.train_step<SoftmaxCrossEntropy>(ids, few, opt), Catch::Contains("expected 16 labels"));
+    unchanged();
+  }
+  SECTION("a sequence model reading features needs whole sequences") {
+    model<Seq<Linear<5, 8>, GPTBlock<8, 2>>> f;
+    tensor<float> x(6, 5), t(6, 8);
+    CHECK_THROWS_WITH(f.forward(x), Catch::Contains("call set_sequence_length first"));
+    f.set_sequence_length(4);
+    CHECK_THROWS_AS(f.accumulate<MSE>(x, t), shape_error);
+    CHECK_THROWS_AS(f.set_sequence_length(0), argument_error);
+    f.set_sequence_length(3);
+    CHECK(f.forward(x).rows() == 6);
+  }
+}
