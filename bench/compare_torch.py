@@ -26,7 +26,15 @@ over the forward, minus the output, in an untimed step.
 Writes bench/results/policies-host.jsonl (one line per configuration and library), .md (the
 table) and .png (step time against saved-activation memory).
 
+--workload gpt runs the transformer instead: GPT-2's pre-norm block (width 512, 8 heads, causal
+attention written out as in nanoGPT, GELU MLP of 4x width), sequences of 256 tokens, vocabulary
+256, batch 16, N = 4, 8, 16 blocks, cross-entropy on the next token. remat's policies gain
+recompute_attention (RecomputeAttention: only the attention core is recomputed) and PyTorch's
+gain checkpoint_attention (torch.utils.checkpoint around the attention core alone, the same
+thing). Results go to bench/results/gpt-host.*.
+
   /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies [--precision bf16] [--quick]
+  /usr/bin/python3 bench/compare_torch.py --workload gpt [--quick]
 """
 import argparse
 import ctypes
@@ -45,7 +53,9 @@ POLICIES_REMAT = ["stored", "checkpoint", "checkpoint_sequential", "revolve", "s
 POLICIES_TORCH = ["plain", "checkpoint", "checkpoint_sequential"]
 # The PyTorch policy each remat policy is compared with.
 PEER = {"stored": "plain", "checkpoint": "checkpoint", "checkpoint_sequential": "checkpoint_sequential",
-        "revolve": "checkpoint_sequential", "selective": "plain"}
+        "revolve": "checkpoint_sequential", "selective": "plain", "recompute_attention": "checkpoint_attention"}
+# The GPT workload.
+GW, GH, GT, GV = 512, 8, 256, 256
 MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
 # (name, environment) of each way PyTorch is run.
@@ -82,6 +92,64 @@ def loaded_blas():
     return sorted(names)
 
 
+def gpt_flop(batch, n):
+    """Model FLOP of a training step of the GPT workload (as bench_policies counts them)."""
+    tokens = batch * GT
+    per_block = 3 * tokens * (24.0 * GW * GW + 4.0 * GT * GW)
+    return n * per_block + 3 * 2.0 * tokens * GW * GV
+
+
+def gpt_model(policy, n):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+    def attention_core(qkv):
+        b, t, _ = qkv.shape
+        q, k, v = qkv.split(GW, dim=2)
+        q, k, v = (z.reshape(b, t, GH, GW // GH).transpose(1, 2) for z in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(GW // GH))
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        y = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+        return y.transpose(1, 2).reshape(b, t, GW)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.qkv, self.proj = nn.LayerNorm(GW), nn.Linear(GW, 3 * GW), nn.Linear(GW, GW)
+            self.ln2, self.fc1, self.fc2 = nn.LayerNorm(GW), nn.Linear(GW, 4 * GW), nn.Linear(4 * GW, GW)
+
+        def forward(self, x):
+            qkv = self.qkv(self.ln1(x))
+            if policy == "checkpoint_attention":
+                a = checkpoint(attention_core, qkv, use_reentrant=False)
+            else:
+                a = attention_core(qkv)
+            x = x + self.proj(a)
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(GV, GW), nn.Embedding(GT, GW)
+            self.blocks = nn.Sequential(*[Block() for _ in range(n)])
+            self.ln, self.head = nn.LayerNorm(GW), nn.Linear(GW, GV)
+
+        def forward(self, ids):
+            h = self.wte(ids) + self.wpe.weight[: ids.shape[1]]
+            if policy == "checkpoint":
+                for b in self.blocks:
+                    h = checkpoint(b, h, use_reentrant=False)
+            elif policy == "checkpoint_sequential":
+                h = checkpoint_sequential(self.blocks, root(n), h)
+            else:
+                h = self.blocks(h)
+            return self.head(self.ln(h))
+
+    return GPT()
+
+
 def torch_worker(args):
     import torch
     import torch.nn as nn
@@ -89,6 +157,8 @@ def torch_worker(args):
 
     torch.set_num_threads(2)
     torch.manual_seed(1)
+    if args.workload == "gpt":
+        return torch_worker_gpt(args, torch)
 
     class Block(nn.Module):
         def __init__(self):
@@ -129,6 +199,37 @@ def torch_worker(args):
                 return nn.functional.mse_loss(forward().float(), t)
         return nn.functional.mse_loss(forward(), t)
 
+    gemm = 2.0 * batch * D * D
+    measure(args, torch, net, forward, loss_of, opt, n * 2 * 3 * gemm, "mlp", D)
+
+
+def torch_worker_gpt(args, torch):
+    import torch.nn.functional as F
+    n, batch, policy = args.blocks, args.batch, args.policy
+    net = gpt_model(policy, n)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, GV, (batch, GT), generator=g)
+    targets = torch.randint(0, GV, (batch, GT), generator=g)
+    bf16 = args.precision == "bf16"
+
+    def forward():
+        return net(ids)
+
+    def loss_of():
+        if bf16:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return F.cross_entropy(forward().float().reshape(-1, GV), targets.reshape(-1))
+        return F.cross_entropy(forward().reshape(-1, GV), targets.reshape(-1))
+
+    measure(args, torch, net, forward, loss_of, opt, gpt_flop(batch, n), "gpt", GW)
+
+
+def measure(args, torch, net, forward, loss_of, opt, flop, workload, width):
+    """Saved activations (heap growth over an untimed forward) and the median step time."""
+    n, batch, policy = args.blocks, args.batch, args.policy
+    bf16 = args.precision == "bf16"
+
     def step():
         opt.zero_grad(set_to_none=True)
         loss = loss_of()
@@ -136,7 +237,6 @@ def torch_worker(args):
         opt.step()
         return loss.item()
 
-    # Saved activations: heap growth over one forward (untimed), without its output.
     for _ in range(2):
         step()
     before = heap_in_use()
@@ -156,10 +256,9 @@ def torch_worker(args):
         t1 = time.perf_counter()
         if k >= args.warmup:
             times.append(t1 - t0)
-    gemm = 2.0 * batch * D * D
-    flop = n * 2 * 3 * gemm
     # checkpoint_sequential checkpoints the first K - 1 segments of N // K blocks; the last is stored.
-    recomputed = {"plain": 0, "checkpoint": n, "checkpoint_sequential": (root(n) - 1) * (n // root(n))}[policy]
+    recomputed = {"plain": 0, "checkpoint": n, "checkpoint_attention": n,
+                  "checkpoint_sequential": (root(n) - 1) * (n // root(n))}[policy]
     a = torch.rand(1024, 1024, dtype=torch.bfloat16 if bf16 else torch.float32)
     b = torch.rand(1024, 1024, dtype=a.dtype)
     mm = []
@@ -167,7 +266,8 @@ def torch_worker(args):
         t0 = time.perf_counter()
         torch.mm(a, b)
         mm.append(time.perf_counter() - t0)
-    out = {"library": "pytorch", "policy": policy, "blocks": n, "batch": batch, "width": D,
+    out = {"library": "pytorch", "workload": workload, "policy": policy, "blocks": n, "batch": batch,
+           "seq": GT if workload == "gpt" else 1, "width": width,
            "precision": args.precision,
            "threads": torch.get_num_threads(), "steps": args.steps, "step_s": statistics.median(times),
            "model_gflop": flop * 1e-9, "model_gflops": flop / statistics.median(times) * 1e-9,
@@ -180,19 +280,20 @@ def torch_worker(args):
 
 # ---------------------------------------------------------------- the driver
 
-def run_remat(binary, batch, n, policy, steps, warmup, precision):
+def run_remat(binary, batch, n, policy, steps, warmup, precision, workload):
     env = dict(os.environ, OMP_NUM_THREADS="2")
-    out = subprocess.run([binary, "--batch", str(batch), "--blocks", str(n), "--policy", policy, "--steps",
-                          str(steps), "--warmup", str(warmup), "--precision", precision], env=env,
+    out = subprocess.run([binary, "--workload", workload, "--batch", str(batch), "--blocks", str(n), "--policy",
+                          policy, "--steps", str(steps), "--warmup", str(warmup), "--precision", precision], env=env,
                          capture_output=True, text=True)
     if out.returncode not in (0, 3):
         sys.exit(f"{binary} failed: {out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_torch(batch, n, policy, steps, warmup, extra_env, precision):
+def run_torch(batch, n, policy, steps, warmup, extra_env, precision, workload):
     env = dict(os.environ, **extra_env)
-    out = subprocess.run([sys.executable, __file__, "--torch-worker", "--batch", str(batch), "--blocks", str(n),
+    out = subprocess.run([sys.executable, __file__, "--torch-worker", "--workload", workload,
+                          "--batch", str(batch), "--blocks", str(n),
                           "--policy", policy, "--steps", str(steps), "--warmup", str(warmup),
                           "--precision", precision],
                          env=env, capture_output=True, text=True)
@@ -209,9 +310,10 @@ def mib(b):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--remat", default="build/default/bench/bench_policies")
-    ap.add_argument("--out", default="bench/results/policies-host")
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", default=None, help="default: bench/results/policies-host (gpt: gpt-host)")
+    ap.add_argument("--workload", default="mlp", choices=["mlp", "gpt"])
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 5; gpt 3)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 2; gpt 1)")
     ap.add_argument("--quick", action="store_true", help="one small configuration, one step: a smoke test")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=256)
@@ -219,14 +321,27 @@ def main():
     ap.add_argument("--policy", default="plain")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     args = ap.parse_args()
+    gpt = args.workload == "gpt"
+    if args.steps is None:
+        args.steps = 3 if gpt else 5
+    if args.warmup is None:
+        args.warmup = 1 if gpt else 2
     if args.torch_worker:
         return torch_worker(args)
+    if args.out is None:
+        args.out = "bench/results/" + ("gpt-host" if gpt else "policies-host") + (
+            "-bf16" if args.precision == "bf16" else "")
 
     configs = [(256, 8), (256, 16), (256, 32), (256, 64), (2048, 16)]
     if args.precision == "bf16":
         configs = [(256, 8), (256, 16), (256, 32), (2048, 16)]
+    policies_remat, policies_torch = POLICIES_REMAT, POLICIES_TORCH
+    if gpt:
+        configs = [(16, 4), (16, 8), (16, 16)]
+        policies_remat = POLICIES_REMAT + ["recompute_attention"]
+        policies_torch = POLICIES_TORCH + ["checkpoint_attention"]
     if args.quick:
-        configs, args.steps, args.warmup = [(64, 4)], 1, 1
+        configs, args.steps, args.warmup = [(2 if gpt else 64, 4)], 1, 1
 
     peaks = [json.loads(l) for l in subprocess.run(
         [args.remat, "--gemm-peak", "--precision", args.precision], capture_output=True, text=True,
@@ -236,18 +351,19 @@ def main():
     peak = max(peaks, key=lambda p: p["gflops"])  # the path remat takes
     rows = []
     for batch, n in configs:
-        pending = list(POLICIES_REMAT)
-        for tp in POLICIES_TORCH:  # interleave: a remat policy, then a PyTorch one
+        pending = list(policies_remat)
+        for tp in policies_torch:  # interleave: a remat policy, then a PyTorch one
             if pending:
                 rows.append(run_remat(args.remat, batch, n, pending.pop(0), args.steps, args.warmup,
-                                      args.precision))
+                                      args.precision, args.workload))
                 print(f"  remat   N={n:3d} batch={batch:5d} {rows[-1]['policy']:22s} {rows[-1]['step_s']:.4f} s",
                       flush=True)
             runs = []
             for name, extra in TORCH_SETTINGS:
                 if extra.get("LD_LIBRARY_PATH") and not os.path.isdir(extra["LD_LIBRARY_PATH"]):
                     continue
-                runs.append(dict(run_torch(batch, n, tp, args.steps, args.warmup, extra, args.precision),
+                runs.append(dict(run_torch(batch, n, tp, args.steps, args.warmup, extra, args.precision,
+                                           args.workload),
                                  setting=name))
             best = dict(min(runs, key=lambda r: r["step_s"]), settings={r["setting"]: r["step_s"] for r in runs})
             rows.append(best)
@@ -256,7 +372,8 @@ def main():
                   f"; best: {best['setting']} ({os.path.basename(best['blas'][-1]) if best['blas'] else '?'})",
                   flush=True)
         for p in pending:
-            rows.append(run_remat(args.remat, batch, n, p, args.steps, args.warmup, args.precision))
+            rows.append(run_remat(args.remat, batch, n, p, args.steps, args.warmup, args.precision,
+                                  args.workload))
             print(f"  remat   N={n:3d} batch={batch:5d} {p:22s} {rows[-1]['step_s']:.4f} s", flush=True)
 
     for r in rows:
@@ -322,10 +439,10 @@ def main():
         return
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     markers = {"stored": "o", "plain": "o", "checkpoint": "s", "checkpoint_sequential": "^", "revolve": "D",
-               "selective": "P"}
+               "selective": "P", "recompute_attention": "X", "checkpoint_attention": "X"}
     for ax, batch in zip(axes, sorted({b for b, _ in configs})):
         for lib, color in (("remat", "tab:blue"), ("pytorch", "tab:orange")):
-            for pol in (POLICIES_REMAT if lib == "remat" else POLICIES_TORCH):
+            for pol in (policies_remat if lib == "remat" else policies_torch):
                 pts = [r for r in rows if r["library"] == lib and r["policy"] == pol and r["batch"] == batch]
                 if not pts:
                     continue
@@ -338,7 +455,8 @@ def main():
         ax.set_yscale("log")
         ax.set_xlabel("saved activations (MiB)")
         ax.set_ylabel("step time (s)")
-        ax.set_title(f"residual MLP, d = {D}, batch {batch}, {args.precision}, 2 threads")
+        ax.set_title(f"GPT, width {GW}, {GH} heads, seq {GT}, batch {batch}, {args.precision}, 2 threads" if gpt
+                     else f"residual MLP, d = {D}, batch {batch}, {args.precision}, 2 threads")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()

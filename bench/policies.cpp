@@ -1,9 +1,12 @@
-// The storage-policy benchmark: a pre-norm residual MLP, block
-//   y = x + Linear(d, d)(GELU(Linear(d, d)(LayerNorm(x)))),  d = 1024,
-// trained with MSE against a fixed random target and AdamW, in fp32 or mixed<bfloat16>, one
-// configuration per call:
+// The storage-policy benchmark, two workloads:
+//   mlp  a pre-norm residual MLP, block y = x + Linear(d, d)(GELU(Linear(d, d)(LayerNorm(x)))),
+//        d = 1024, MSE against a fixed random target;
+//   gpt  GPT-2's pre-norm block (GPTBlock<512, 8>), sequences of 256 tokens, vocabulary 256,
+//        cross-entropy on the next token;
+// trained with AdamW in fp32 or mixed<bfloat16>, one configuration per call:
 //
-//   bench_policies --batch 256 --blocks 16 --policy checkpoint [--precision fp32|bf16] [--steps 5] [--warmup 2]
+//   bench_policies [--workload mlp|gpt] --batch 256 --blocks 16 --policy checkpoint [--precision fp32|bf16]
+//                  [--steps 5] [--warmup 2]
 //   bench_policies --gemm-peak [--precision fp32|bf16]
 //                   (a plain 1024^3 product through the same path: the BLAS for fp32; for bf16
 //                    every host path remat has, oneDNN and conversion to fp32, one line each)
@@ -46,6 +49,23 @@ struct nets {
   using selective = Repeat<N, Selective<Block>>;
 };
 
+// The GPT workload: GPT-2's pre-norm block at width 512, 8 heads, sequences of 256 tokens over a
+// vocabulary of 256, cross-entropy on the next token.
+constexpr std::size_t GW = 512, GH = 8, GV = 256, GT = 256;
+using GBlock = GPTBlock<GW, GH>;
+template <class Blocks>
+using GNet = Seq<Embedding<GV, GW>, PositionEmbedding<GT, GW>, Blocks, LayerNorm<GW>, Linear<GW, GV>>;
+
+template <std::size_t N>
+struct gpt_nets {
+  using stored = GNet<Repeat<N, GBlock>>;
+  using checkpoint = GNet<Repeat<N, Checkpointed<GBlock>>>;
+  using checkpoint_sequential = GNet<CheckpointSequential<root(N), Repeat<N, GBlock>>>;
+  using revolve = GNet<Revolve<root(N), Repeat<N, GBlock>>>;
+  using selective = GNet<Repeat<N, Selective<GBlock>>>;
+  using recompute_attention = GNet<RecomputeAttention<Repeat<N, GBlock>>>;
+};
+
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 double median(std::vector<double> v) {
@@ -54,14 +74,15 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-template <class Net, class P>
-int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, int warmup) {
-  memory::caching_allocator<host> alloc;
-  model<Net, host, P> m(seed{1}, alloc);
-  AdamW opt(m, {.lr = 1e-4});
-  tensor<float> x(index_t(batch), index_t(D), memory::tag::workspace, alloc),
-      t(index_t(batch), index_t(D), memory::tag::workspace, alloc);
-  {
+// One workload's data, loss and FLOP count.
+struct mlp_workload {
+  static constexpr char const* name = "mlp";
+  static constexpr std::size_t width = D;
+  using Loss = MSE;
+  tensor<float> x, t;
+  mlp_workload(std::size_t batch, memory::caching_allocator<host>& alloc)
+      : x(index_t(batch), index_t(D), memory::tag::workspace, alloc),
+        t(index_t(batch), index_t(D), memory::tag::workspace, alloc) {
     std::vector<float> hx(x.size()), ht(t.size());
     for (std::size_t i = 0; i < hx.size(); ++i) {
       hx[i] = float(2.0 * philox::uniform(3, 0, i) - 1.0);
@@ -70,49 +91,115 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
     x.copy_from(hx);
     t.copy_from(ht);
   }
+  template <class Net, class P>
+  static activation_plan_result plan(std::size_t batch) {
+    return activation_plan<Net, P>(batch);
+  }
+  // 3 products of 2*batch*d*d FLOP per Linear (forward, input and weight gradients), 2 Linears a
+  // block; a recomputed block forward is 2 of them.
+  static double flop_per_block(std::size_t batch) { return 2 * 3 * 2.0 * double(batch) * double(D) * double(D); }
+  static double forward_flop_per_block(std::size_t batch) { return 2 * 2.0 * double(batch) * double(D) * double(D); }
+  static double other_flop(std::size_t) { return 0; }
+  // What Selective runs again: only point-wise work (no products).
+  static double selective_forward_flop_per_block(std::size_t) { return 0; }
+};
+
+struct gpt_workload {
+  static constexpr char const* name = "gpt";
+  static constexpr std::size_t width = GW;
+  using Loss = SoftmaxCrossEntropy;
+  tensor<std::int32_t> x, t;
+  gpt_workload(std::size_t batch, memory::caching_allocator<host>& alloc)
+      : x(index_t(batch), index_t(GT), memory::tag::workspace, alloc),
+        t(index_t(batch), index_t(GT), memory::tag::workspace, alloc) {
+    std::vector<std::int32_t> hx(x.size()), ht(t.size());
+    for (std::size_t i = 0; i < hx.size(); ++i) {
+      hx[i] = std::int32_t(philox::uniform(3, 0, i) * float(GV)) % std::int32_t(GV);
+      ht[i] = std::int32_t(philox::uniform(3, 1, i) * float(GV)) % std::int32_t(GV);
+    }
+    x.copy_from(hx);
+    t.copy_from(ht);
+  }
+  template <class Net, class P>
+  static activation_plan_result plan(std::size_t batch) {
+    return sequence_plan<Net, P>(batch, GT);
+  }
+  // Per token and block, forward: 2 * 12 W^2 for the four projections, 2 * 2 * T * W for the two
+  // (full, unmasked) attention products; training is 3 times that.
+  static double forward_flop_per_block(std::size_t batch) {
+    return double(batch * GT) * (24.0 * GW * GW + 4.0 * double(GT) * GW);
+  }
+  static double flop_per_block(std::size_t batch) { return 3 * forward_flop_per_block(batch); }
+  static double other_flop(std::size_t batch) { return 3 * 2.0 * double(batch * GT) * GW * GV; }  // the head
+  // What Selective runs again: the attention core's two products.
+  static double selective_forward_flop_per_block(std::size_t batch) {
+    return double(batch * GT) * 4.0 * double(GT) * GW;
+  }
+};
+
+template <class Net, class P, class Work>
+int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, int warmup) {
+  memory::caching_allocator<host> alloc;
+  model<Net, host, P> m(seed{1}, alloc);
+  AdamW opt(m, {.lr = 1e-4});
+  Work data(batch, alloc);
   std::vector<double> times;
   double loss = 0;
   std::size_t peak = 0;
   for (int k = 0; k < warmup + steps; ++k) {
     alloc.reset_peak();
     double const t0 = now();
-    loss = m.template train_step<MSE>(x, t, opt);
+    loss = m.template train_step<typename Work::Loss>(data.x, data.t, opt);
     double const t1 = now();
     if (k >= warmup) times.push_back(t1 - t0);
     peak = alloc.stats()[memory::tag::activations].peak;
   }
-  auto const plan = activation_plan<Net, P>(batch);
-  auto const plan32 = activation_plan<Net, fp32>(batch);  // what the same model keeps in fp32
-  // 3 products of 2*batch*d*d FLOP per Linear (forward, input and weight gradients), 2 Linears a
-  // block, plus the forwards the policy runs again.
-  double const gemm = 2.0 * double(batch) * double(D) * double(D);
-  double const flop = double(n_blocks) * 2 * 3 * gemm;
-  double const flop_done = flop + double(m.last_pass().recomputed) * 2 * gemm *
-                                       (std::strcmp(policy, "selective") == 0 ? 0.0 : 1.0);
+  auto const plan = Work::template plan<Net, P>(batch);
+  auto const plan32 = Work::template plan<Net, fp32>(batch);  // what the same model keeps in fp32
+  double const flop = double(n_blocks) * Work::flop_per_block(batch) + Work::other_flop(batch);
+  bool const selective = std::strcmp(policy, "selective") == 0;
+  bool const core = std::strcmp(policy, "recompute_attention") == 0;
+  double const again = selective || core ? Work::selective_forward_flop_per_block(batch)
+                                         : Work::forward_flop_per_block(batch);
+  double const flop_done = flop + double(m.last_pass().recomputed) * again;
   double const step = median(times);
   std::printf(
-      "{\"library\": \"remat\", \"policy\": \"%s\", \"blocks\": %zu, \"batch\": %zu, \"width\": %zu, "
+      "{\"library\": \"remat\", \"workload\": \"%s\", \"policy\": \"%s\", \"blocks\": %zu, \"batch\": %zu, "
+      "\"seq\": %zu, \"width\": %zu, "
       "\"precision\": \"%s\", \"threads\": %s, \"steps\": %d, \"step_s\": %.6f, \"model_gflop\": %.3f, "
       "\"model_gflops\": %.2f, \"executed_gflops\": %.2f, \"peak_activation_bytes\": %zu, "
       "\"planned_peak_bytes\": %zu, \"saved_activation_bytes\": %zu, \"planned_saved_bytes\": %zu, "
       "\"fp32_planned_saved_bytes\": %zu, \"recomputed_block_forwards\": %llu, \"loss\": %.6f}\n",
-      policy, n_blocks, batch, D, std::is_same_v<P, fp32> ? "fp32" : "bf16", std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "null", steps,
+      Work::name, policy, n_blocks, batch, std::is_same_v<Work, gpt_workload> ? GT : std::size_t(1), Work::width,
+      std::is_same_v<P, fp32> ? "fp32" : "bf16", std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "null", steps,
       step, flop * 1e-9, flop / step * 1e-9, flop_done / step * 1e-9, peak, plan.peak_bytes, m.last_pass().saved_bytes,
       plan.saved_bytes, plan32.saved_bytes, static_cast<unsigned long long>(m.last_pass().recomputed), loss);
   return peak == plan.peak_bytes ? 0 : 3;
 }
 
-template <std::size_t N, class P>
-int dispatch(std::string const& policy, std::size_t batch, int steps, int warmup) {
-  using n = nets<N>;
-  if (policy == "stored") return run<typename n::stored, P>("stored", N, batch, steps, warmup);
-  if (policy == "checkpoint") return run<typename n::checkpoint, P>("checkpoint", N, batch, steps, warmup);
+template <class n, class Work, std::size_t N, class P>
+int dispatch_on(std::string const& policy, std::size_t batch, int steps, int warmup) {
+  if (policy == "stored") return run<typename n::stored, P, Work>("stored", N, batch, steps, warmup);
+  if (policy == "checkpoint") return run<typename n::checkpoint, P, Work>("checkpoint", N, batch, steps, warmup);
   if (policy == "checkpoint_sequential")
-    return run<typename n::checkpoint_sequential, P>("checkpoint_sequential", N, batch, steps, warmup);
-  if (policy == "revolve") return run<typename n::revolve, P>("revolve", N, batch, steps, warmup);
-  if (policy == "selective") return run<typename n::selective, P>("selective", N, batch, steps, warmup);
+    return run<typename n::checkpoint_sequential, P, Work>("checkpoint_sequential", N, batch, steps, warmup);
+  if (policy == "revolve") return run<typename n::revolve, P, Work>("revolve", N, batch, steps, warmup);
+  if (policy == "selective") return run<typename n::selective, P, Work>("selective", N, batch, steps, warmup);
+  if constexpr (requires { typename n::recompute_attention; })
+    if (policy == "recompute_attention")
+      return run<typename n::recompute_attention, P, Work>("recompute_attention", N, batch, steps, warmup);
   std::fprintf(stderr, "unknown policy %s\n", policy.c_str());
   return 2;
+}
+
+template <std::size_t N, class P>
+int dispatch(std::string const& workload, std::string const& policy, std::size_t batch, int steps, int warmup) {
+  if (workload == "gpt") {
+    if constexpr (N <= 16) return dispatch_on<gpt_nets<N>, gpt_workload, N, P>(policy, batch, steps, warmup);
+    std::fprintf(stderr, "the gpt workload has 4, 8 or 16 blocks\n");
+    return 2;
+  }
+  return dispatch_on<nets<N>, mlp_workload, N, P>(policy, batch, steps, warmup);
 }
 
 template <class T>
@@ -157,7 +244,7 @@ int gemm_peak(int reps, std::string const& precision) {
 int main(int argc, char** argv) {
   std::size_t batch = 256, blocks = 8;
   int steps = 5, warmup = 2;
-  std::string policy = "stored", precision = "fp32";
+  std::string policy = "stored", precision = "fp32", workload = "mlp";
   bool peak = false;
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
@@ -166,16 +253,19 @@ int main(int argc, char** argv) {
     else if (a == "--blocks") blocks = std::stoul(next());
     else if (a == "--policy") policy = next();
     else if (a == "--precision") precision = next();
+    else if (a == "--workload") workload = next();
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--warmup") warmup = std::stoi(next());
     else if (a == "--gemm-peak") peak = true;
     else if (a == "--list") {
-      std::printf("blocks: 4 8 16 32 64\npolicies: stored checkpoint checkpoint_sequential revolve selective\n"
+      std::printf("workloads: mlp (blocks 4 8 16 32 64) gpt (blocks 4 8 16)\n"
+                  "policies: stored checkpoint checkpoint_sequential revolve selective recompute_attention (gpt)\n"
                   "precisions: fp32 bf16\n");
       return 0;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--batch B] [--blocks N] [--policy P] [--precision fp32|bf16] [--steps S] [--warmup W]"
+                   "usage: %s [--workload mlp|gpt] [--batch B] [--blocks N] [--policy P] [--precision fp32|bf16] [--steps S]"
+                   " [--warmup W]"
                    " | --gemm-peak [--precision fp32|bf16]\n",
                    argv[0]);
       return 2;
@@ -189,11 +279,11 @@ int main(int argc, char** argv) {
   bool const bf = precision == "bf16";
   using B = mixed<bfloat16>;
   switch (blocks) {
-    case 4: return bf ? dispatch<4, B>(policy, batch, steps, warmup) : dispatch<4, fp32>(policy, batch, steps, warmup);
-    case 8: return bf ? dispatch<8, B>(policy, batch, steps, warmup) : dispatch<8, fp32>(policy, batch, steps, warmup);
-    case 16: return bf ? dispatch<16, B>(policy, batch, steps, warmup) : dispatch<16, fp32>(policy, batch, steps, warmup);
-    case 32: return bf ? dispatch<32, B>(policy, batch, steps, warmup) : dispatch<32, fp32>(policy, batch, steps, warmup);
-    case 64: return bf ? dispatch<64, B>(policy, batch, steps, warmup) : dispatch<64, fp32>(policy, batch, steps, warmup);
+    case 4: return bf ? dispatch<4, B>(workload, policy, batch, steps, warmup) : dispatch<4, fp32>(workload, policy, batch, steps, warmup);
+    case 8: return bf ? dispatch<8, B>(workload, policy, batch, steps, warmup) : dispatch<8, fp32>(workload, policy, batch, steps, warmup);
+    case 16: return bf ? dispatch<16, B>(workload, policy, batch, steps, warmup) : dispatch<16, fp32>(workload, policy, batch, steps, warmup);
+    case 32: return bf ? dispatch<32, B>(workload, policy, batch, steps, warmup) : dispatch<32, fp32>(workload, policy, batch, steps, warmup);
+    case 64: return bf ? dispatch<64, B>(workload, policy, batch, steps, warmup) : dispatch<64, fp32>(workload, policy, batch, steps, warmup);
     default: std::fprintf(stderr, "blocks must be one of 4 8 16 32 64\n"); return 2;
   }
 }

@@ -26,3 +26,6 @@ echo "wrote bench/results/expr-host.md and bench/results/expr-host.jsonl"
 # Mixed precision: remat's mixed<bfloat16> against torch.autocast('cpu', dtype=torch.bfloat16).
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --precision bf16 \
   --out bench/results/policies-host-bf16 "$@"
+# Transformers: GPT-2 blocks (width 512, 8 heads, 256 tokens, batch 16, N = 4, 8, 16) with every policy.
+/usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --workload gpt \
+  --out bench/results/gpt-host "$@"

@@ -9,6 +9,7 @@
 #include "rows.hpp"
 
 #include <cstddef>
+#include <type_traits>
 
 namespace REMAT_NAMESPACE {
 namespace kernels {
@@ -25,9 +26,15 @@ void causal_softmax(host, V const* scores, T* probs, std::size_t count, std::siz
     V m = z[0] * scale;
     for (std::size_t c = 1; c <= last; ++c) m = z[c] * scale > m ? z[c] * scale : m;
     V sum = 0;
-    for (std::size_t c = 0; c <= last; ++c) sum += expr::math::exp(z[c] * scale - m);
-    V const inv = V(1) / sum;
-    for (std::size_t c = 0; c <= last; ++c) p[c] = from_compute<T>(expr::math::exp(z[c] * scale - m) * inv);
+    if constexpr (std::is_same_v<T, V>) {  // one exp per element: kept in the output, then scaled
+      for (std::size_t c = 0; c <= last; ++c) sum += p[c] = expr::math::exp(z[c] * scale - m);
+      V const inv = V(1) / sum;
+      for (std::size_t c = 0; c <= last; ++c) p[c] *= inv;
+    } else {  // (a 16-bit output cannot hold the unscaled values exactly: exp again)
+      for (std::size_t c = 0; c <= last; ++c) sum += expr::math::exp(z[c] * scale - m);
+      V const inv = V(1) / sum;
+      for (std::size_t c = 0; c <= last; ++c) p[c] = from_compute<T>(expr::math::exp(z[c] * scale - m) * inv);
+    }
     for (std::size_t c = last + 1; c < seq; ++c) p[c] = from_compute<T>(V(0));
   });
 }
