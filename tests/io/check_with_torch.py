@@ -4,29 +4,13 @@ safetensors specification) and PyTorch, recomputes the model's forward pass with
 compares it with the output remat wrote. The architecture is written out here by hand:
   Seq<Linear<6,16>, GELU, Residual<Seq<LayerNorm<16>, Linear<16,16>, Tanh>>, RMSNorm<16>, Linear<16,3>>
 """
-import json
-import struct
+import os
 import sys
 
 import torch
 
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "I32": torch.int32}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + n])
-    data = raw[8 + n :]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        t = torch.frombuffer(bytearray(data[begin:end]), dtype=DTYPES[info["dtype"]])
-        out[name] = t.reshape(info["shape"])
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from safetensors_reader import read_safetensors  # noqa: E402
 
 
 def main(directory):

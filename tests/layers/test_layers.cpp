@@ -4,18 +4,13 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/gradients.hpp"
+
 #include <cmath>
 
 using namespace remat;
 
 namespace {
-template <class Net>
-void require_gradients(gradient_check_options o = {}) {
-  auto const r = check_gradients<Net>(o);
-  INFO(r.summary());
-  REQUIRE(r.checked > 0);
-  REQUIRE(r.passed);
-}
 
 // A user-defined activation in three lines.
 struct softsign_fn {

@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/gradients.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -12,14 +14,6 @@
 using namespace remat;
 
 namespace {
-
-template <class Net>
-void require_gradients(gradient_check_options o = {}) {
-  gradient_check_report const r = check_gradients<Net>(o);
-  INFO(r.summary());
-  CHECK(r.passed);
-  CHECK(r.checked > 10);
-}
 
 constexpr std::size_t V = 13, L = 16, W = 16, H = 4, N = 3;
 using Block = GPTBlock<W, H, 0.1>;
@@ -40,17 +34,17 @@ bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
 
 TEST_CASE("attention: gradients of the core, the attention layer and GPT models against central differences",
           "[transformer][gradients]") {
-  require_gradients<AttentionCore<8, 2>>({.batch = 2, .sequence = 5});
-  require_gradients<AttentionCore<8, 2, 0.25>>({.batch = 2, .sequence = 5});
-  require_gradients<AttentionCore<6, 3>>({.batch = 1, .sequence = 1});
-  require_gradients<CausalSelfAttention<8, 2>>({.batch = 2, .sequence = 3});
+  require_gradients<AttentionCore<8, 2>>({.batch = 2, .sequence = 5}, 10);
+  require_gradients<AttentionCore<8, 2, 0.25>>({.batch = 2, .sequence = 5}, 10);
+  require_gradients<AttentionCore<6, 3>>({.batch = 1, .sequence = 1}, 10);
+  require_gradients<CausalSelfAttention<8, 2>>({.batch = 2, .sequence = 3}, 10);
   // A sequence model reading features (rows grouped by set_sequence_length).
-  require_gradients<Seq<Linear<5, 8>, GPTBlock<8, 2, 0.2>, Linear<8, 3>>>({.batch = 2, .sequence = 4});
+  require_gradients<Seq<Linear<5, 8>, GPTBlock<8, 2, 0.2>, Linear<8, 3>>>({.batch = 2, .sequence = 4}, 10);
   // Whole language models with dropout, stored and under policies.
-  require_gradients<GPT<11, 6, 8, 2, 2, 0.1>>({.batch = 2, .sequence = 5});
-  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, Checkpointed>>({.batch = 2, .sequence = 6});
-  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, RecomputeAttention>>({.batch = 2, .sequence = 5});
-  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, Selective>>({.batch = 2, .sequence = 5});
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1>>({.batch = 2, .sequence = 5}, 10);
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, Checkpointed>>({.batch = 2, .sequence = 6}, 10);
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, RecomputeAttention>>({.batch = 2, .sequence = 5}, 10);
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, Selective>>({.batch = 2, .sequence = 5}, 10);
 }
 
 TEST_CASE("attention: hand-computed values", "[transformer]") {

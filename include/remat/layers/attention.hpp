@@ -16,6 +16,7 @@
 #include "dropout.hpp"
 
 #include <cmath>
+#include <utility>
 
 namespace REMAT_NAMESPACE {
 
@@ -41,12 +42,7 @@ struct AttentionCore {
     using A = typename S::act_type;
     std::size_t const seq = s.seq_len, rows = x->rows(), count = rows / seq * H;
     // The scores, in the compute type; the probabilities overwrite them when that is the storage type.
-    A scores = s.make(count * seq, stat_columns<typename S::value_type>(seq));
-    A probs;
-    if constexpr (same_storage<S>)
-      probs = scores;
-    else
-      probs = s.make(count * seq, seq);
+    auto [scores, probs] = compute_and_result(s, count * seq, seq);
     if constexpr (S::computes) {
       auto const* q = x->data();
       kernels::gemm_batched(device<S>{}, count, H, kernels::trans::no, kernels::trans::yes, index_t(seq), index_t(seq),
@@ -99,12 +95,7 @@ struct AttentionCore {
                               qkv_stride(seq));
     }
     // dP (after dropout) = dY V^T in the compute type, then the softmax's backward into dS.
-    A dpd = s.make(count * seq, stat_columns<T>(seq));
-    A dscores;
-    if constexpr (same_storage<S>)
-      dscores = dpd;
-    else
-      dscores = s.make(count * seq, seq);
+    auto [dpd, dscores] = compute_and_result(s, count * seq, seq);
     if constexpr (S::computes) {
       using V = compute_type_t<T>;
       T const* xd = x->data();
@@ -143,6 +134,17 @@ struct AttentionCore {
   using device = typename S::device;
   template <class S>
   static constexpr bool same_storage = std::is_same_v<typename S::value_type, compute_type_t<typename S::value_type>>;
+  // n rows of seq values in the compute type, and the activation-type tensor computed from them
+  // (the same tensor when the two types agree, as in fp32).
+  template <class S>
+  static constexpr std::pair<typename S::act_type, typename S::act_type> compute_and_result(S& s, std::size_t n,
+                                                                                          std::size_t seq) {
+    typename S::act_type c = s.make(n, stat_columns<typename S::value_type>(seq));
+    if constexpr (same_storage<S>)
+      return {c, c};
+    else
+      return {c, s.make(n, seq)};
+  }
   template <class S>
   static compute_type_t<typename S::value_type> scale() {
     return compute_type_t<typename S::value_type>(1.0 / std::sqrt(double(head_width)));
