@@ -77,7 +77,7 @@ static std::vector<std::int32_t> read_corpus(std::string const& dir, std::size_t
 }
 
 struct options {
-  std::size_t steps = 600, batch = 32, sample = 400;
+  std::size_t steps = 300, batch = 32, sample = 400;
   std::string corpus = "/usr/share/games/fortunes", out = "charlm.safetensors", precision = "fp32";
   std::uint64_t seed_value = 1;
   bool checkpoint = false;
