@@ -33,9 +33,10 @@ template <std::size_t W, std::size_t H, double P = 0.0>
 using GPTBlock = Seq<Residual<Seq<LayerNorm<W>, Linear<W, 3 * W>, AttentionCore<W, H, P>, Linear<W, W>, Dropout<P>>>,
                      Residual<Seq<LayerNorm<W>, Linear<W, 4 * W>, GELU, Linear<4 * W, W>, Dropout<P>>>>;
 
-// The blocks of a GPT under no policy.
+// The blocks of a GPT under no policy (everything stored). (Not `Stored`: user code with
+// `using namespace remat` often names its own stored model that.)
 template <class Blocks>
-using Stored = Blocks;
+using NoPolicy = Blocks;
 
 namespace detail {
 
@@ -85,10 +86,10 @@ struct recompute_attention<CheckpointSequential<K, S>> {
 template <class S>
 using RecomputeAttention = typename detail::recompute_attention<S>::type;
 
-// A GPT language model; Policy is applied to Repeat<N, GPTBlock> (Stored, or for example
+// A GPT language model; Policy is applied to Repeat<N, GPTBlock> (NoPolicy, or for example
 // `remat::Checkpointed`, or a template alias over Revolve/Selective/RecomputeAttention).
 template <std::size_t Vocab, std::size_t MaxLen, std::size_t W, std::size_t H, std::size_t N, double P = 0.0,
-          template <class> class Policy = Stored>
+          template <class> class Policy = NoPolicy>
 using GPT = Seq<Embedding<Vocab, W>, PositionEmbedding<MaxLen, W>, Dropout<P>, Policy<Repeat<N, GPTBlock<W, H, P>>>,
                 LayerNorm<W>, Linear<W, Vocab>>;
 
