@@ -7,19 +7,27 @@
 
 namespace REMAT_NAMESPACE {
 
-template <std::size_t Vocab, std::size_t W>
-struct Embedding {
-  static_assert(Vocab > 0 && W > 0, "remat::Embedding<Vocab, W>: sizes must be positive");
-  static constexpr std::size_t vocabulary = Vocab;
-  static constexpr std::size_t in_width = 1;  // one id per row
-  static constexpr std::size_t out_width = W;
-  static constexpr std::size_t param_count = Vocab * W;
+namespace detail {
 
-  static std::vector<param_desc> params() { return {{"weight", 0, {Vocab, W}}}; }
+// A learned Rows x W table named "weight", initialised N(0, 1) as nn.Embedding.
+template <std::size_t Rows, std::size_t W>
+struct learned_table {
+  static constexpr std::size_t param_count = Rows * W;
+  static std::vector<param_desc> params() { return {{"weight", 0, {Rows, W}}}; }
   template <class T>
   static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
     init::normal(p, param_count, global_offset, seed, 1.0);
   }
+};
+
+}  // namespace detail
+
+template <std::size_t Vocab, std::size_t W>
+struct Embedding : detail::learned_table<Vocab, W> {
+  static_assert(Vocab > 0 && W > 0, "remat::Embedding<Vocab, W>: sizes must be positive");
+  static constexpr std::size_t vocabulary = Vocab;
+  static constexpr std::size_t in_width = 1;  // one id per row
+  static constexpr std::size_t out_width = W;
 
   // The ids of the pass are in the pass state; the layer before (there is none) passes nothing.
   template <class S>
@@ -65,19 +73,12 @@ struct Embedding {
 // table[r % seq] (GPT's wpe; init N(0, 1) as nn.Embedding). Sequences longer than MaxLen are an
 // error, caught by the model before anything runs.
 template <std::size_t MaxLen, std::size_t W>
-struct PositionEmbedding {
+struct PositionEmbedding : detail::learned_table<MaxLen, W> {
   static_assert(MaxLen > 0 && W > 0, "remat::PositionEmbedding<MaxLen, W>: sizes must be positive");
   static constexpr std::size_t max_sequence = MaxLen;
   static constexpr bool sequence_layer = true;
   static constexpr std::size_t in_width = W;
   static constexpr std::size_t out_width = W;
-  static constexpr std::size_t param_count = MaxLen * W;
-
-  static std::vector<param_desc> params() { return {{"weight", 0, {MaxLen, W}}}; }
-  template <class T>
-  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
-    init::normal(p, param_count, global_offset, seed, 1.0);
-  }
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
