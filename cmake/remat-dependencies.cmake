@@ -94,3 +94,23 @@ if(NOT TARGET remat::onednn)
     message(STATUS "remat: no oneDNN (libdnnl-dev); bf16 matrix products convert to fp32")
   endif()
 endif()
+
+# --- MPI (optional): remat::dist, data-parallel training over an MPI communicator. remat::mpi
+# always exists (empty without MPI, and then <remat/dist/mpi.hpp> says what to install), so the
+# exported remat::dist target links the same way everywhere.
+if(NOT TARGET remat::mpi)
+  add_library(remat::mpi INTERFACE IMPORTED)
+  if(NOT TARGET MPI::MPI_CXX)
+    # MPI's C interface from C++ (remat uses no C++ bindings; a CXX-only project has no C to find).
+    set(MPI_CXX_SKIP_MPICXX ON)
+    find_package(MPI QUIET COMPONENTS CXX)
+  endif()
+  if(TARGET MPI::MPI_CXX)
+    set_target_properties(remat::mpi PROPERTIES INTERFACE_LINK_LIBRARIES MPI::MPI_CXX)
+    if(NOT remat_FIND_QUIETLY)
+      message(STATUS "remat: MPI ${MPI_CXX_VERSION} for remat::dist (${MPIEXEC_EXECUTABLE})")
+    endif()
+  elseif(NOT remat_FIND_QUIETLY)
+    message(STATUS "remat: no MPI (libopenmpi-dev); remat::dist is not usable")
+  endif()
+endif()

@@ -41,6 +41,13 @@ class cuda_error : public error {
   using error::error;
 };
 
+// A failure shared across the processes of a data-parallel run: another rank failed (its message
+// follows), the ranks' models differ, or a collective operation timed out.
+class dist_error : public error {
+ public:
+  using error::error;
+};
+
 namespace detail {
 
 template <class... Parts>

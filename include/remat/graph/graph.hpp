@@ -192,6 +192,7 @@ struct Seq {
     } else {
       dy = Layer::backward(s, p + offsets[I], g + offsets[I], std::move(dy));
     }
+    if constexpr (Layer::param_count > 0) s.grads_ready(g + offsets[I]);
   }
 
   template <class S>
@@ -291,8 +292,10 @@ struct Repeat {
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
-    for (std::size_t k = N; k-- > 0;)
+    for (std::size_t k = N; k-- > 0;) {
       dy = Block::backward(s, p + k * Block::param_count, g + k * Block::param_count, std::move(dy));
+      if constexpr (Block::param_count > 0) s.grads_ready(g + k * Block::param_count);
+    }
     return dy;
   }
 };

@@ -114,13 +114,16 @@ class model {
   template <class Loss>
   double accumulate(input_view x, typename Loss::template target_type<T, Device> target, double weight = 1.0,
                     tensor<T, Device>* dx = nullptr) {
-    validate_step<Loss>(x, target);
+    validate<Loss>(x, target);
     if (dx && (reads_ids || dx->rows() != x.rows() || dx->cols() != x.cols()))
       detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
                                  x.cols(), reads_ids ? " (and token ids have none)" : "");
     warn_unscaled_half();
+    if (sync_) sync_->pass_starting();
     state_type s = make_state(true, x);
-    s.step = passes_;
+    s.step = dropout_stream();
+    s.sync = sync_;
+    s.grad_base = grads_.data();
     double l = 0;
     // The loss's gradient is multiplied by the loss scale (gradients stay scaled until the
     // optimizer's update divides it out); the loss itself is not.
@@ -129,6 +132,7 @@ class model {
         s, weights(), grads_.data(), input_act(s, x, true),
         [&](act<C, Device> const& y, act<C, Device> const& dy) { l = Loss::forward_backward(*y, target, scale, dy.get()); });
     if (dx && g) evaluate(*dx, to_expr(*g));
+    if (sync_) sync_->gradients_ready(0);
     ++passes_;
     report_ = {s.saved_bytes, s.recomputed};
     return l;
@@ -141,17 +145,20 @@ class model {
     validate_input(x);
     Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
     state_type s = make_state(true, x);
-    s.step = passes_;
+    s.step = dropout_stream();
     act<C, Device> y = Net::forward(s, weights(), input_act(s, x, true));
     return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
   }
 
-  void zero_grad() { evaluate(grads_, expr::to_expr(0.0)); }
+  void zero_grad() {
+    evaluate(grads_, expr::to_expr(0.0));
+    if (sync_) sync_->gradients_zeroed();
+  }
 
   // zero_grad, accumulate, optimizer step.
   template <class Loss, class Optimizer>
   double train_step(input_view x, typename Loss::template target_type<T, Device> target, Optimizer& opt) {
-    validate_step<Loss>(x, target);  // before zero_grad: bad input changes nothing
+    validate<Loss>(x, target);  // before zero_grad: bad input changes nothing
     zero_grad();
     double const l = accumulate<Loss>(x, target);
     opt.step();
@@ -187,6 +194,26 @@ class model {
   // Training passes run so far; each draws its own dropout stream.
   std::uint64_t passes() const { return passes_; }
   void set_passes(std::uint64_t p) { passes_ = p; }
+  // A data-parallel replica draws dropout streams of its own (replica 0, the default, draws those
+  // of a model on its own); remat::dist sets it to the rank.
+  void set_replica(std::uint64_t r) {
+    if (r >= (std::uint64_t(1) << 16))
+      detail::raise<argument_error>("model::set_replica: expected a replica below 65536, found ", r);
+    replica_ = r;
+  }
+  std::uint64_t replica() const { return replica_; }
+  // What a data-parallel wrapper plugs in (remat::dist); null when training alone.
+  detail::gradient_sync* gradient_sync() const { return sync_; }
+  void set_gradient_sync(detail::gradient_sync* s) { sync_ = s; }
+  // The optimizer slot the wrapper is read from, so an optimizer built before it still sees it.
+  detail::gradient_sync* const* gradient_sync_slot() const { return &sync_; }
+
+  // Checks an input and its target as a training pass would, and throws what it would throw.
+  template <class Loss>
+  void validate(input_view x, typename Loss::template target_type<T, Device> target) const {
+    validate_input(x);
+    Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
+  }
 
   // For a sequence model reading features: its input rows are sequences of `n` consecutive rows.
   // (A model reading token ids takes the length from the ids' columns.)
@@ -215,12 +242,6 @@ class model {
   std::size_t out_cols(input_view x) const { return out_width == any_width ? x.cols() : out_width; }
   // One output row per token id (batch x seq ids give batch * seq rows), or per input row.
   static std::size_t out_rows(input_view x) { return reads_ids ? x.size() : x.rows(); }
-
-  template <class Loss>
-  void validate_step(input_view x, typename Loss::template target_type<T, Device> target) const {
-    validate_input(x);
-    Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
-  }
 
   void validate_input(input_view x) const {
     if (x.rows() == 0) detail::raise<argument_error>("model input: expected a batch of at least one row, found 0 rows");
@@ -275,6 +296,9 @@ class model {
       return params_.data();
     }
   }
+
+  // The dropout stream of the next pass: one per pass, and per replica in data parallelism.
+  std::uint64_t dropout_stream() const { return passes_ + (replica_ << 40); }
 
   static void warn_unscaled_half() {
     if constexpr (std::is_same_v<C, half> && Precision::loss_scale::identity) {
@@ -335,6 +359,8 @@ class model {
   std::uint64_t seed_;
   std::uint64_t passes_ = 0;
   std::size_t seq_len_ = 0;  // a sequence model reading features: rows per sequence
+  std::uint64_t replica_ = 0;
+  detail::gradient_sync* sync_ = nullptr;
   pass_report report_{};
 };
 

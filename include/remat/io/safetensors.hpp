@@ -364,12 +364,12 @@ void load(model<Net, Device, Precision>& m, std::string const& path) {
   tensor_from_host(m.parameters(), std::span<T const>(host));
 }
 
-// An AdamW optimizer's state: its moments ("exp_avg", "exp_avg_sq", as in PyTorch's state dict)
-// and, in the metadata, its step count and the loss scale of the model it serves (value, growth
-// tracker, skipped steps), so a run with a dynamic loss scale resumes where it stopped.
+namespace detail {
+
+// Writes an AdamW state (moments of the whole model, step, loss scale) as save(opt, path) does.
 template <class T, class D, class C>
-void save(AdamW<T, D, C> const& opt, std::string const& path, std::map<std::string, std::string> metadata = {}) {
-  std::vector<T> const m = tensor_to_host(opt.exp_avg().view()), v = tensor_to_host(opt.exp_avg_sq().view());
+void save_adamw(std::vector<T> const& m, std::vector<T> const& v, AdamW<T, D, C> const& opt, std::string const& path,
+                std::map<std::string, std::string> metadata) {
   std::vector<safetensors::entry> entries{
       {"exp_avg", safetensors::dtype_name<T>(), {m.size()}, m.data(), m.size() * sizeof(T)},
       {"exp_avg_sq", safetensors::dtype_name<T>(), {v.size()}, v.data(), v.size() * sizeof(T)}};
@@ -385,34 +385,34 @@ void save(AdamW<T, D, C> const& opt, std::string const& path, std::map<std::stri
   safetensors::write(path, entries, metadata);
 }
 
-// Restores what save(opt, path) wrote, all or nothing: a file for another model (sizes, dtype)
-// or a corrupt one throws io_error and leaves the optimizer and its loss scale as they were.
+// Reads a saved AdamW state of `total` parameters into an optimizer over [offset, offset + its
+// size) of them: all or nothing.
 template <class T, class D, class C>
-void load(AdamW<T, D, C>& opt, std::string const& path) {
+void load_adamw(AdamW<T, D, C>& opt, std::string const& path, std::size_t total, std::size_t offset) {
   safetensors::file const f = safetensors::read(path);
   std::size_t const n = opt.exp_avg().size();
   std::vector<T> m(n), v(n);
   for (auto [name, out] : {std::pair<char const*, std::vector<T>*>{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
     auto it = f.tensors.find(name);
     if (it == f.tensors.end())
-      detail::raise<io_error>("load '", path, "': expected an AdamW state with a tensor '", name, "', found none");
+      raise<io_error>("load '", path, "': expected an AdamW state with a tensor '", name, "', found none");
     safetensors::tensor_info const& t = it->second;
-    if (t.dtype != safetensors::dtype_name<T>() || t.shape != std::vector<std::size_t>{n})
-      detail::raise<io_error>("load '", path, "': tensor '", name, "' expected ", safetensors::dtype_name<T>(), " [",
-                              n, "], found ", t.dtype, " with ", t.end - t.begin, " bytes");
-    std::memcpy(out->data(), f.data.data() + t.begin, t.end - t.begin);
+    if (t.dtype != safetensors::dtype_name<T>() || t.shape != std::vector<std::size_t>{total})
+      raise<io_error>("load '", path, "': tensor '", name, "' expected ", safetensors::dtype_name<T>(), " [", total,
+                      "], found ", t.dtype, " with ", t.end - t.begin, " bytes");
+    std::memcpy(out->data(), f.data.data() + t.begin + offset * sizeof(T), n * sizeof(T));
   }
   auto number = [&](char const* key, bool required) -> std::optional<double> {
     auto it = f.metadata.find(key);
     if (it == f.metadata.end()) {
-      if (required) detail::raise<io_error>("load '", path, "': expected metadata '", key, "', found none");
+      if (required) raise<io_error>("load '", path, "': expected metadata '", key, "', found none");
       return std::nullopt;
     }
     char* end = nullptr;
     double const x = std::strtod(it->second.c_str(), &end);
     if (it->second.empty() || *end != '\0' || !(x >= 0))
-      detail::raise<io_error>("load '", path, "': metadata '", key, "' expected a non-negative number, found '",
-                              it->second, "'");
+      raise<io_error>("load '", path, "': metadata '", key, "' expected a non-negative number, found '", it->second,
+                      "'");
     return x;
   };
   double const step = *number("remat.step", true);
@@ -427,6 +427,24 @@ void load(AdamW<T, D, C>& opt, std::string const& path) {
   tensor_from_host(opt.exp_avg().view(), std::span<T const>(m));
   tensor_from_host(opt.exp_avg_sq().view(), std::span<T const>(v));
   opt.set_steps(std::uint64_t(step));
+}
+
+}  // namespace detail
+
+// An AdamW optimizer's state: its moments ("exp_avg", "exp_avg_sq", as in PyTorch's state dict)
+// and, in the metadata, its step count and the loss scale of the model it serves (value, growth
+// tracker, skipped steps), so a run with a dynamic loss scale resumes where it stopped.
+template <class T, class D, class C>
+void save(AdamW<T, D, C> const& opt, std::string const& path, std::map<std::string, std::string> metadata = {}) {
+  detail::save_adamw(tensor_to_host(opt.exp_avg().view()), tensor_to_host(opt.exp_avg_sq().view()), opt, path,
+                     std::move(metadata));
+}
+
+// Restores what save(opt, path) wrote, all or nothing: a file for another model (sizes, dtype)
+// or a corrupt one throws io_error and leaves the optimizer and its loss scale as they were.
+template <class T, class D, class C>
+void load(AdamW<T, D, C>& opt, std::string const& path) {
+  detail::load_adamw(opt, path, opt.exp_avg().size(), 0);
 }
 
 }  // namespace REMAT_NAMESPACE

@@ -21,6 +21,7 @@
 #include "../numeric/compute.hpp"
 #include "../numeric/philox.hpp"
 #include "../tensor/tensor.hpp"
+#include "../train/gradient_sync.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -82,6 +83,11 @@ struct pass_stacks {
   std::size_t replay_next = 0;
 
   constexpr bool keeps() const { return training && keep; }
+  // Backward calls this after each layer with parameters, with the gradient pointer of that
+  // layer: gradients from there to the end of the model's buffer are final (layers are laid out in
+  // forward order and run backward in reverse). A data-parallel wrapper starts reducing them.
+  template <class P>
+  constexpr void grads_ready(P const&) const {}
 
   // Keeps `a` for backward; a forward that keeps nothing drops it (and, when capturing, notes that
   // every product captured so far is needed to recompute it).
@@ -143,6 +149,12 @@ struct pass_state : pass_stacks<act<T, D>, pass_state<T, D, G>> {
   static constexpr bool computes = true;
 
   memory::caching_allocator<D>* alloc = &memory::default_allocator<D>();
+  detail::gradient_sync* sync = nullptr;  // told as gradients become final (data parallelism)
+  G const* grad_base = nullptr;           // the start of the model's gradient buffer
+
+  void grads_ready(G const* g) const {
+    if (sync) sync->gradients_ready(std::size_t(g - grad_base));
+  }
 
   act<T, D> make(std::size_t rows, std::size_t cols, memory::tag t = memory::tag::activations) {
     return std::make_shared<tensor<T, D>>(index_t(rows), index_t(cols), t, *alloc);

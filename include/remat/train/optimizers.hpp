@@ -13,6 +13,7 @@
 #include "../kernels/optimizers.hpp"
 #include "../memory/allocator.hpp"
 #include "../tensor/tensor.hpp"
+#include "gradient_sync.hpp"
 #include "loss_scale.hpp"
 
 #include <cmath>
@@ -32,13 +33,16 @@ struct grad_prelude {
 };
 
 template <class T, class D>
-grad_prelude prepare_gradients(tensor_view<T const, D> g, double max_norm, loss_scaler const* scaler) {
+grad_prelude prepare_gradients(tensor_view<T const, D> g, double max_norm, loss_scaler const* scaler,
+                               gradient_sync* sync = nullptr) {
   grad_prelude r;
   double const scale = scaler ? scaler->scale() : 1.0;
   bool const check = scaler && scaler->checks();
   r.factor = 1.0 / scale;
   if (!check && max_norm <= 0) return r;
-  double const squares = kernels::grad_check(D{}, g.size(), g.data());
+  double squares = kernels::grad_check(D{}, g.size(), g.data());
+  // Data parallel: every rank decides on the same norm (and overflow) from all ranks' gradients.
+  if (sync) squares = sync->agree_squares(std::isfinite(squares) ? squares : std::numeric_limits<double>::infinity());
   if (!std::isfinite(squares)) {
     if (check) {
       r.overflow = true;
@@ -55,8 +59,24 @@ grad_prelude prepare_gradients(tensor_view<T const, D> g, double max_norm, loss_
   return r;
 }
 
+// The parameters an optimizer built from a model updates: its data-parallel shard, or all.
+// Elements [r.begin, r.end) of a view, clamped to it (attach() then rejects a bad range with its
+// own message).
+template <class T, class D>
+tensor_view<T, D> range_of(tensor_view<T, D> v, param_range r) {
+  std::size_t const b = r.begin < v.rows() ? r.begin : v.rows();
+  std::size_t const e = r.end < v.rows() ? r.end : v.rows();
+  return v.row_range(b, e > b ? e - b : 0);
+}
+
+template <class Model>
+param_range shard_of(Model const& m) {
+  if (gradient_sync const* s = m.gradient_sync()) return s->shard();
+  return {0, Model::parameter_count};
+}
+
 // What AdamW and SGD share beyond their update: the model's compute copy of the weights (written
-// in the update's pass), its loss scale, and what the last step saw.
+// in the update's pass), its loss scale, its data-parallel wrapper, and what the last step saw.
 template <class T, class D, class C>
 class optimizer_base {
  public:
@@ -70,24 +90,46 @@ class optimizer_base {
 
  protected:
   template <class Model>
-  void attach(Model& m, std::size_t n, char const* who) {
+  void attach(Model& m, param_range r, char const* who) {
+    if (r.begin > r.end || r.end > Model::parameter_count)
+      raise<argument_error>(who, ": expected a range of the model's ", Model::parameter_count, " parameters, found [",
+                            r.begin, ", ", r.end, ")");
     tensor_view<C, D> pc = m.compute_parameters();
-    if (pc.data() && pc.size() != n)
-      raise<shape_error>(who, ": expected a compute copy of ", n, " weights, found ", pc.size());
-    pc_ = pc.data();
+    if (pc.data() && pc.size() != Model::parameter_count)
+      raise<shape_error>(who, ": expected a compute copy of ", Model::parameter_count, " weights, found ", pc.size());
+    pc_ = pc.data() ? pc.data() + r.begin : nullptr;
     scaler_ = &m.scaler();
+    sync_slot_ = m.gradient_sync_slot();
+    range_ = r;
+    who_ = who;
   }
   // The check and the clipping factor; false (and the scale backed off) when the step is skipped.
+  // Under data parallelism, first waits for the gradients' reduction.
   bool begin_step(tensor_view<T const, D> g, double clip_norm, grad_prelude& pre) {
-    pre = prepare_gradients(g, clip_norm, scaler_);
+    gradient_sync* sync = sync_slot_ ? *sync_slot_ : nullptr;
+    if (sync) {
+      if (sync->shard() != range_)
+        raise<argument_error>(who_, ": this optimizer updates parameters [", range_.begin, ", ", range_.end,
+                              ") but its model's data-parallel wrapper gives this rank [", sync->shard().begin, ", ",
+                              sync->shard().end, "); build the optimizer after the remat::dist::data_parallel");
+      sync->finish();
+    }
+    pre = prepare_gradients(g, clip_norm, scaler_, sync);
     last_norm_ = pre.norm;
     last_skipped_ = pre.overflow;
     if (scaler_) scaler_->update(pre.overflow);
     return !pre.overflow;
   }
+  // After the update (or the skip): a sharded data-parallel run gathers the parameters.
+  void end_step(bool stepped) {
+    if (gradient_sync* sync = sync_slot_ ? *sync_slot_ : nullptr) sync->after_update(stepped);
+  }
 
   C* pc_ = nullptr;
   loss_scaler* scaler_ = nullptr;
+  gradient_sync* const* sync_slot_ = nullptr;
+  param_range range_{};
+  char const* who_ = "optimizer";
 
  private:
   double last_norm_ = 0;
@@ -108,9 +150,16 @@ struct adamw_options {
 template <class T, class D = host, class C = T>
 class AdamW : public detail::optimizer_base<T, D, C> {
  public:
+  // Over the model's parameters, or this rank's shard of them when the model is wrapped in a
+  // sharded remat::dist::data_parallel.
   template <class Model>
-  explicit AdamW(Model& m, adamw_options o = {}) : AdamW(m.parameters(), m.gradients(), o, m.allocator()) {
-    this->attach(m, p_.size(), "AdamW");
+  explicit AdamW(Model& m, adamw_options o = {}) : AdamW(m, o, detail::shard_of(m)) {}
+
+  // Over parameters [r.begin, r.end) of the model.
+  template <class Model>
+  AdamW(Model& m, adamw_options o, param_range r)
+      : AdamW(detail::range_of(m.parameters(), r), detail::range_of(m.gradients(), r), o, m.allocator()) {
+    this->attach(m, r, "AdamW");
   }
 
   // Over any parameter and gradient buffers of the same size.
@@ -131,7 +180,10 @@ class AdamW : public detail::optimizer_base<T, D, C> {
   // Returns false when the step was skipped (a gradient overflowed under a loss scale).
   bool step() {
     detail::grad_prelude pre;
-    if (!this->begin_step(g_, o_.clip_norm, pre)) return false;
+    if (!this->begin_step(g_, o_.clip_norm, pre)) {
+      this->end_step(false);
+      return false;
+    }
     ++t_;
     kernels::adamw_scalars k{pre.factor,
                              1.0 - o_.lr * o_.weight_decay,
@@ -141,6 +193,7 @@ class AdamW : public detail::optimizer_base<T, D, C> {
                              std::sqrt(1.0 - std::pow(o_.beta2, double(t_))),
                              o_.eps};
     kernels::adamw_update(D{}, p_.size(), p_.data(), g_.data(), m_.data(), v_.data(), k, this->pc_);
+    this->end_step(true);
     return true;
   }
 
@@ -177,8 +230,12 @@ template <class T, class D = host, class C = T>
 class SGD : public detail::optimizer_base<T, D, C> {
  public:
   template <class Model>
-  explicit SGD(Model& m, sgd_options o = {}) : SGD(m.parameters(), m.gradients(), o, m.allocator()) {
-    this->attach(m, p_.size(), "SGD");
+  explicit SGD(Model& m, sgd_options o = {}) : SGD(m, o, detail::shard_of(m)) {}
+
+  template <class Model>
+  SGD(Model& m, sgd_options o, param_range r)
+      : SGD(detail::range_of(m.parameters(), r), detail::range_of(m.gradients(), r), o, m.allocator()) {
+    this->attach(m, r, "SGD");
   }
 
   SGD(tensor_view<T, D> params, tensor_view<T, D> grads, sgd_options o = {},
@@ -195,10 +252,14 @@ class SGD : public detail::optimizer_base<T, D, C> {
   // Returns false when the step was skipped (a gradient overflowed under a loss scale).
   bool step() {
     detail::grad_prelude pre;
-    if (!this->begin_step(g_, o_.clip_norm, pre)) return false;
+    if (!this->begin_step(g_, o_.clip_norm, pre)) {
+      this->end_step(false);
+      return false;
+    }
     kernels::sgd_scalars k{pre.factor, o_.lr, o_.momentum, o_.weight_decay, o_.nesterov, t_ == 0};
     kernels::sgd_update(D{}, p_.size(), p_.data(), g_.data(), buf_.empty() ? nullptr : buf_.data(), k, this->pc_);
     ++t_;
+    this->end_step(true);
     return true;
   }
 

@@ -1,0 +1,46 @@
+// What a data-parallel wrapper (remat::dist) plugs into a model, so that the model's own training
+// pass and the optimizers built from it reduce gradients across processes without the caller
+// doing anything else: backward reports gradients as they become final (the wrapper starts
+// reducing them while backward goes on), and an optimizer's step waits for the reduction, agrees
+// with the other ranks on the gradient norm and on overflow, updates its shard of the parameters
+// and lets the wrapper gather the rest.
+#pragma once
+
+#include "../config.hpp"
+
+#include <cstddef>
+
+namespace REMAT_NAMESPACE {
+
+// A range of a model's flat parameter buffer: what a sharded optimizer updates.
+struct param_range {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+  constexpr std::size_t size() const { return end - begin; }
+  friend constexpr bool operator==(param_range, param_range) = default;
+};
+
+namespace detail {
+
+class gradient_sync {
+ public:
+  virtual ~gradient_sync() = default;
+  // A training pass is about to start (throws, before anything changes, when it may not).
+  virtual void pass_starting() = 0;
+  // During backward: the gradients from `offset` to the end are final. The pass ends with 0.
+  virtual void gradients_ready(std::size_t offset) = 0;
+  // The model's gradients were set to zero.
+  virtual void gradients_zeroed() = 0;
+  // The parameters this process's optimizer updates (all of them unless the state is sharded).
+  virtual param_range shard() const = 0;
+  // Before an optimizer reads the gradients: every reduction finished.
+  virtual void finish() = 0;
+  // The sum of squares of all gradients, from this rank's part (its shard, or all when not
+  // sharded); +inf when any rank's part is not finite. The same value on every rank.
+  virtual double agree_squares(double local) = 0;
+  // After an optimizer step (stepped: not skipped): gather the shards' updated parameters.
+  virtual void after_update(bool stepped) = 0;
+};
+
+}  // namespace detail
+}  // namespace REMAT_NAMESPACE

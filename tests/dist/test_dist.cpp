@@ -1,0 +1,489 @@
+// remat::dist under mpirun (1, 2 or 3 ranks; every rank runs every case). The truth is one process
+// training on the whole batch: each rank computes it locally, with no communication, and the
+// data-parallel run on each rank's rows must reach the same parameters to fp32 rounding. Between
+// data-parallel runs the design promises bit-for-bit equality (storage policies, sharded against
+// whole optimizer state with two ranks, one rank against a model alone).
+#include <remat/dist/mpi.hpp>
+#include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace remat;
+
+namespace {
+
+constexpr std::size_t W = 16, In = 6, Out = 5, Batch = 12;
+using Block = Residual<Seq<LayerNorm<W>, Linear<W, 32>, GELU, Linear<32, W>>>;
+template <class Middle>
+using NetWith = Seq<Linear<In, W>, Middle, LayerNorm<W>, Linear<W, Out>>;
+using Net = NetWith<Repeat<3, Block>>;
+using CheckpointedNet = NetWith<Repeat<3, Checkpointed<Block>>>;
+using DropNet = NetWith<Repeat<3, Residual<Seq<LayerNorm<W>, Linear<W, 32>, GELU, Dropout<0.25>, Linear<32, W>>>>>;
+
+int world_rank() { return dist::environment::world_rank(); }
+int world_size() { return dist::environment::world_size(); }
+
+// The whole batch of step t (every rank makes the same), and this rank's rows of it.
+struct batch {
+  tensor<float> x{index_t(Batch), index_t(In)};
+  tensor<std::int32_t> y{index_t(Batch), 1};
+};
+batch whole_batch(int t) {
+  batch b;
+  for (std::size_t i = 0; i < Batch * In; ++i) b.x.data()[i] = float(std::sin(0.37 * double(i) + 1.3 * t));
+  for (std::size_t i = 0; i < Batch; ++i) b.y.data()[i] = std::int32_t((i * 7 + std::size_t(t)) % Out);
+  return b;
+}
+param_range my_rows(int rank, int size) {
+  return {Batch * std::size_t(rank) / std::size_t(size), Batch * std::size_t(rank + 1) / std::size_t(size)};
+}
+template <class T>
+auto rows(tensor<T>& t, param_range r) {
+  return t.view().row_range(r.begin, r.size());
+}
+
+template <class M>
+std::vector<float> params_of(M const& m) {
+  return tensor_to_host(m.parameters());
+}
+
+double max_abs_diff(std::vector<float> const& a, std::vector<float> const& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(double(a[i]) - double(b[i])));
+  return d;
+}
+
+// One process on the whole batch: `steps` AdamW steps.
+template <class NetT, class P = fp32>
+std::vector<float> reference(int steps, adamw_options o, std::vector<double>* losses = nullptr) {
+  model<NetT, host, P> m(seed{7});
+  AdamW opt(m, o);
+  for (int t = 0; t < steps; ++t) {
+    batch b = whole_batch(t);
+    double const l = m.template train_step<SoftmaxCrossEntropy>(b.x.view(), b.y.view(), opt);
+    if (losses) losses->push_back(l);
+  }
+  return params_of(m);
+}
+
+template <class NetT, class P = fp32>
+std::vector<float> data_parallel_run(int steps, adamw_options o, dist::options d, std::vector<double>* losses = nullptr,
+                                     dist::traffic* traffic = nullptr) {
+  model<NetT, host, P> m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, d);
+  AdamW opt(m, o);
+  param_range const r = my_rows(dp.rank(), dp.size());
+  for (int t = 0; t < steps; ++t) {
+    batch b = whole_batch(t);
+    double const l = dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+    if (losses) losses->push_back(l);
+  }
+  if (traffic) *traffic = dp.last_step_traffic();
+  return params_of(m);
+}
+
+// Every rank holds the same vector (compared against rank 0's, bit for bit).
+bool same_on_every_rank(std::vector<float> const& v) {
+  std::vector<float> zero = v;
+  MPI_Bcast(zero.data(), int(zero.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  int same = std::memcmp(zero.data(), v.data(), v.size() * sizeof(float)) == 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+constexpr adamw_options opts{.lr = 1e-2, .weight_decay = 1e-2};
+constexpr std::size_t n_params = model<Net>::parameter_count;
+
+}  // namespace
+
+TEST_CASE("data parallel on parts of the batch trains like one process on the whole batch", "[dist]") {
+  std::vector<double> ref_losses;
+  std::vector<float> const ref = reference<Net>(5, opts, &ref_losses);
+  for (bool shard : {false, true})
+    for (std::size_t bucket : {std::size_t(256), std::size_t(4) << 20}) {
+      INFO("shard_optimizer " << shard << ", bucket_bytes " << bucket << ", " << world_size() << " ranks");
+      std::vector<double> losses;
+      dist::traffic tr;
+      std::vector<float> const got =
+          data_parallel_run<Net>(5, opts, {.bucket_bytes = bucket, .shard_optimizer = shard}, &losses, &tr);
+      CHECK(same_on_every_rank(got));
+      CHECK(max_abs_diff(got, ref) < 2e-5);
+      for (std::size_t t = 0; t < losses.size(); ++t) CHECK(losses[t] == Approx(ref_losses[t]).epsilon(1e-6));
+      // What crossed the communicator: every gradient once, per step; and with small buckets the
+      // first ones started while backward was still running.
+      CHECK(tr.reduced == n_params * sizeof(float));
+      CHECK(tr.buckets == (bucket == 256 ? (n_params * 4 + 255) / 256 : 1));
+      if (bucket == 256) CHECK(tr.overlapped > 0);
+      if (shard && world_size() > 1) CHECK(tr.gathered > 0);
+      if (!shard) CHECK(tr.gathered == 0);
+    }
+}
+
+TEST_CASE("one rank is a model alone, and two ranks shard the optimizer bit for bit", "[dist]") {
+  std::vector<float> const whole = data_parallel_run<Net>(4, opts, {.bucket_bytes = 512});
+  std::vector<float> const sharded = data_parallel_run<Net>(4, opts, {.bucket_bytes = 512, .shard_optimizer = true});
+  if (world_size() <= 2) {
+    // Two ranks: both orders of one addition agree, so reducing to the owner and all-reducing
+    // give the same gradients.
+    CHECK(std::memcmp(whole.data(), sharded.data(), whole.size() * sizeof(float)) == 0);
+  } else {
+    CHECK(max_abs_diff(whole, sharded) < 1e-5);
+  }
+  if (world_size() == 1) {
+    std::vector<float> const alone = reference<Net>(4, opts);
+    CHECK(std::memcmp(whole.data(), alone.data(), whole.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("storage policies train the same under data parallelism, bit for bit", "[dist]") {
+  std::vector<float> const stored = data_parallel_run<Net>(3, opts, {.bucket_bytes = 1024});
+  std::vector<float> const checkpointed = data_parallel_run<CheckpointedNet>(3, opts, {.bucket_bytes = 1024});
+  CHECK(std::memcmp(stored.data(), checkpointed.data(), stored.size() * sizeof(float)) == 0);
+  std::vector<float> const sharded = data_parallel_run<CheckpointedNet>(3, opts, {.bucket_bytes = 1024, .shard_optimizer = true});
+  CHECK(max_abs_diff(stored, sharded) < 1e-6);
+}
+
+TEST_CASE("each rank draws its own dropout masks", "[dist]") {
+  model<DropNet> m(seed{3});
+  dist::data_parallel dp(m, MPI_COMM_WORLD);
+  CHECK(m.replica() == std::uint64_t(dp.rank()));
+  // The same rows on every rank: the losses differ across ranks only through their masks.
+  batch b = whole_batch(0);
+  double const l = m.training_loss<SoftmaxCrossEntropy>(b.x.view(), b.y.view());
+  std::vector<double> all(std::size_t(dp.size()));
+  MPI_Allgather(&l, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD);
+  for (int q = 1; q < dp.size(); ++q) CHECK(all[std::size_t(q)] != all[0]);
+  // Replica 0 draws what a model alone draws.
+  if (dp.rank() == 0) {
+    model<DropNet> alone(seed{3});
+    CHECK(alone.training_loss<SoftmaxCrossEntropy>(b.x.view(), b.y.view()) == l);
+  }
+}
+
+TEST_CASE("gradient accumulation reduces once per optimizer step", "[dist]") {
+  std::vector<float> const ref = reference<Net>(3, opts);
+  for (bool shard : {false, true})
+    for (bool deferred_to_step : {false, true}) {
+      INFO("shard_optimizer " << shard << ", reduced at the step " << deferred_to_step);
+      model<Net> m(seed{7});
+      dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard});
+      AdamW opt(m, opts);
+      param_range const r = my_rows(dp.rank(), dp.size());
+      static_assert(In * W + W == 112);
+      for (int t = 0; t < 3; ++t) {
+        batch b = whole_batch(t);
+        m.zero_grad();
+        // Two micro-batches per rank: the first stays local, the second reduces (or the step does).
+        std::size_t const half = r.size() / 2;
+        param_range const a{r.begin, r.begin + half}, c{r.begin + half, r.end};
+        dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, a), rows(b.y, a), double(a.size()) / double(r.size()),
+                                           dist::reduce::later);
+        dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, c), rows(b.y, c), double(c.size()) / double(r.size()),
+                                           deferred_to_step ? dist::reduce::later : dist::reduce::now);
+        opt.step();
+        CHECK(dp.last_step_traffic().reduced == n_params * sizeof(float));
+        // Buckets of 128 parameters from the end; those above the first layer's 112 parameters are
+        // complete before backward reaches it.
+        std::size_t above_first_layer = 0;
+        for (std::size_t e = n_params; e > 0; e = e > 128 ? e - 128 : 0) above_first_layer += (e > 128 ? e - 128 : 0) >= 112;
+        CHECK(dp.last_step_traffic().overlapped == (deferred_to_step ? 0u : above_first_layer));
+      }
+      CHECK(max_abs_diff(params_of(m), ref) < 2e-5);
+    }
+}
+
+TEST_CASE("a pass after the step's reduction is refused on every rank", "[dist][errors]") {
+  model<Net> m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512});
+  AdamW opt(m, opts);
+  param_range const r = my_rows(dp.rank(), dp.size());
+  batch b = whole_batch(0);
+  dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r));  // reduces while backward runs
+  // Adding to gradients that are (being) reduced would count this rank's part P times.
+  for (dist::reduce when : {dist::reduce::now, dist::reduce::later})
+    CHECK_THROWS_AS(dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), 1.0, when), argument_error);
+  CHECK(m.passes() == 1);
+  opt.step();
+  std::vector<float> const reduced = tensor_to_host(m.gradients());
+  CHECK_THROWS_AS(dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r)), argument_error);
+  CHECK(tensor_to_host(m.gradients()) == reduced);
+  // A model in a wrapper refuses a pass that does not go through it.
+  m.zero_grad();
+  CHECK_THROWS_AS(m.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r)), argument_error);
+  // After zero_grad a step starts afresh.
+  CHECK(std::isfinite(dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt)));
+  CHECK(same_on_every_rank(params_of(m)));
+}
+
+TEST_CASE("bad input on one rank fails every rank with a clear error and changes nothing", "[dist][errors]") {
+  model<Net> m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_optimizer = true, .timeout_seconds = 60});
+  AdamW opt(m, opts);
+  param_range const r = my_rows(dp.rank(), dp.size());
+  batch b = whole_batch(0);
+  dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+  std::vector<float> const params = params_of(m), grads = tensor_to_host(m.gradients());
+  std::vector<float> const moments = tensor_to_host(opt.exp_avg().view());
+  std::uint64_t const passes = m.passes();
+  int const bad = dp.size() - 1;
+  batch wrong = whole_batch(1);
+  wrong.y.data()[r.begin] = std::int32_t(Out);  // a label out of range on the last rank only
+  try {
+    dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), dp.rank() == bad ? rows(wrong.y, r) : rows(b.y, r), opt);
+    FAIL("expected every rank to throw");
+  } catch (dist_error const& e) {
+    CHECK(dp.rank() != bad);
+    std::string const what = e.what();
+    INFO(what);
+    CHECK(what.find("rank " + std::to_string(bad) + " of " + std::to_string(dp.size()) + " failed") != std::string::npos);
+    CHECK(what.find("label") != std::string::npos);
+  } catch (argument_error const& e) {
+    CHECK(dp.rank() == bad);  // its own error, as alone
+  }
+  CHECK(params_of(m) == params);
+  CHECK(tensor_to_host(m.gradients()) == grads);
+  CHECK(tensor_to_host(opt.exp_avg().view()) == moments);
+  CHECK(m.passes() == passes);
+  // Every rank is still in step: training goes on.
+  batch next = whole_batch(1);
+  double const l = dp.train_step<SoftmaxCrossEntropy>(rows(next.x, r), rows(next.y, r), opt);
+  CHECK(std::isfinite(l));
+  CHECK(same_on_every_rank(params_of(m)));
+}
+
+TEST_CASE("ranks with different models or options fail at the start on every rank", "[dist][errors]") {
+  if (world_size() == 1) return;
+  bool const odd = world_rank() == world_size() - 1;
+  auto expect_dist_error = [](auto make, char const* words) {
+    try {
+      make();
+      FAIL("expected dist_error");
+    } catch (dist_error const& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(words) != std::string::npos);
+    }
+  };
+  // Another width: another parameter count.
+  expect_dist_error(
+      [&] {
+        if (odd) {
+          model<NetWith<Repeat<2, Block>>> m;
+          dist::data_parallel dp(m, MPI_COMM_WORLD);
+        } else {
+          model<Net> m;
+          dist::data_parallel dp(m, MPI_COMM_WORLD);
+        }
+      },
+      "expected the same model on every rank");
+  // The same parameters, another activation.
+  using TanhBlock = Residual<Seq<LayerNorm<W>, Linear<W, 32>, Tanh, Linear<32, W>>>;
+  expect_dist_error(
+      [&] {
+        if (odd) {
+          model<NetWith<Repeat<3, TanhBlock>>> m;
+          dist::data_parallel dp(m, MPI_COMM_WORLD);
+        } else {
+          model<Net> m;
+          dist::data_parallel dp(m, MPI_COMM_WORLD);
+        }
+      },
+      "the layer types differ");
+  expect_dist_error(
+      [&] {
+        model<Net> m;
+        dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_optimizer = odd});
+      },
+      "expected the same options on every rank");
+  // The model is left without a wrapper, and can be wrapped again.
+  model<Net> m;
+  dist::data_parallel dp(m, MPI_COMM_WORLD);
+  CHECK(m.gradient_sync() == &dp);
+}
+
+TEST_CASE("an optimizer built before a sharded wrapper is refused", "[dist][errors]") {
+  if (world_size() == 1) return;
+  model<Net> m(seed{7});
+  AdamW early(m, opts);
+  dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_optimizer = true});
+  param_range const r = my_rows(dp.rank(), dp.size());
+  batch b = whole_batch(0);
+  std::vector<float> const params = params_of(m);
+  try {
+    dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), early);
+    FAIL("expected argument_error");
+  } catch (argument_error const& e) {
+    CHECK(std::string(e.what()).find("build the optimizer after") != std::string::npos);
+  }
+  CHECK(params_of(m) == params);
+}
+
+TEST_CASE("sharding divides the optimizer state by the number of ranks", "[dist][memory]") {
+  for (bool shard : {false, true}) {
+    memory::caching_allocator<host> alloc;
+    model<Net> m(seed{7}, alloc);
+    dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_optimizer = shard});
+    AdamW opt(m, opts);
+    std::size_t const mine = dp.shard().size();
+    CHECK(mine == (shard ? n_params * std::size_t(dp.rank() + 1) / std::size_t(dp.size()) -
+                               n_params * std::size_t(dp.rank()) / std::size_t(dp.size())
+                         : n_params));
+    std::size_t const want = 2 * memory::caching_allocator<host>::rounded(mine * sizeof(float));
+    CHECK(alloc.stats()[memory::tag::optimizer_state].in_use == want);
+    // The shards cover the parameters exactly once.
+    std::size_t total = 0;
+    for (int q = 0; q < dp.size(); ++q) total += dp.shard_of(q).size();
+    CHECK(total == (shard ? n_params : n_params * std::size_t(dp.size())));
+  }
+}
+
+TEST_CASE("a loss scale's overflow skips the step on every rank together", "[dist][precision]") {
+  using P = mixed<bfloat16, DynamicLossScale>;
+  for (bool shard : {false, true}) {
+    INFO("shard_optimizer " << shard);
+    model<Net, host, P> m(seed{7});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard});
+    AdamW opt(m, opts);
+    param_range const r = my_rows(dp.rank(), dp.size());
+    batch b = whole_batch(0);
+    dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+    std::vector<float> const params = params_of(m);
+    double const scale = m.scaler().scale();
+    m.zero_grad();
+    dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), 1.0, dist::reduce::later);
+    // An overflow on the last rank only, in the last parameter (which the last rank's shard owns):
+    // the other ranks' own gradients are finite.
+    if (dp.rank() == dp.size() - 1) m.gradients().data()[n_params - 1] = std::numeric_limits<float>::infinity();
+    CHECK_FALSE(opt.step());
+    CHECK(opt.last_step_skipped());
+    CHECK(m.scaler().scale() == scale / 2);
+    CHECK(m.scaler().skipped_steps() == 1);
+    CHECK(params_of(m) == params);
+    CHECK(same_on_every_rank(params_of(m)));
+    // And the next step goes on together.
+    CHECK(std::isfinite(dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt)));
+    CHECK(same_on_every_rank(params_of(m)));
+  }
+}
+
+TEST_CASE("mixed precision data parallel follows one process on the whole batch", "[dist][precision]") {
+  using P = mixed<bfloat16, DynamicLossScale>;
+  std::vector<float> const ref = reference<Net, P>(3, opts);
+  for (bool shard : {false, true}) {
+    std::vector<float> const got = data_parallel_run<Net, P>(3, opts, {.bucket_bytes = 512, .shard_optimizer = shard});
+    CHECK(same_on_every_rank(got));
+    // bf16 activations: the halves' sums round differently from the whole batch's.
+    CHECK(max_abs_diff(got, ref) < 2e-3);
+  }
+}
+
+TEST_CASE("rank 0 saves; a sharded optimizer's file is the whole state", "[dist][io]") {
+  std::string const dir = REMAT_TEST_BINARY_DIR;
+  std::string const tag = std::to_string(world_size());
+  std::vector<float> full_m, sharded_m;
+  for (bool shard : {false, true}) {
+    model<Net> m(seed{7});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard});
+    AdamW opt(m, opts);
+    param_range const r = my_rows(dp.rank(), dp.size());
+    for (int t = 0; t < 2; ++t) {
+      batch b = whole_batch(t);
+      dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+    }
+    std::string const mp = dir + "/dist_model_" + tag + ".safetensors", op = dir + "/dist_adamw_" + tag + ".safetensors";
+    if (dp.rank() == 0) {
+      std::remove(mp.c_str());
+      std::remove(op.c_str());
+    }
+    dist::save(dp, mp);
+    dist::save(dp, opt, op);
+    MPI_Barrier(MPI_COMM_WORLD);
+    // Anyone can read them back as a model alone would.
+    model<Net> copy;
+    load(copy, mp);
+    CHECK(params_of(copy) == params_of(m));
+    AdamW whole(copy, opts);
+    load(whole, op);
+    CHECK(whole.steps() == 2);
+    (shard ? sharded_m : full_m) = tensor_to_host(whole.exp_avg().view());
+    CHECK((shard ? sharded_m : full_m).size() == n_params);
+    // And back into the sharded (or whole) optimizer: each rank takes its part.
+    std::vector<float> const mine = tensor_to_host(opt.exp_avg().view());
+    evaluate(opt.exp_avg(), expr::to_expr(0.0));
+    dist::load(dp, opt, op);
+    CHECK(tensor_to_host(opt.exp_avg().view()) == mine);
+    // A file that is not there: every rank throws, nothing changes.
+    CHECK_THROWS_AS(dist::load(dp, opt, dir + "/no_such_file.safetensors"), error);
+    CHECK(tensor_to_host(opt.exp_avg().view()) == mine);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  if (world_size() <= 2) CHECK(full_m == sharded_m);
+}
+
+TEST_CASE("a wait for a rank that does not come times out with dist_error", "[dist][errors]") {
+  if (world_size() == 1) return;
+  model<Net> m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, {.timeout_seconds = 0.5});
+  if (dp.rank() == 0) {
+    try {
+      dp.sum(1.0);  // the others arrive 3 s late
+      FAIL("expected dist_error");
+    } catch (dist_error const& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find("waited") != std::string::npos);
+    }
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  }
+  // The late ranks complete the abandoned sum; the ranks are in step again for the next one.
+  if (dp.rank() != 0) dp.sum(1.0);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("the reduced gradients are the whole batch's, and SGD follows one process", "[dist]") {
+  batch b = whole_batch(0);
+  model<Net> alone(seed{7});
+  alone.accumulate<SoftmaxCrossEntropy>(b.x.view(), b.y.view());
+  std::vector<float> const want = tensor_to_host(alone.gradients());
+  for (bool shard : {false, true}) {
+    INFO("shard_optimizer " << shard);
+    model<Net> m(seed{7});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard});
+    SGD opt(m, {.lr = 0.1, .momentum = 0.9});
+    param_range const r = my_rows(dp.rank(), dp.size());
+    dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r));
+    dp.finish();
+    // Averaged over the ranks, not summed: the gradient of the whole batch's mean loss. A sharded
+    // rank holds the reduced values of its own shard.
+    std::vector<float> const got = tensor_to_host(m.gradients());
+    param_range const mine = dp.shard();
+    double worst = 0, biggest = 0;
+    for (std::size_t i = mine.begin; i < mine.end; ++i) {
+      worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
+      biggest = std::max(biggest, std::abs(double(want[i])));
+    }
+    CHECK(biggest > 1e-2);
+    CHECK(worst < 1e-6 * biggest * 10);
+    opt.step();
+    for (int t = 1; t < 3; ++t) {
+      batch bt = whole_batch(t);
+      dp.train_step<SoftmaxCrossEntropy>(rows(bt.x, r), rows(bt.y, r), opt);
+    }
+    model<Net> ref(seed{7});
+    SGD ref_opt(ref, {.lr = 0.1, .momentum = 0.9});
+    for (int t = 0; t < 3; ++t) {
+      batch bt = whole_batch(t);
+      ref.train_step<SoftmaxCrossEntropy>(bt.x.view(), bt.y.view(), ref_opt);
+    }
+    CHECK(max_abs_diff(params_of(m), params_of(ref)) < 1e-5);
+    CHECK(same_on_every_rank(params_of(m)));
+  }
+}
