@@ -5,7 +5,8 @@
 set -euo pipefail
 
 cuda_root="${CUDAToolkit_ROOT:-/usr/local/cuda}"
-packages=(cmake make g++ catch2 libopenblas-dev libopenblas0-openmp libdnnl-dev python3-torch fortunes)
+packages=(cmake make g++ catch2 libopenblas-dev libopenblas0-openmp libdnnl-dev libopenmpi-dev openmpi-bin python3-torch
+          fortunes)
 # Thrust and CUB: the CUDA toolkit's CCCL when it is here, Debian's otherwise.
 if [ ! -f "$cuda_root/include/cccl/thrust/version.h" ] && [ ! -f "$cuda_root/include/thrust/version.h" ]; then
   packages+=(libthrust-dev libcub-dev)

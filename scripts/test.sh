@@ -3,7 +3,7 @@
 #   1. builds and runs the tests (ctest) with optimisation,
 #   2. builds and runs them again under AddressSanitizer and UndefinedBehaviorSanitizer,
 #   3. installs remat into a temporary prefix and builds and runs tests/consumer against it
-#      with find_package(remat CONFIG REQUIRED),
+#      with find_package(remat CONFIG REQUIRED) (and its remat::dist program under mpirun -np 2),
 #   4. when nvcc is here, compiles and links every public header and the CUDA paths for sm_90.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,10 @@ cmake --install build/default --prefix "$prefix/install" >/dev/null
 cmake -S tests/consumer -B "$prefix/consumer" -DCMAKE_PREFIX_PATH="$prefix/install" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$prefix/consumer" -j"$jobs"
 "$prefix/consumer/consumer"
+if [ -x "$prefix/consumer/consumer_dist" ]; then
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+    timeout 120 mpirun -np 2 "$prefix/consumer/consumer_dist"
+fi
 
 nvcc="${CUDAToolkit_ROOT:-/usr/local/cuda}/bin/nvcc"
 if [ -x "$nvcc" ] || command -v nvcc >/dev/null 2>&1; then

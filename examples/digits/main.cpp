@@ -4,12 +4,20 @@
 // and saves the weights as safetensors.
 //
 //   digits [--epochs N] [--data digits.csv] [--out digits.safetensors] [--seed S]
-//          [--precision fp32|bf16|half] [--against-fp32]
+//          [--precision fp32|bf16|half] [--against-fp32] [--mpi [--shard]]
 //
 // --precision bf16 trains mixed<bfloat16>, half trains mixed<half, DynamicLossScale> (fp32 master
 // weights either way); --against-fp32 then trains the fp32 model too and fails unless the test
 // accuracies are within one point.
+//
+// --mpi trains data-parallel under mpirun (remat::dist): each rank takes its share of every batch
+// of 64, gradients are averaged across the ranks, rank 0 prints and saves. --shard also splits the
+// AdamW state across the ranks (ZeRO stage 1):
+//   mpirun -np 2 build/default/examples/digits --mpi --shard
 #include <remat/remat.hpp>
+#ifdef REMAT_DIGITS_MPI
+#include <remat/dist/mpi.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -90,6 +99,7 @@ struct options {
   int epochs = 30;
   std::string data = REMAT_DIGITS_CSV, out = "digits.safetensors";
   std::uint64_t seed_value = 1;
+  bool mpi = false, shard = false;
 };
 
 // Trains model<Net, host, P> and returns its test accuracy.
@@ -98,8 +108,23 @@ double run(options const& o, dataset const& train, dataset const& test) {
   std::printf("\n== %s: model of %zu parameters\n", P::name, std::size_t(model<Net>::parameter_count));
   memory::caching_allocator<host> alloc;
   model<Net, host, P> m{seed{o.seed_value}, alloc};
+  int rank = 0, ranks = 1;
+#ifdef REMAT_DIGITS_MPI
+  // Data parallel: every rank starts from rank 0's weights; the optimizer built after it updates
+  // this rank's shard when --shard is given.
+  std::optional<dist::data_parallel<model<Net, host, P>>> dp;
+  if (o.mpi) {
+    dp.emplace(m, MPI_COMM_WORLD, dist::options{.shard_optimizer = o.shard});
+    rank = dp->rank();
+    ranks = dp->size();
+  }
+#endif
   AdamW opt(m, {.lr = 2e-3, .weight_decay = 0.05, .clip_norm = 1.0});
   constexpr std::size_t batch = 64;
+  // This rank's rows of every batch (all of them without --mpi).
+  std::size_t const lo = batch * std::size_t(rank) / std::size_t(ranks), hi = batch * std::size_t(rank + 1) / std::size_t(ranks);
+  if (ranks > 1) std::printf("data parallel over %d ranks: %zu of every %zu images per rank%s\n", ranks, hi - lo, batch,
+                             o.shard ? ", optimizer state sharded" : "");
   std::size_t const steps_per_epoch = train.n / batch;
   int const epochs = o.epochs;
   warmup_cosine schedule{.base_lr = 2e-3, .warmup = steps_per_epoch, .total = steps_per_epoch * std::size_t(epochs)};
@@ -122,7 +147,14 @@ double run(options const& o, dataset const& train, dataset const& test) {
         yb[b] = train.y[i];
       }
       opt.set_lr(schedule(opt.steps()));
-      loss_sum += m.template train_step<SoftmaxCrossEntropy>(xb, yb, opt);
+      auto const x = xb.view().row_range(lo, hi - lo);
+      auto const y = yb.view().row_range(lo, hi - lo);
+#ifdef REMAT_DIGITS_MPI
+      if (dp) {
+        loss_sum += dp->template train_step<SoftmaxCrossEntropy>(x, y, opt);  // the loss over all ranks
+      } else
+#endif
+        loss_sum += m.template train_step<SoftmaxCrossEntropy>(x, y, opt);
       if (!tty) continue;
       int const done = int(20 * (s + 1) / steps_per_epoch);
       std::printf("\repoch %3d/%d [%.*s%.*s] loss %.4f", epoch, epochs, done, "####################", 20 - done,
@@ -142,7 +174,12 @@ double run(options const& o, dataset const& train, dataset const& test) {
   std::printf("\n%s: test accuracy %.2f%% (%zu images), %.1f s of training\n\n", P::name, 100 * test_acc, test.n,
               seconds);
   std::printf("%s", alloc.summary().c_str());
-  save(m, o.out);
+#ifdef REMAT_DIGITS_MPI
+  if (dp) {
+    dist::save(*dp, o.out);  // from rank 0
+  } else
+#endif
+    save(m, o.out);
   std::printf("weights (fp32 master) saved to %s\n", o.out.c_str());
   return test_acc;
 }
@@ -159,6 +196,8 @@ int main(int argc, char** argv) {
     else if (has_value && !std::strcmp(argv[i], "--out")) o.out = argv[++i];
     else if (has_value && !std::strcmp(argv[i], "--seed")) o.seed_value = std::strtoull(argv[++i], nullptr, 10);
     else if (has_value && !std::strcmp(argv[i], "--precision")) precision = argv[++i];
+    else if (!std::strcmp(argv[i], "--mpi")) o.mpi = true;
+    else if (!std::strcmp(argv[i], "--shard")) o.shard = true;
     else {
       std::fprintf(stderr, "digits: unknown or incomplete option '%s'\n", argv[i]);
       return 1;
@@ -168,6 +207,23 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "digits: --precision must be fp32, bf16 or half, found '%s'\n", precision.c_str());
     return 1;
   }
+  if (o.shard && !o.mpi) {
+    std::fprintf(stderr, "digits: --shard needs --mpi\n");
+    return 1;
+  }
+#ifdef REMAT_DIGITS_MPI
+  std::optional<dist::environment> env;
+  if (o.mpi) {
+    env.emplace(argc, argv);
+    // Every rank trains and evaluates the same weights; rank 0 speaks for them.
+    if (dist::environment::world_rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
+  }
+#else
+  if (o.mpi) {
+    std::fprintf(stderr, "digits: --mpi needs a build with MPI (install libopenmpi-dev and reconfigure)\n");
+    return 1;
+  }
+#endif
   dataset all = read_csv(o.data), train, test;
   split(all, train, test);
   std::printf("digits: %zu images (%zu train, %zu test)\n", all.n, train.n, test.n);

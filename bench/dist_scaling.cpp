@@ -1,0 +1,126 @@
+// Data-parallel scaling of the residual-MLP training step (the policies benchmark's model,
+// d = 1024) over MPI ranks, at a fixed global batch split across the ranks:
+//
+//   mpirun -np P bench_dist [--blocks 8] [--batch 256] [--policy stored|checkpoint] [--shard]
+//                           [--bucket-mib 4] [--steps 7] [--warmup 2] [--alone]
+//
+// --alone trains the model without remat::dist (one process, no communicator): the baseline.
+// Rank 0 prints one JSON line: ranks, OpenMP threads per rank, the median step time, samples per
+// second, the bytes each rank sent into reductions per step against the model's gradient bytes,
+// the bytes all-gathered (sharded), the buckets and how many started while backward was running,
+// and each rank's optimizer-state bytes. bench/dist_scaling.sh runs the configurations and writes
+// the table.
+#include <remat/dist/mpi.hpp>
+#include <remat/remat.hpp>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace remat;
+
+namespace {
+
+constexpr std::size_t D = 1024;
+using Block = Residual<Seq<LayerNorm<D>, Linear<D, D>, GELU, Linear<D, D>>>;
+constexpr std::size_t N = 8;
+using Stored = Seq<Repeat<N, Block>, LayerNorm<D>>;
+using Checkpoint = Seq<Repeat<N, Checkpointed<Block>>, LayerNorm<D>>;
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  std::size_t const n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct config {
+  std::size_t batch = 256;
+  std::string policy = "stored";
+  bool shard = false, alone = false;
+  double bucket_mib = 4;
+  int steps = 7, warmup = 2;
+};
+
+template <class Net>
+int run(config const& c) {
+  memory::caching_allocator<host> alloc;
+  model<Net> m(seed{1}, alloc);
+  int rank = 0, ranks = 1;
+  std::optional<dist::data_parallel<model<Net>>> dp;
+  if (!c.alone) {
+    dp.emplace(m, MPI_COMM_WORLD,
+               dist::options{.bucket_bytes = std::size_t(c.bucket_mib * 1048576.0), .shard_optimizer = c.shard});
+    rank = dp->rank();
+    ranks = dp->size();
+  }
+  AdamW opt(m, {.lr = 1e-4});
+  std::size_t const lo = c.batch * std::size_t(rank) / std::size_t(ranks);
+  std::size_t const hi = c.batch * std::size_t(rank + 1) / std::size_t(ranks);
+  tensor<float> x(index_t(hi - lo), index_t(D)), y(index_t(hi - lo), index_t(D));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x.data()[i] = float(std::sin(0.001 * double(i + lo * D)));
+    y.data()[i] = float(std::cos(0.002 * double(i + lo * D)));
+  }
+  std::vector<double> times;
+  double loss = 0;
+  for (int s = 0; s < c.warmup + c.steps; ++s) {
+    if (dp) MPI_Barrier(MPI_COMM_WORLD);
+    double const t0 = now();
+    loss = dp ? dp->template train_step<MSE>(x.view(), y.view(), opt) : m.template train_step<MSE>(x.view(), y.view(), opt);
+    double const t = now() - t0;
+    if (s >= c.warmup) times.push_back(t);
+  }
+  // Every rank's median; the slowest sets the pace.
+  double step = median(times);
+  if (dp) MPI_Allreduce(MPI_IN_PLACE, &step, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (rank != 0) return 0;
+  dist::traffic const tr = dp ? dp->last_step_traffic() : dist::traffic{};
+  std::size_t const grad_bytes = model<Net>::parameter_count * sizeof(float);
+  double const flop = 3.0 * 2.0 * double(c.batch) * double(N) * 2.0 * double(D) * double(D);
+  std::printf(
+      "{\"bench\": \"dist\", \"mode\": \"%s\", \"ranks\": %d, \"threads\": %d, \"policy\": \"%s\", \"shard\": %s, "
+      "\"batch\": %zu, \"blocks\": %zu, \"width\": %zu, \"step_s\": %.6f, \"samples_per_s\": %.1f, "
+      "\"gflop_per_s\": %.2f, \"model_grad_bytes\": %zu, \"reduced_bytes\": %zu, \"gathered_bytes\": %zu, "
+      "\"buckets\": %zu, \"overlapped_buckets\": %zu, \"optimizer_state_bytes\": %zu, \"loss\": %.6f}\n",
+      c.alone ? "alone" : "dist", ranks, omp_get_max_threads(), c.policy.c_str(), c.shard ? "true" : "false", c.batch,
+      N, D, step, double(c.batch) / step, flop / step * 1e-9, grad_bytes, tr.reduced, tr.gathered, tr.buckets,
+      tr.overlapped, alloc.stats()[memory::tag::optimizer_state].in_use, loss);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  config c;
+  for (int i = 1; i < argc; ++i) {
+    bool const v = i + 1 < argc;
+    if (v && !std::strcmp(argv[i], "--batch")) c.batch = std::size_t(std::atol(argv[++i]));
+    else if (v && !std::strcmp(argv[i], "--policy")) c.policy = argv[++i];
+    else if (v && !std::strcmp(argv[i], "--steps")) c.steps = std::atoi(argv[++i]);
+    else if (v && !std::strcmp(argv[i], "--warmup")) c.warmup = std::atoi(argv[++i]);
+    else if (v && !std::strcmp(argv[i], "--bucket-mib")) c.bucket_mib = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--shard")) c.shard = true;
+    else if (!std::strcmp(argv[i], "--alone")) c.alone = true;
+    else {
+      std::fprintf(stderr, "bench_dist: unknown or incomplete option '%s'\n", argv[i]);
+      return 1;
+    }
+  }
+  if (c.policy != "stored" && c.policy != "checkpoint") {
+    std::fprintf(stderr, "bench_dist: --policy must be stored or checkpoint, found '%s'\n", c.policy.c_str());
+    return 1;
+  }
+  if (c.alone) return c.policy == "stored" ? run<Stored>(c) : run<Checkpoint>(c);
+  dist::environment env(argc, argv);
+  return c.policy == "stored" ? run<Stored>(c) : run<Checkpoint>(c);
+}
