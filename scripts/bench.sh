@@ -4,12 +4,13 @@
 #   expr-host.*      fused expressions against op-by-op evaluation and copy bandwidth
 #   policies-host.*  the residual-MLP training step under every storage policy, interleaved with
 #                    PyTorch on the same model (bench/compare_torch.py), and a plot (.png)
+#   dist-host.*      data-parallel scaling from 1 to 2 MPI ranks beside PyTorch DDP (bench/dist_scaling.sh)
 # Arguments go to compare_torch.py (e.g. --quick for a smoke run, --steps 9).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh python3-matplotlib
 cmake --preset default >/dev/null
-cmake --build --preset default --target bench_expr bench_policies -j"$(nproc)"
+cmake --build --preset default --target bench_expr bench_policies bench_dist -j"$(nproc)"
 mkdir -p bench/results
 stamp="$(date -u +%Y-%m-%d)"
 raw="$(mktemp)"
@@ -29,3 +30,5 @@ echo "wrote bench/results/expr-host.md and bench/results/expr-host.jsonl"
 # Transformers: GPT-2 blocks (width 512, 8 heads, 256 tokens, batch 16, N = 4, 8, 16) with every policy.
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --workload gpt \
   --out bench/results/gpt-host "$@"
+# Data parallelism: 1 process against 2 MPI ranks, remat::dist beside PyTorch DDP over gloo.
+bash bench/dist_scaling.sh build/default/bench/bench_dist

@@ -216,9 +216,12 @@ TEST_CASE("a pass after the step's reduction is refused on every rank", "[dist][
   std::vector<float> const reduced = tensor_to_host(m.gradients());
   CHECK_THROWS_AS(dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r)), argument_error);
   CHECK(tensor_to_host(m.gradients()) == reduced);
-  // A model in a wrapper refuses a pass that does not go through it.
+  // A model in a wrapper refuses a pass that does not go through it, and changes nothing.
+  CHECK_THROWS_AS(m.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt), argument_error);
+  CHECK(tensor_to_host(m.gradients()) == reduced);
   m.zero_grad();
   CHECK_THROWS_AS(m.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r)), argument_error);
+  CHECK(m.passes() == 1);
   // After zero_grad a step starts afresh.
   CHECK(std::isfinite(dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt)));
   CHECK(same_on_every_rank(params_of(m)));

@@ -49,6 +49,7 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -183,12 +184,19 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    for (int q = 0; q < size_; ++q) {
+      k_->counts.push_back(int(shard_of(q).size()));
+      k_->displs.push_back(int(shard_of(q).begin));
+    }
     try {
       check_signatures();
       plan_buckets();
       broadcast_parameters();
     } catch (...) {
-      MPI_Comm_free(&comm_);
+      if (timed_out_)
+        (void)k_.release();
+      else
+        MPI_Comm_free(&comm_);
       throw;
     }
     model_.set_replica(std::uint64_t(rank_));
@@ -198,7 +206,13 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   data_parallel& operator=(data_parallel const&) = delete;
   ~data_parallel() override {
     if (model_.gradient_sync() == this) model_.set_gradient_sync(nullptr);
-    if (requests_.empty()) MPI_Comm_free(&comm_);  // a failed rank's pending messages keep it alive
+    // After a timeout, messages abandoned in flight may still write into the scratch buffers and
+    // use the communicator: both are left alive (the run is over anyway).
+    if (timed_out_ || !requests_.empty()) {
+      (void)k_.release();
+      return;
+    }
+    MPI_Comm_free(&comm_);
   }
 
   int rank() const { return rank_; }
@@ -223,11 +237,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       detail::check(MPI_Ibcast(p + b, int(std::min(chunk, n - b)), detail::datatype<T>(), 0, comm_, &r), "MPI_Ibcast");
       wait(r, "the parameters' broadcast from rank 0");
     }
-    std::uint64_t passes = model_.passes();
+    k_->u = model_.passes();
     MPI_Request r;
-    detail::check(MPI_Ibcast(&passes, 1, MPI_UINT64_T, 0, comm_, &r), "MPI_Ibcast");
+    detail::check(MPI_Ibcast(&k_->u, 1, MPI_UINT64_T, 0, comm_, &r), "MPI_Ibcast");
     wait(r, "the pass count's broadcast from rank 0");
-    model_.set_passes(passes);
+    model_.set_passes(k_->u);
     model_.parameters_changed();
   }
 
@@ -276,11 +290,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
 
   // The sum of a value over the ranks (every rank gets it).
   double sum(double x) {
-    double out = 0;
+    k_->d_in = x;
     MPI_Request r;
-    detail::check(MPI_Iallreduce(&x, &out, 1, MPI_DOUBLE, MPI_SUM, comm_, &r), "MPI_Iallreduce");
+    detail::check(MPI_Iallreduce(&k_->d_in, &k_->d_out, 1, MPI_DOUBLE, MPI_SUM, comm_, &r), "MPI_Iallreduce");
     wait(r, "a sum over the ranks");
-    return out;
+    return k_->d_out;
   }
 
   // Runs f on every rank; if it throws on any, every rank throws: a failing rank its own
@@ -298,20 +312,22 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       err = std::current_exception();
       msg = "an exception that is not a std::exception";
     }
-    int mine = err ? rank_ : size_, first = size_;
+    k_->i_in = err ? rank_ : size_;
     MPI_Request r;
-    detail::check(MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm_, &r), "MPI_Iallreduce");
+    detail::check(MPI_Iallreduce(&k_->i_in, &k_->i_out, 1, MPI_INT, MPI_MIN, comm_, &r), "MPI_Iallreduce");
     wait(r, what);
+    int const first = k_->i_out;
     if (first == size_) return;
-    std::uint64_t len = msg.size();
-    detail::check(MPI_Ibcast(&len, 1, MPI_UINT64_T, first, comm_, &r), "MPI_Ibcast");
+    k_->u = std::min<std::uint64_t>(msg.size(), INT_MAX);
+    detail::check(MPI_Ibcast(&k_->u, 1, MPI_UINT64_T, first, comm_, &r), "MPI_Ibcast");
     wait(r, what);
-    msg.resize(len);
-    if (len) {
-      detail::check(MPI_Ibcast(msg.data(), int(std::min<std::uint64_t>(len, INT_MAX)), MPI_CHAR, first, comm_, &r),
-                    "MPI_Ibcast");
+    k_->msg = msg;
+    k_->msg.resize(k_->u);
+    if (k_->u) {
+      detail::check(MPI_Ibcast(k_->msg.data(), int(k_->u), MPI_CHAR, first, comm_, &r), "MPI_Ibcast");
       wait(r, what);
     }
+    msg = k_->msg;
     if (err) std::rethrow_exception(err);
     REMAT_NAMESPACE::detail::raise<dist_error>(what, ": rank ", first, " of ", size_, " failed, so every rank stops: ",
                                                msg);
@@ -321,26 +337,24 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // the optimizer is not sharded; other ranks get an empty vector).
   std::vector<T> gather_shards(std::vector<T> const& mine) {
     if (!o_.shard_optimizer) return rank_ == 0 ? mine : std::vector<T>{};
-    std::vector<int> counts(static_cast<std::size_t>(size_)), displs(static_cast<std::size_t>(size_));
-    for (int r = 0; r < size_; ++r) {
-      counts[std::size_t(r)] = int(shard_of(r).size());
-      displs[std::size_t(r)] = int(shard_of(r).begin);
-    }
-    std::vector<T> all(rank_ == 0 ? n : 0);
+    k_->send = mine;
+    k_->gathered.assign(rank_ == 0 ? n : 0, T(0));
     MPI_Request r;
-    detail::check(MPI_Igatherv(mine.data(), int(mine.size()), detail::datatype<T>(), all.data(), counts.data(),
-                               displs.data(), detail::datatype<T>(), 0, comm_, &r),
+    detail::check(MPI_Igatherv(k_->send.data(), int(k_->send.size()), detail::datatype<T>(), k_->gathered.data(),
+                               k_->counts.data(), k_->displs.data(), detail::datatype<T>(), 0, comm_, &r),
                   "MPI_Igatherv");
     wait(r, "the optimizer state's gather to rank 0");
-    return all;
+    return std::move(k_->gathered);
   }
 
   // --- the model's and the optimizer's side (remat::detail::gradient_sync) ---
-  void pass_starting() override {
+  void check_pass() const override {
     if (!inside_)
       REMAT_NAMESPACE::detail::raise<argument_error>(
-          "model::accumulate: this model is wrapped in a remat::dist::data_parallel; train it through the wrapper "
+          "model: this model is wrapped in a remat::dist::data_parallel; train it through the wrapper "
           "(dp.accumulate or dp.train_step) so that every rank takes part");
+  }
+  void pass_starting() override {
     pending_ = true;
     next_ = 0;
     if (overlap_) started_ = true;
@@ -357,7 +371,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       if (done) requests_.clear();
     }
   }
-  void gradients_zeroed() override {
+  void zeroing_gradients() override {
     if (!requests_.empty()) wait_all("the gradients' reduction");
     pending_ = reduced_ = started_ = false;
     next_ = 0;
@@ -371,28 +385,23 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     pending_ = false;
   }
   double agree_squares(double local) override {
-    double out = 0;
+    k_->d_in = local;
     MPI_Request r;
     // Sharded: the parts add up. Whole: every rank holds the same gradients; the maximum makes the
     // decision one even if an MPI sums in different orders on different ranks.
-    detail::check(MPI_Iallreduce(&local, &out, 1, MPI_DOUBLE, o_.shard_optimizer ? MPI_SUM : MPI_MAX, comm_, &r),
-                  "MPI_Iallreduce");
+    detail::check(
+        MPI_Iallreduce(&k_->d_in, &k_->d_out, 1, MPI_DOUBLE, o_.shard_optimizer ? MPI_SUM : MPI_MAX, comm_, &r),
+        "MPI_Iallreduce");
     wait(r, "the gradient norm's agreement");
-    return out;
+    return k_->d_out;
   }
   void after_update(bool stepped) override {
     last_ = traffic_;
     traffic_ = {};
     if (!stepped || !o_.shard_optimizer) return;
-    std::vector<int> counts(std::size_t(size_), 0), displs(std::size_t(size_), 0);
-    for (int r = 0; r < size_; ++r) {
-      param_range const s = shard_of(r);
-      counts[std::size_t(r)] = int(s.size());
-      displs[std::size_t(r)] = int(s.begin);
-    }
     MPI_Request r;
-    detail::check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, model_.parameters().data(), counts.data(),
-                                  displs.data(), detail::datatype<T>(), comm_, &r),
+    detail::check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, model_.parameters().data(), k_->counts.data(),
+                                  k_->displs.data(), detail::datatype<T>(), comm_, &r),
                   "MPI_Iallgatherv");
     wait(r, "the parameters' all-gather");
     last_.gathered = (n - shard().size()) * sizeof(T);
@@ -405,6 +414,17 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   struct bucket {
     std::size_t begin, end;
   };
+  // What small messages read and write: on the heap, so that a message abandoned by a timeout
+  // never writes into a stack frame that is gone.
+  struct scratch {
+    int i_in = 0, i_out = 0;
+    double d_in = 0, d_out = 0;
+    std::uint64_t u = 0;
+    std::string msg;
+    std::vector<std::uint64_t> sig_mine, sig_all;
+    std::vector<int> counts, displs;  // the shards, for gathers
+    std::vector<T> send, gathered;
+  };
 
   // Every rank's signature against rank 0's: the model's type, its parameters (names and shapes),
   // precision and the options that shape the messages.
@@ -416,18 +436,21 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       table += ";";
     }
     constexpr std::size_t K = 7;
-    std::array<std::uint64_t, K> mine{n,
+    std::array<std::uint64_t, K> const mine{n,
                                       detail::fnv1a(table),
                                       detail::fnv1a(detail::type_name<typename Model::net>()),
                                       sizeof(T) * 256 + sizeof(typename Model::compute_type),
                                       o_.bucket_bytes,
                                       o_.shard_optimizer ? 1u : 0u,
                                       std::uint64_t(Model::mixed_precision)};
-    std::vector<std::uint64_t> all(K * std::size_t(size_));
+    k_->sig_mine.assign(mine.begin(), mine.end());
+    k_->sig_all.assign(K * std::size_t(size_), 0);
     MPI_Request r;
-    detail::check(MPI_Iallgather(mine.data(), int(K), MPI_UINT64_T, all.data(), int(K), MPI_UINT64_T, comm_, &r),
+    detail::check(MPI_Iallgather(k_->sig_mine.data(), int(K), MPI_UINT64_T, k_->sig_all.data(), int(K), MPI_UINT64_T,
+                                 comm_, &r),
                   "MPI_Iallgather");
     wait(r, "the model signatures' exchange");
+    std::vector<std::uint64_t> const all = k_->sig_all;
     for (int q = 1; q < size_; ++q) {
       std::uint64_t const* a = all.data();
       std::uint64_t const* b = all.data() + K * std::size_t(q);
@@ -504,16 +527,20 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       detail::check(MPI_Testall(int(rs.size()), rs.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
       if (done) return;
       double const waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > o_.timeout_seconds)
+      if (waited > o_.timeout_seconds) {
+        timed_out_ = true;
         REMAT_NAMESPACE::detail::raise<dist_error>("data_parallel: rank ", rank_, " of ", size_, " waited ", waited,
                                                    " s for ", what,
                                                    " (timeout_seconds); another rank has failed or is not running "
-                                                   "the same step");
+                                                   "the same step; this communicator is unusable now");
+      }
     }
   }
 
   Model& model_;
   options o_;
+  std::unique_ptr<scratch> k_ = std::make_unique<scratch>();
+  bool timed_out_ = false;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::vector<bucket> buckets_;

@@ -119,7 +119,10 @@ class model {
       detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
                                  x.cols(), reads_ids ? " (and token ids have none)" : "");
     warn_unscaled_half();
-    if (sync_) sync_->pass_starting();
+    if (sync_) {
+      sync_->check_pass();
+      sync_->pass_starting();
+    }
     state_type s = make_state(true, x);
     s.step = dropout_stream();
     s.sync = sync_;
@@ -151,14 +154,15 @@ class model {
   }
 
   void zero_grad() {
+    if (sync_) sync_->zeroing_gradients();
     evaluate(grads_, expr::to_expr(0.0));
-    if (sync_) sync_->gradients_zeroed();
   }
 
   // zero_grad, accumulate, optimizer step.
   template <class Loss, class Optimizer>
   double train_step(input_view x, typename Loss::template target_type<T, Device> target, Optimizer& opt) {
     validate<Loss>(x, target);  // before zero_grad: bad input changes nothing
+    if (sync_) sync_->check_pass();
     zero_grad();
     double const l = accumulate<Loss>(x, target);
     opt.step();

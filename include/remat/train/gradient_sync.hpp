@@ -25,12 +25,14 @@ namespace detail {
 class gradient_sync {
  public:
   virtual ~gradient_sync() = default;
-  // A training pass is about to start (throws, before anything changes, when it may not).
+  // Throws, before anything changes, when a training pass may not start now.
+  virtual void check_pass() const = 0;
+  // A training pass starts.
   virtual void pass_starting() = 0;
   // During backward: the gradients from `offset` to the end are final. The pass ends with 0.
   virtual void gradients_ready(std::size_t offset) = 0;
-  // The model's gradients were set to zero.
-  virtual void gradients_zeroed() = 0;
+  // The model's gradients are about to be set to zero (what still reads them finishes first).
+  virtual void zeroing_gradients() = 0;
   // The parameters this process's optimizer updates (all of them unless the state is sharded).
   virtual param_range shard() const = 0;
   // Before an optimizer reads the gradients: every reduction finished.
