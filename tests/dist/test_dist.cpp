@@ -327,6 +327,7 @@ TEST_CASE("an optimizer built before a sharded wrapper is refused", "[dist][erro
     CHECK(std::string(e.what()).find("build the optimizer after") != std::string::npos);
   }
   CHECK(params_of(m) == params);
+  CHECK(m.passes() == 0);  // refused before the pass
 }
 
 TEST_CASE("sharding divides the optimizer state by the number of ranks", "[dist][memory]") {

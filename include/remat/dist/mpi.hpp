@@ -259,31 +259,24 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
             "of this step; zero them first (model.zero_grad(), or train_step), and pass reduce::later for every "
             "micro-batch but the last");
     });
-    overlap_ = when == reduce::now;
-    inside_ = true;
-    struct reset {
-      data_parallel* d;
-      ~reset() { d->inside_ = false; d->overlap_ = false; }
-    } guard{this};
-    return model_.template accumulate<Loss>(x, target, weight / double(size_));
+    return as_pass(when == reduce::now, [&] { return model_.template accumulate<Loss>(x, target, weight / double(size_)); });
   }
 
   // zero_grad, accumulate (reduced while backward runs), the optimizer's step. Returns the loss
   // averaged over the ranks (on every rank).
   template <class Loss, class Optimizer>
   double train_step(input_view x, target_type<Loss> target, Optimizer& opt) {
-    agree("data_parallel::train_step", [&] { model_.template validate<Loss>(x, target); });
+    agree("data_parallel::train_step", [&] {
+      model_.template validate<Loss>(x, target);
+      if constexpr (requires { opt.range(); })
+        if (opt.range() != shard())
+          REMAT_NAMESPACE::detail::raise<argument_error>(
+              "data_parallel::train_step: the optimizer updates parameters [", opt.range().begin, ", ",
+              opt.range().end, ") but this rank's shard is [", shard().begin, ", ", shard().end,
+              "); build the optimizer after the remat::dist::data_parallel");
+    });
     model_.zero_grad();
-    overlap_ = true;
-    inside_ = true;
-    double local = 0;
-    {
-      struct reset {
-        data_parallel* d;
-        ~reset() { d->inside_ = false; d->overlap_ = false; }
-      } guard{this};
-      local = model_.template accumulate<Loss>(x, target, 1.0 / double(size_));
-    }
+    double const local = as_pass(true, [&] { return model_.template accumulate<Loss>(x, target, 1.0 / double(size_)); });
     opt.step();
     return sum(local) / double(size_);
   }
@@ -414,6 +407,19 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   struct bucket {
     std::size_t begin, end;
   };
+
+  // Runs a training pass started by this wrapper (which the model's check_pass accepts), reducing
+  // its buckets during backward when `overlap`.
+  template <class F>
+  double as_pass(bool overlap, F&& pass) {
+    struct reset {
+      data_parallel* d;
+      ~reset() { d->inside_ = d->overlap_ = false; }
+    } guard{this};
+    overlap_ = overlap;
+    inside_ = true;
+    return pass();
+  }
   // What small messages read and write: on the heap, so that a message abandoned by a timeout
   // never writes into a stack frame that is gone.
   struct scratch {

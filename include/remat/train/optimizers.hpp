@@ -87,6 +87,8 @@ class optimizer_base {
   bool last_step_skipped() const { return last_skipped_; }
   // The loss scale of the model this optimizer was built from (null over bare buffers).
   loss_scaler* scaler() const { return scaler_; }
+  // The parameters of its model that this optimizer updates (a data-parallel shard, or all).
+  param_range range() const { return range_; }
 
  protected:
   template <class Model>
@@ -173,6 +175,7 @@ class AdamW : public detail::optimizer_base<T, D, C> {
     if (grads.size() != params.size())
       detail::raise<shape_error>("AdamW: expected as many gradients as parameters (", params.size(), "), found ",
                                  grads.size());
+    this->range_ = {0, p_.size()};
     evaluate(m_, expr::to_expr(0.0));
     evaluate(v_, expr::to_expr(0.0));
   }
@@ -244,6 +247,7 @@ class SGD : public detail::optimizer_base<T, D, C> {
     if (grads.size() != params.size())
       detail::raise<shape_error>("SGD: expected as many gradients as parameters (", params.size(), "), found ",
                                  grads.size());
+    this->range_ = {0, p_.size()};
     if (o_.nesterov && o_.momentum <= 0)
       detail::raise<argument_error>("SGD: Nesterov momentum needs a momentum > 0, found ", o_.momentum);
     if (o_.momentum != 0) buf_ = tensor<T, D>(index_t(p_.size()), 1, memory::tag::optimizer_state, alloc);
