@@ -19,6 +19,14 @@
 #define REMAT_HAS_CUDA 0
 #endif
 
+// A lambda that kernels run on either device: `[=] REMAT_LAMBDA(std::size_t i) { ... }` (nvcc
+// needs --extended-lambda, which remat::remat's CUDA compile options carry).
+#if defined(__CUDACC__)
+#define REMAT_LAMBDA __host__ __device__
+#else
+#define REMAT_LAMBDA
+#endif
+
 #if defined(__CUDA_ARCH__)
 #define REMAT_DEVICE_CODE 1
 #else

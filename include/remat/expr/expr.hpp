@@ -35,9 +35,34 @@ using expr::sum;
 using expr::sum_squares;
 using expr::tanh;
 using expr::to_expr;
-using expr::operator+;
-using expr::operator-;
-using expr::operator*;
-using expr::operator/;
+
+// Tensors and views live in remat::, so operators on them (with no expression among the operands;
+// expr:: serves those) are declared here: nvcc's front end does not find operators brought in by a
+// using-declaration through argument-dependent lookup.
+template <class A, class B>
+  requires expr::operands<A, B> && (!expr::expression<A> && !expr::expression<B>)
+auto operator+(A const& a, B const& b) {
+  return expr::to_expr(a) + expr::to_expr(b);
+}
+template <class A, class B>
+  requires expr::operands<A, B> && (!expr::expression<A> && !expr::expression<B>)
+auto operator-(A const& a, B const& b) {
+  return expr::to_expr(a) - expr::to_expr(b);
+}
+template <class A, class B>
+  requires expr::operands<A, B> && (!expr::expression<A> && !expr::expression<B>)
+auto operator*(A const& a, B const& b) {
+  return expr::to_expr(a) * expr::to_expr(b);
+}
+template <class A, class B>
+  requires expr::operands<A, B> && (!expr::expression<A> && !expr::expression<B>)
+auto operator/(A const& a, B const& b) {
+  return expr::to_expr(a) / expr::to_expr(b);
+}
+template <class A>
+  requires expr::tensor_like<A>
+auto operator-(A const& a) {
+  return -expr::to_expr(a);
+}
 
 }  // namespace REMAT_NAMESPACE

@@ -45,6 +45,24 @@ constexpr typename S::act_type training_pass(S& s, typename S::param_ptr p, type
   return Net::backward(s, p, g, std::move(dy));
 }
 
+// The stream a model's work goes to: none on the host; on the GPU one stream per model, current
+// while the model runs (so a step issues everything without waiting, and two models on two host
+// threads run side by side).
+template <class Device>
+struct model_stream {
+  struct scope_type {};
+  scope_type scope() { return {}; }
+  void synchronize() {}
+};
+#if REMAT_HAS_CUDA
+template <>
+struct model_stream<cuda> {
+  owned_cuda_stream stream;
+  cuda_stream_scope scope() { return cuda_stream_scope(stream.get()); }
+  void synchronize() { stream.synchronize(); }
+};
+#endif
+
 }  // namespace detail
 
 // What the last training pass of a model did.
@@ -79,10 +97,12 @@ class model {
   using allocator_type = memory::caching_allocator<Device>;
 
   explicit model(seed s = {}, allocator_type& alloc = memory::default_allocator<Device>())
-      : alloc_(&alloc),
+      : stream_(),
+        alloc_(&alloc),
         params_(index_t(stored_count()), 1, memory::tag::parameters, alloc),
         grads_(index_t(stored_count()), 1, memory::tag::gradients, alloc),
         seed_(s.value) {
+    auto const on_stream = stream_.scope();
     if constexpr (mixed_precision) compute_params_ = tensor<C, Device>(index_t(stored_count()), 1, memory::tag::parameters, alloc);
     std::vector<T> host_params(stored_count(), T(0));
     Net::init(host_params.data(), 0, seed_);
@@ -93,6 +113,7 @@ class model {
 
   // Inference: nothing is saved for a backward pass.
   tensor<T, Device> forward(input_view x) const {
+    auto const on_stream = stream_.scope();
     validate_input(x);
     state_type s = make_state(false, x);
     act<C, Device> y = Net::forward(s, weights(), input_act(s, x));
@@ -102,6 +123,7 @@ class model {
   // The loss of the model on (x, target), without training.
   template <class Loss>
   double loss(input_view x, typename Loss::template target_type<T, Device> target) const {
+    auto const on_stream = stream_.scope();
     validate_input(x);
     Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
     tensor<T, Device> y = forward(x);
@@ -114,6 +136,7 @@ class model {
   template <class Loss>
   double accumulate(input_view x, typename Loss::template target_type<T, Device> target, double weight = 1.0,
                     tensor<T, Device>* dx = nullptr) {
+    auto const on_stream = stream_.scope();
     validate<Loss>(x, target);
     if (dx && (reads_ids || dx->rows() != x.rows() || dx->cols() != x.cols()))
       detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
@@ -145,6 +168,7 @@ class model {
   // backward and without advancing anything: what finite differences of accumulate() measure.
   template <class Loss>
   double training_loss(input_view x, typename Loss::template target_type<T, Device> target) const {
+    auto const on_stream = stream_.scope();
     validate_input(x);
     Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
     state_type s = make_state(true, x);
@@ -154,6 +178,7 @@ class model {
   }
 
   void zero_grad() {
+    auto const on_stream = stream_.scope();
     if (sync_) sync_->zeroing_gradients();
     evaluate(grads_, expr::to_expr(0.0));
   }
@@ -161,6 +186,7 @@ class model {
   // zero_grad, accumulate, optimizer step.
   template <class Loss, class Optimizer>
   double train_step(input_view x, typename Loss::template target_type<T, Device> target, Optimizer& opt) {
+    auto const on_stream = stream_.scope();
     validate<Loss>(x, target);  // before zero_grad: bad input changes nothing
     if (sync_) sync_->check_pass();
     zero_grad();
@@ -268,12 +294,13 @@ class model {
     if (want != any_width && x.cols() != want)
       detail::raise<shape_error>("model input: expected ", want, reads_ids ? " token id" : " features",
                                  " per row, found ", x.cols());
+    require_device_memory<Device>(x.data(), "model input");
     if constexpr (reads_ids) {
       using E = typename detail::first_layer<Net>::type;
-      for (std::size_t i = 0; i < x.size(); ++i)
-        if (x[i] < 0 || std::size_t(x[i]) >= E::vocabulary)
-          detail::raise<argument_error>("model input: expected token ids in [0, ", E::vocabulary, "), found ", x[i],
-                                        " at element ", i);
+      std::size_t const i = kernels::first_out_of_range(Device{}, x.data(), x.size(), 0, E::vocabulary);
+      if (i < x.size())
+        detail::raise<argument_error>("model input: expected token ids in [0, ", E::vocabulary, "), found ",
+                                      kernels::read_element(Device{}, x.data() + i), " at element ", i);
     } else {
       if (!std::isfinite(double(sum(to_expr(x) * 0.0))))
         detail::raise<argument_error>("model input: expected finite values, found NaN or inf");
@@ -354,6 +381,7 @@ class model {
     return out;
   }
 
+  mutable detail::model_stream<Device> stream_;  // (declared first: the tensors' work is on it)
   allocator_type* alloc_;
   tensor<T, Device> params_;
   tensor<T, Device> grads_;

@@ -16,10 +16,10 @@ namespace kernels {
 
 // probs = softmax(scale * scores) over the causal part of each row. probs may alias scores when
 // they have one type.
-template <class V, class T>
-void causal_softmax(host, V const* scores, T* probs, std::size_t count, std::size_t seq, V scale) {
+template <class V, class T, device_tag D>
+void causal_softmax(D, V const* scores, T* probs, std::size_t count, std::size_t seq, V scale) {
   std::size_t const rows = count * seq;
-  for_each_index(host{}, rows, rows * seq, [=](std::size_t r) {
+  for_each_index(D{}, rows, rows * seq, [=] REMAT_LAMBDA(std::size_t r) {
     std::size_t const last = r % seq;  // the last column this position sees
     V const* z = scores + r * seq;
     T* p = probs + r * seq;
@@ -39,14 +39,25 @@ void causal_softmax(host, V const* scores, T* probs, std::size_t count, std::siz
   });
 }
 
+// Masks for causal_softmax_backward (functors, not lambdas: they travel into GPU kernels).
+template <class V>
+struct no_mask {
+  REMAT_HOST_DEVICE V operator()(std::size_t) const { return V(1); }
+};
+template <class V, class M>
+struct mask_values {
+  M m;
+  REMAT_HOST_DEVICE V operator()(std::size_t i) const { return m.template eval<V>(i); }
+};
+
 // The gradient of the scores: dscores = scale * P o (dP - sum_c dP o P) with dP = dpd o mask,
 // where dpd is the gradient of the probabilities after dropout and mask(i) the dropout factor of
 // element i (0 or 1/(1-p); 1 without dropout). dscores may alias dpd when they have one type.
-template <class V, class T, class Out, class Mask>
-void causal_softmax_backward(host, T const* probs, V const* dpd, Out* dscores, std::size_t count, std::size_t seq,
+template <class V, class T, class Out, class Mask, device_tag D>
+void causal_softmax_backward(D, T const* probs, V const* dpd, Out* dscores, std::size_t count, std::size_t seq,
                              V scale, Mask const& mask) {
   std::size_t const rows = count * seq;
-  for_each_index(host{}, rows, rows * seq, [=](std::size_t r) {
+  for_each_index(D{}, rows, rows * seq, [=] REMAT_LAMBDA(std::size_t r) {
     std::size_t const last = r % seq;
     std::size_t const base = r * seq;
     T const* p = probs + base;

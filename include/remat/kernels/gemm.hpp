@@ -2,14 +2,15 @@
 // double). Host: CBLAS (OpenBLAS) for float and double. 16-bit inputs (bfloat16, half) accumulate
 // in fp32 and write C in the 16-bit type (rounded once) or in fp32; on the host a bf16 product
 // goes to oneDNN's matmul (AMX / AVX-512 BF16) when remat was built with it, and otherwise, like
-// every half product, converts its inputs to fp32 for the BLAS. The CUDA path (cuBLASLt)
-// implements the same signature.
+// every half product, converts its inputs to fp32 for the BLAS. CUDA: cuBLASLt on the current
+// stream, with the same signature (16-bit products on tensor cores, accumulating in fp32).
 #pragma once
 
 #include "../device.hpp"
 #include "../error.hpp"
 #include "../memory/allocator.hpp"
 #include "../numeric/compute.hpp"
+#include "detail/cublaslt.hpp"
 #include "rows.hpp"
 
 // OpenBLAS's cblas.h declares a global `bfloat16` (a uint16_t) that would make `bfloat16` ambiguous
@@ -176,14 +177,16 @@ inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, v
 
 }  // namespace detail
 
-// Row-major C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C. A and B have one element
-// type; C has it too, or is fp32 when A and B are 16-bit (a weight gradient accumulating in the
-// fp32 master gradients).
+// The element types a product takes: A and B have one type; C has it too, or is fp32 when A and
+// B are 16-bit (a weight gradient accumulating in the fp32 master gradients).
 template <class T, class Out>
-  requires((std::is_same_v<T, float> || std::is_same_v<T, double>) ? std::is_same_v<Out, T>
-                                                                     : (is_small_float_v<T> &&
-                                                                        (std::is_same_v<Out, T> ||
-                                                                         std::is_same_v<Out, float>)))
+concept gemm_types = (std::is_same_v<T, float> || std::is_same_v<T, double>)
+                         ? std::is_same_v<Out, T>
+                         : (is_small_float_v<T> && (std::is_same_v<Out, T> || std::is_same_v<Out, float>));
+
+// Row-major C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C.
+template <class T, class Out>
+  requires gemm_types<T, Out>
 void gemm(host, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_identity_t<compute_type_t<T>> alpha,
           T const* a, index_t lda, T const* b, index_t ldb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
           index_t ldc) {
@@ -275,6 +278,75 @@ void gemm_batched(host, std::size_t count, std::size_t group, trans ta, trans tb
                         c + sc.at(i, group), ldc);
                  });
 }
+
+#if REMAT_HAS_CUDA
+namespace detail {
+
+// C = beta * C for a product with nothing to sum (k = 0), which cuBLASLt does not take.
+template <class Out, class S>
+void scale_matrix(index_t m, index_t n, S beta, Out* c, index_t ldc) {
+  for_each_index(cuda{}, std::size_t(m * n), std::size_t(m * n), [=] REMAT_LAMBDA(std::size_t i) {
+    Out& x = c[index_t(i) / n * ldc + index_t(i) % n];
+    x = beta == S(0) ? Out(S(0)) : from_compute<Out>(beta * to_compute<S>(x));
+  });
+}
+
+template <class T, class Out>
+void cuda_gemm(std::size_t batch, trans ta, trans tb, index_t m, index_t n, index_t k, compute_type_t<T> alpha,
+               T const* a, index_t lda, index_t sa, T const* b, index_t ldb, index_t sb, compute_type_t<T> beta, Out* c,
+               index_t ldc, index_t sc) {
+  if (k == 0) {
+    for (std::size_t i = 0; i < batch; ++i) scale_matrix(m, n, beta, c + index_t(i) * sc, ldc);
+    return;
+  }
+  if (batch > std::size_t(INT_MAX))
+    REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: at most ", INT_MAX, " products, found ", batch);
+  std::int64_t const et = sizeof(T), eo = sizeof(Out);
+  lt_key const key{cuda_data_type<T>(), cuda_data_type<Out>(), ta == trans::yes, tb == trans::yes, m, n, k, lda, ldb,
+                   ldc, std::int32_t(batch), sa, sb, sc, alignment_of(a, batch > 1 ? sa * et : 0),
+                   alignment_of(b, batch > 1 ? sb * et : 0), alignment_of(c, batch > 1 ? sc * eo : 0)};
+  lt_matmul(key, &alpha, a, b, &beta, c);
+}
+
+}  // namespace detail
+
+template <class T, class Out>
+  requires gemm_types<T, Out>
+void gemm(cuda, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_identity_t<compute_type_t<T>> alpha,
+          T const* a, index_t lda, T const* b, index_t ldb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
+          index_t ldc) {
+  (void)detail::blas_int(m, "m"), (void)detail::blas_int(n, "n"), (void)detail::blas_int(k, "k");
+  detail::check_ld(lda, m, k, ta, "A");
+  detail::check_ld(ldb, k, n, tb, "B");
+  detail::check_ld(ldc, m, n, trans::no, "C");
+  if (m == 0 || n == 0) return;
+  detail::cuda_gemm<T, Out>(1, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0);
+}
+
+// On the GPU a batch is one strided-batched product when the matrices are evenly spaced, and one
+// per outer step (`group` products each) otherwise.
+template <class T, class Out>
+void gemm_batched(cuda, std::size_t count, std::size_t group, trans ta, trans tb, index_t m, index_t n, index_t k,
+                  std::type_identity_t<compute_type_t<T>> alpha, T const* a, index_t lda, batch_stride sa,
+                  T const* b, index_t ldb, batch_stride sb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
+                  index_t ldc, batch_stride sc) {
+  if (count == 0) return;
+  if (group == 0) REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: group must be at least 1");
+  (void)detail::blas_int(m, "m"), (void)detail::blas_int(n, "n"), (void)detail::blas_int(k, "k");
+  detail::check_ld(lda, m, k, ta, "A");
+  detail::check_ld(ldb, k, n, tb, "B");
+  detail::check_ld(ldc, m, n, trans::no, "C");
+  if (m == 0 || n == 0) return;
+  index_t const g = index_t(group);
+  bool const even = count <= group || (sa.outer == g * sa.inner && sb.outer == g * sb.inner && sc.outer == g * sc.inner);
+  std::size_t const step = even ? count : group;
+  for (std::size_t i = 0; i < count; i += step) {
+    std::size_t const n_i = count - i < step ? count - i : step;
+    detail::cuda_gemm<T, Out>(n_i, ta, tb, m, n, k, alpha, a + sa.at(i, group), lda, sa.inner, b + sb.at(i, group),
+                              ldb, sb.inner, beta, c + sc.at(i, group), ldc, sc.inner);
+  }
+}
+#endif
 
 // The same on tensor views: C = alpha * op(A) * op(B) + beta * C, with the shapes checked.
 template <class A, class B, class C>

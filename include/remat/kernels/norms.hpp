@@ -13,11 +13,11 @@ namespace REMAT_NAMESPACE {
 namespace kernels {
 
 // y = (x - mean) * rstd * gamma + beta; saves mean and rstd per row.
-template <class T>
-void layer_norm_forward(host, T const* x, T const* gamma, T const* beta, std::size_t rows, std::size_t w, double eps,
+template <class T, device_tag D>
+void layer_norm_forward(D, T const* x, T const* gamma, T const* beta, std::size_t rows, std::size_t w, double eps,
                         T* y, compute_type_t<T>* mean_out, compute_type_t<T>* rstd_out) {
   using V = compute_type_t<T>;
-  for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
+  for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
     V s = 0;
     for (std::size_t i = 0; i < w; ++i) s += to_compute<V>(xr[i]);
@@ -38,19 +38,19 @@ void layer_norm_forward(host, T const* x, T const* gamma, T const* beta, std::si
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma; dgamma += sum_r dy * xhat,
 // dbeta += sum_r dy. dx may alias dy.
-template <class T, class G>
-void layer_norm_backward(host, T const* x, T const* gamma, compute_type_t<T> const* mean,
+template <class T, class G, device_tag D>
+void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* mean,
                          compute_type_t<T> const* rstd, T const* dy, std::size_t rows, std::size_t w, T* dx,
                          G* dgamma, G* dbeta) {
   using V = compute_type_t<T>;
-  auto xhat = [=](std::size_t r, std::size_t i) {
+  auto xhat = [=] REMAT_LAMBDA(std::size_t r, std::size_t i) {
     return (to_compute<V>(x[r * w + i]) - mean[r]) * rstd[r];
   };
   // Parameter gradients first (they read dy, which dx may overwrite): columns in blocks, rows in
   // order, so the sums do not depend on the thread count.
-  constexpr std::size_t block = 64;
+  constexpr std::size_t block = column_block<D>;
   std::size_t const blocks = (w + block - 1) / block;
-  for_each_index(host{}, blocks, rows * w, [=](std::size_t b) {
+  for_each_index(D{}, blocks, rows * w, [=] REMAT_LAMBDA(std::size_t b) {
     std::size_t const c0 = b * block, c1 = c0 + block < w ? c0 + block : w;
     V ag[block], ab[block];
     for (std::size_t c = c0; c < c1; ++c) {
@@ -68,7 +68,7 @@ void layer_norm_backward(host, T const* x, T const* gamma, compute_type_t<T> con
       dbeta[c] = from_compute<G>(ab[c - c0]);
     }
   });
-  for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
+  for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* dyr = dy + r * w;
     V sg = 0, sgx = 0;
     for (std::size_t i = 0; i < w; ++i) {
@@ -86,11 +86,11 @@ void layer_norm_backward(host, T const* x, T const* gamma, compute_type_t<T> con
 }
 
 // y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); saves rstd per row.
-template <class T>
-void rms_norm_forward(host, T const* x, T const* gamma, std::size_t rows, std::size_t w, double eps, T* y,
+template <class T, device_tag D>
+void rms_norm_forward(D, T const* x, T const* gamma, std::size_t rows, std::size_t w, double eps, T* y,
                       compute_type_t<T>* rstd_out) {
   using V = compute_type_t<T>;
-  for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
+  for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
     V q = 0;
     for (std::size_t i = 0; i < w; ++i) {
@@ -105,13 +105,13 @@ void rms_norm_forward(host, T const* x, T const* gamma, std::size_t rows, std::s
 }
 
 // dx = rstd * g - x * rstd^3 * mean(g * x) with g = dy * gamma; dgamma += sum_r dy * x * rstd.
-template <class T, class G>
-void rms_norm_backward(host, T const* x, T const* gamma, compute_type_t<T> const* rstd, T const* dy, std::size_t rows,
+template <class T, class G, device_tag D>
+void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* rstd, T const* dy, std::size_t rows,
                        std::size_t w, T* dx, G* dgamma) {
   using V = compute_type_t<T>;
-  constexpr std::size_t block = 64;
+  constexpr std::size_t block = column_block<D>;
   std::size_t const blocks = (w + block - 1) / block;
-  for_each_index(host{}, blocks, rows * w, [=](std::size_t b) {
+  for_each_index(D{}, blocks, rows * w, [=] REMAT_LAMBDA(std::size_t b) {
     std::size_t const c0 = b * block, c1 = c0 + block < w ? c0 + block : w;
     V ag[block];
     for (std::size_t c = c0; c < c1; ++c) ag[c - c0] = to_compute<V>(dgamma[c]);
@@ -122,7 +122,7 @@ void rms_norm_backward(host, T const* x, T const* gamma, compute_type_t<T> const
     }
     for (std::size_t c = c0; c < c1; ++c) dgamma[c] = from_compute<G>(ag[c - c0]);
   });
-  for_each_index(host{}, rows, rows * w, [=](std::size_t r) {
+  for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
     T const* dyr = dy + r * w;
     V sgx = 0;

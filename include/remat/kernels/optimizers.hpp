@@ -37,27 +37,27 @@ struct square_as_double {
   };
 };
 
-template <class T>
-double grad_check(host, std::size_t n, T const* g) {
-  return transform_reduce(host{}, n, square_as_double::fn<T>{g}, 0.0, plus_op{});
+template <class T, device_tag D>
+double grad_check(D, std::size_t n, T const* g) {
+  return transform_reduce(D{}, n, square_as_double::fn<T>{g}, 0.0, plus_op{});
 }
 
 // Runs step(i) (which writes the fp32 state and returns the new weight) for every element, and
 // casts the new weight into the compute copy pc when there is one.
-template <class C, class Step>
-void run_update(std::size_t n, C* pc, Step const& step) {
+template <class D, class C, class Step>
+void run_update(D, std::size_t n, C* pc, Step const& step) {
   if (pc)
-    for_each_index(host{}, n, n, [=](std::size_t i) { pc[i] = from_compute<C>(step(i)); });
+    for_each_index(D{}, n, n, [=] REMAT_LAMBDA(std::size_t i) { pc[i] = from_compute<C>(step(i)); });
   else
-    for_each_index(host{}, n, n, [=](std::size_t i) { (void)step(i); });
+    for_each_index(D{}, n, n, [=] REMAT_LAMBDA(std::size_t i) { (void)step(i); });
 }
 
-template <class T, class C = T>
-void adamw_update(host, std::size_t n, T* p, T const* g, T* m, T* v, adamw_scalars k, C* pc = nullptr) {
+template <class T, class C = T, device_tag D>
+void adamw_update(D, std::size_t n, T* p, T const* g, T* m, T* v, adamw_scalars k, C* pc = nullptr) {
   using V = compute_type_t<T>;
   V const gs = V(k.grad_scale), decay = V(k.decay), b1 = V(1.0 - k.beta1), b2 = V(k.beta2), c2 = V(1.0 - k.beta2),
           neg_step = V(-k.step_size), bc2 = V(k.bc2_sqrt), eps = V(k.eps);
-  auto step = [=](std::size_t i) {
+  auto step = [=] REMAT_LAMBDA(std::size_t i) {
     V const gi = to_compute<V>(g[i]) * gs;
     V pi = to_compute<V>(p[i]) * decay;
     V mi = to_compute<V>(m[i]);
@@ -70,7 +70,7 @@ void adamw_update(host, std::size_t n, T* p, T const* g, T* m, T* v, adamw_scala
     v[i] = from_compute<T>(vi);
     return pi;
   };
-  run_update(n, pc, step);
+  run_update(D{}, n, pc, step);
 }
 
 struct sgd_scalars {
@@ -78,12 +78,12 @@ struct sgd_scalars {
   bool nesterov, first_step;
 };
 
-template <class T, class C = T>
-void sgd_update(host, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C* pc = nullptr) {
+template <class T, class C = T, device_tag D>
+void sgd_update(D, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C* pc = nullptr) {
   using V = compute_type_t<T>;
   V const gs = V(k.grad_scale), neg_lr = V(-k.lr), mom = V(k.momentum), wd = V(k.weight_decay);
   bool const use_momentum = k.momentum != 0.0, nesterov = k.nesterov, first = k.first_step;
-  auto step = [=](std::size_t i) {
+  auto step = [=] REMAT_LAMBDA(std::size_t i) {
     V const pi = to_compute<V>(p[i]);
     V d = to_compute<V>(g[i]) * gs + wd * pi;
     if (use_momentum) {
@@ -95,7 +95,7 @@ void sgd_update(host, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C*
     p[i] = from_compute<T>(out);
     return out;
   };
-  run_update(n, pc, step);
+  run_update(D{}, n, pc, step);
 }
 
 }  // namespace kernels

@@ -22,7 +22,7 @@ template <class Out, class F>
 void transform(cuda, std::size_t n, Out* out, F const& f) {
   if (n == 0) return;
   detail::index_iterator first(0);
-  thrust::transform(thrust::cuda::par_nosync, first, first + n, out, f);
+  thrust::transform(detail::cuda_policy(), first, first + n, out, f);
 }
 #endif
 

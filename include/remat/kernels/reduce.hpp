@@ -1,14 +1,22 @@
 // Reductions of f(i) over i in [0, n): sums and maxima of fused expressions without writing the
 // expression out. Host: Thrust transform_reduce per fixed-size chunk, chunks on OpenMP threads;
-// CUDA: Thrust's CUDA system, which runs CUB's device reduction.
+// CUDA: CUB's device reduction on the current stream, its temporary storage in the allocator's
+// workspace; the result is read back (the host waits for it).
 #pragma once
 
 #include "../device.hpp"
+#include "../memory/allocator.hpp"
 #include "detail/thrust.hpp"
+
+#if REMAT_HAS_CUDA
+#include <cub/device/device_reduce.cuh>
+#include <thrust/iterator/transform_iterator.h>
+#endif
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace REMAT_NAMESPACE {
@@ -58,10 +66,60 @@ Acc transform_reduce(host, std::size_t n, F const& f, Acc init, Op op) {
 #if REMAT_HAS_CUDA
 template <class Acc, class F, class Op>
 Acc transform_reduce(cuda, std::size_t n, F const& f, Acc init, Op op) {
-  detail::index_iterator first(0);
-  return thrust::transform_reduce(thrust::cuda::par, first, first + n, f, init, op);
+  if (n == 0) return init;
+  auto const first = thrust::make_transform_iterator(detail::index_iterator(0), f);
+  cudaStream_t const stream = current_cuda_stream();
+  std::size_t temp_bytes = 0;
+  REMAT_CUDA_CHECK(cub::DeviceReduce::Reduce(nullptr, temp_bytes, first, static_cast<Acc*>(nullptr), n, op, init,
+                                             stream));
+  std::size_t const result_offset = (temp_bytes + alignof(Acc) - 1) / alignof(Acc) * alignof(Acc);
+  memory::scratch_buffer<cuda> scratch(result_offset + sizeof(Acc));
+  Acc* result = reinterpret_cast<Acc*>(scratch.as<unsigned char>() + result_offset);
+  REMAT_CUDA_CHECK(cub::DeviceReduce::Reduce(scratch.get(), temp_bytes, first, result, n, op, init, stream));
+  Acc out = init;
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(&out, result, sizeof(Acc), cudaMemcpyDeviceToHost, stream));
+  synchronize_current_stream();
+  return out;
 }
 #endif
 
+struct min_op {
+  template <class T>
+  REMAT_HOST_DEVICE T operator()(T a, T b) const {
+    return b < a ? b : a;
+  }
+};
+
+// The first i in [0, n) with v[i] outside [lo, hi), or n when there is none: the check of token
+// ids and class labels, on the device that holds them.
+template <class D>
+std::size_t first_out_of_range(D, std::int32_t const* v, std::size_t n, std::int64_t lo, std::int64_t hi) {
+  auto const outside = [=] REMAT_LAMBDA(std::size_t i) -> std::size_t {
+    return (std::int64_t(v[i]) < lo || std::int64_t(v[i]) >= hi) ? i : n;
+  };
+  return transform_reduce(D{}, n, outside, n, min_op{});
+}
+
+// One element of device memory, read on the host.
+template <class D, class T>
+T read_element(D, T const* p) {
+  T out{};
+  memory::system<D>::copy_to_host(&out, p, sizeof(T));
+  return out;
+}
+
 }  // namespace kernels
+
+// Device memory where a GPU model expects it; host memory is refused with what was found.
+template <class D>
+void require_device_memory(void const* p, char const* what) {
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>)
+    if (p && !detail::device_accessible(p))
+      detail::raise<argument_error>(what, ": expected memory on the cuda device, found host memory (copy it with "
+                                          "tensor::copy_from or tensor_from_host first)");
+#endif
+  (void)p, (void)what;
+}
+
 }  // namespace REMAT_NAMESPACE

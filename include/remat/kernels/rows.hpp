@@ -1,8 +1,11 @@
 // Row-wise building blocks: run f(i) for every index on the device's threads, and column sums
-// (the gradient of a bias broadcast over rows), accumulated in the compute type.
+// (the gradient of a bias broadcast over rows), accumulated in the compute type. A kernel written
+// once for both devices takes `device_tag D` and passes `[=] REMAT_LAMBDA(std::size_t i) {...}` to
+// for_each_index: OpenMP threads on the host, one GPU thread per index on CUDA.
 #pragma once
 
 #include "../device.hpp"
+#include "../memory/allocator.hpp"
 #include "../numeric/compute.hpp"
 #include "detail/thrust.hpp"
 
@@ -11,9 +14,18 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace REMAT_NAMESPACE {
 namespace kernels {
+
+template <class D>
+concept device_tag = is_device_v<D>;
+
+// How many columns one task of a column-wise sum owns: a cache-friendly block on the host, one
+// column per thread on the GPU (neighbouring threads then read neighbouring addresses).
+template <class D>
+inline constexpr std::size_t column_block = std::is_same_v<D, host> ? 64 : 1;
 
 // f(i) for i in [0, n); `work` is the number of elements touched in all, to decide on threads.
 template <class F>
@@ -22,6 +34,15 @@ void for_each_index(host, std::size_t n, std::size_t work, F const& f) {
   detail::index_iterator first(0);
   detail::with_host_policy(work, [&](auto const& policy) { thrust::for_each(policy, first, first + n, f); });
 }
+
+#if REMAT_HAS_CUDA
+template <class F>
+void for_each_index(cuda, std::size_t n, std::size_t, F const& f) {
+  if (n == 0) return;
+  detail::index_iterator first(0);
+  thrust::for_each(detail::cuda_policy(), first, first + n, f);
+}
+#endif
 
 // out[c] = beta * out[c] + sum_r x[r, c] for a row-major rows x cols matrix. Each column's sum
 // runs over rows in order, so the result does not depend on the thread count.
@@ -41,6 +62,30 @@ void column_sums(host, T const* x, std::size_t rows, std::size_t cols, Out* out,
     for (std::size_t c = c0; c < c1; ++c) out[c] = from_compute<Out>(acc[c - c0]);
   });
 }
+
+#if REMAT_HAS_CUDA
+// On the GPU the rows are cut into fixed chunks: one thread per (chunk, column) sums its chunk,
+// then one thread per column adds the chunks in order. The order depends on the shape only.
+template <class T, class Out>
+void column_sums(cuda, T const* x, std::size_t rows, std::size_t cols, Out* out, bool accumulate) {
+  using V = compute_type_t<T>;
+  constexpr std::size_t chunk = 256;
+  std::size_t const chunks = (rows + chunk - 1) / chunk;
+  memory::scratch_buffer<cuda> partial(chunks * cols * sizeof(V));
+  V* const part = partial.as<V>();
+  for_each_index(cuda{}, chunks * cols, rows * cols, [=] REMAT_LAMBDA(std::size_t i) {
+    std::size_t const c = i % cols, r0 = i / cols * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+    V acc = 0;
+    for (std::size_t r = r0; r < r1; ++r) acc += to_compute<V>(x[r * cols + c]);
+    part[i] = acc;
+  });
+  for_each_index(cuda{}, cols, chunks * cols, [=] REMAT_LAMBDA(std::size_t c) {
+    V acc = accumulate ? to_compute<V>(out[c]) : V(0);
+    for (std::size_t k = 0; k < chunks; ++k) acc += part[k * cols + c];
+    out[c] = from_compute<Out>(acc);
+  });
+}
+#endif
 
 }  // namespace kernels
 }  // namespace REMAT_NAMESPACE

@@ -12,11 +12,11 @@
 namespace REMAT_NAMESPACE {
 namespace kernels {
 
-template <class T>
-void softmax_cross_entropy(host, T const* logits, std::int32_t const* labels, std::size_t rows, std::size_t classes,
+template <class T, device_tag D>
+void softmax_cross_entropy(D, T const* logits, std::int32_t const* labels, std::size_t rows, std::size_t classes,
                            double scale, compute_type_t<T>* row_loss, T* dlogits) {
   using V = compute_type_t<T>;
-  for_each_index(host{}, rows, rows * classes, [=](std::size_t r) {
+  for_each_index(D{}, rows, rows * classes, [=] REMAT_LAMBDA(std::size_t r) {
     T const* z = logits + r * classes;
     V m = to_compute<V>(z[0]);
     for (std::size_t c = 1; c < classes; ++c) m = to_compute<V>(z[c]) > m ? to_compute<V>(z[c]) : m;

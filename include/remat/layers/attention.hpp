@@ -106,10 +106,10 @@ struct AttentionCore {
       if (drops) {
         expr::dropout_mask const m = Dropout<P>::mask(s, offset);
         kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
-                                         seq, scale<S>(), [m](std::size_t i) { return m.template eval<V>(i); });
+                                         seq, scale<S>(), kernels::mask_values<V, expr::dropout_mask>{m});
       } else {
         kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
-                                         seq, scale<S>(), [](std::size_t) { return V(1); });
+                                         seq, scale<S>(), kernels::no_mask<V>{});
       }
     }
     probs.reset();

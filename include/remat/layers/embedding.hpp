@@ -38,7 +38,7 @@ struct Embedding : detail::learned_table<Vocab, W> {
       using T = typename S::value_type;
       T* out = y->data();
       std::int32_t const* ids = s.ids;
-      kernels::for_each_index(typename S::device{}, rows, rows * W, [=](std::size_t r) {
+      kernels::for_each_index(typename S::device{}, rows, rows * W, [=] REMAT_LAMBDA(std::size_t r) {
         T const* src = p + std::size_t(ids[r]) * W;
         for (std::size_t i = 0; i < W; ++i) out[r * W + i] = src[i];
       });
@@ -58,7 +58,7 @@ struct Embedding : detail::learned_table<Vocab, W> {
       std::size_t const rows = s.id_count;
       std::int32_t const* ids = s.ids;
       T const* d = dy->data();
-      kernels::for_each_index(typename S::device{}, W, rows * W, [=](std::size_t i) {
+      kernels::for_each_index(typename S::device{}, W, rows * W, [=] REMAT_LAMBDA(std::size_t i) {
         for (std::size_t r = 0; r < rows; ++r) {
           G& gi = g[std::size_t(ids[r]) * W + i];
           gi = from_compute<G>(to_compute<V>(gi) + to_compute<V>(d[r * W + i]));
@@ -93,7 +93,7 @@ struct PositionEmbedding : detail::learned_table<MaxLen, W> {
       using V = compute_type_t<T>;
       T const* in = x->data();
       T* out = y->data();
-      kernels::for_each_index(typename S::device{}, rows, rows * W, [=](std::size_t r) {
+      kernels::for_each_index(typename S::device{}, rows, rows * W, [=] REMAT_LAMBDA(std::size_t r) {
         T const* pos = p + (r % seq) * W;
         for (std::size_t i = 0; i < W; ++i)
           out[r * W + i] = from_compute<T>(to_compute<V>(in[r * W + i]) + to_compute<V>(pos[i]));
@@ -113,7 +113,7 @@ struct PositionEmbedding : detail::learned_table<MaxLen, W> {
       std::size_t const seq = s.seq_len, batch = dy->rows() / seq;
       T const* d = dy->data();
       static_assert(std::is_same_v<V, G>, "gradients are fp32 or fp64");
-      kernels::for_each_index(typename S::device{}, seq, seq * batch * W, [=](std::size_t t) {
+      kernels::for_each_index(typename S::device{}, seq, seq * batch * W, [=] REMAT_LAMBDA(std::size_t t) {
         for (std::size_t b = 0; b < batch; ++b)
           for (std::size_t i = 0; i < W; ++i) g[t * W + i] += to_compute<V>(d[(b * seq + t) * W + i]);
       });

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../expr/expr.hpp"
+#include "../kernels/reduce.hpp"
 #include "../kernels/softmax.hpp"
 #include "common.hpp"
 
@@ -21,6 +22,7 @@ struct MSE {
     if (t.rows() != rows || t.cols() != cols)
       detail::raise<shape_error>("MSE target: expected ", rows, " x ", cols, " to match the output, found ", t.rows(),
                                  " x ", t.cols());
+    require_device_memory<D>(t.data(), "MSE target");
     if (!std::isfinite(double(sum(to_expr(t) * 0.0))))
       detail::raise<argument_error>("MSE target: expected finite values, found NaN or inf");
   }
@@ -50,10 +52,11 @@ struct SoftmaxCrossEntropy {
       detail::raise<shape_error>("SoftmaxCrossEntropy labels: expected ", rows,
                                  " labels (one per output row: rows x 1, or batch x seq), found ", labels.rows(),
                                  " x ", labels.cols());
-    for (std::size_t r = 0; r < rows; ++r)
-      if (labels[r] < 0 || std::size_t(labels[r]) >= cols)
-        detail::raise<argument_error>("SoftmaxCrossEntropy labels: expected classes in [0, ", cols, "), found ",
-                                      labels[r], " at label ", r);
+    require_device_memory<D>(labels.data(), "SoftmaxCrossEntropy labels");
+    std::size_t const r = kernels::first_out_of_range(D{}, labels.data(), rows, 0, std::int64_t(cols));
+    if (r < rows)
+      detail::raise<argument_error>("SoftmaxCrossEntropy labels: expected classes in [0, ", cols, "), found ",
+                                    kernels::read_element(D{}, labels.data() + r), " at label ", r);
   }
 
   template <class T, class D>

@@ -216,7 +216,8 @@ class caching_allocator {
     detail::raise<out_of_memory>("out of memory on ", Device::name, ": expected room for ", format_bytes(size),
                                  " (", bytes, " bytes requested) of ", name(t), ", found ",
                                  format_bytes(stats_.total.reserved), " already reserved against ", what,
-                                 " (limit ", format_bytes(stats_.limit), ")\n", summary_locked());
+                                 " (limit ", format_bytes(stats_.limit), ")\n", summary_locked(),
+                                 system<Device>::describe());
   }
 
   std::string summary_locked() const {
@@ -252,6 +253,27 @@ caching_allocator<Device>& default_allocator() {
   static caching_allocator<Device> instance;
   return instance;
 }
+
+// Temporary memory for one kernel (a reduction's partial results, a converting product's copies):
+// workspace in the device's default allocator, given back at the end of the scope. On the GPU the
+// block is reused by later work on the same stream only, which runs after this kernel.
+template <class Device>
+class scratch_buffer {
+ public:
+  explicit scratch_buffer(std::size_t bytes)
+      : p_(default_allocator<Device>().allocate(bytes ? bytes : 1, tag::workspace)) {}
+  ~scratch_buffer() { default_allocator<Device>().deallocate(p_); }
+  scratch_buffer(scratch_buffer const&) = delete;
+  scratch_buffer& operator=(scratch_buffer const&) = delete;
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_;
+};
 
 }  // namespace memory
 }  // namespace REMAT_NAMESPACE

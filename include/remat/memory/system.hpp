@@ -2,31 +2,19 @@
 // (plain device memory, never managed memory). Also how much the device has.
 #pragma once
 
+#include "../cuda/runtime.hpp"
 #include "../device.hpp"
 #include "../error.hpp"
 
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <new>
+#include <string>
 #include <vector>
 
-#if REMAT_HAS_CUDA
-#include <cuda_runtime.h>
-#endif
-
 namespace REMAT_NAMESPACE {
-
-#if REMAT_HAS_CUDA
-namespace detail {
-inline void cuda_check(cudaError_t status, char const* call) {
-  if (status != cudaSuccess)
-    raise<cuda_error>(call, " failed: ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
-}
-}  // namespace detail
-#define REMAT_CUDA_CHECK(call) ::REMAT_NAMESPACE::detail::cuda_check((call), #call)
-#endif
-
 namespace memory {
 
 template <class Device>
@@ -42,6 +30,8 @@ struct system<host> {
   }
   static void deallocate(void* p) noexcept { ::operator delete(p, std::align_val_t{alignment}); }
   static std::size_t capacity() noexcept { return std::numeric_limits<std::size_t>::max(); }
+  // What an out-of-memory message adds about the device itself.
+  static std::string describe() { return {}; }
   static void copy_to_host(void* dst, void const* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
   static void copy_from_host(void* dst, void const* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
 };
@@ -64,11 +54,33 @@ struct system<cuda> {
     REMAT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     return total;
   }
+  // Copies on the current stream, after the work already issued to it; the host waits for them.
+  // The device, and what cudaMemGetInfo says is free on it.
+  static std::string describe() noexcept {
+    try {
+      int dev = 0;
+      cudaDeviceProp prop{};
+      std::size_t free_bytes = 0, total = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
+          cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return "  (the device could not be queried)\n";
+      }
+      char line[256];
+      std::snprintf(line, sizeof line, "  device %d (%s): %.2f GiB free of %.2f GiB\n", dev, prop.name,
+                    double(free_bytes) / 1073741824.0, double(total) / 1073741824.0);
+      return line;
+    } catch (...) {
+      return {};
+    }
+  }
   static void copy_to_host(void* dst, void const* src, std::size_t bytes) {
-    REMAT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, current_cuda_stream()));
+    synchronize_current_stream();
   }
   static void copy_from_host(void* dst, void const* src, std::size_t bytes) {
-    REMAT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, current_cuda_stream()));
+    synchronize_current_stream();
   }
 };
 #endif

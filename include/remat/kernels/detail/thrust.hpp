@@ -19,6 +19,8 @@
 #endif
 #if REMAT_HAS_CUDA
 #include <thrust/system/cuda/execution_policy.h>
+
+#include "../../cuda/runtime.hpp"
 #endif
 
 #include <cstddef>
@@ -41,6 +43,11 @@ decltype(auto) with_host_policy(std::size_t n, F&& f) {
 #endif
   return f(thrust::cpp::par);
 }
+
+#if REMAT_HAS_CUDA
+// Kernels go to the current stream without a host synchronisation afterwards.
+inline auto cuda_policy() { return thrust::cuda::par_nosync.on(current_cuda_stream()); }
+#endif
 
 using index_iterator = thrust::counting_iterator<std::size_t>;
 

@@ -1,0 +1,145 @@
+// Row-major products through cuBLASLt (column-major): C = op(A) op(B) is computed as
+// C^T = op(B)^T op(A)^T, so B is cuBLASLt's first operand. One plan per shape, type and pointer
+// alignment (descriptors and the chosen algorithm), made once per thread; the algorithm's
+// workspace comes from the allocator's workspace for the call. fp32 runs in strict fp32 (no TF32,
+// as PyTorch's default); bf16 and half run on tensor cores with fp32 accumulation; double in fp64.
+#pragma once
+
+#include "../../config.hpp"
+
+#if REMAT_HAS_CUDA
+#include "../../cuda/runtime.hpp"
+#include "../../error.hpp"
+#include "../../memory/allocator.hpp"
+#include "../../numeric/small_float.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <type_traits>
+
+namespace REMAT_NAMESPACE {
+namespace kernels {
+namespace detail {
+
+template <class T>
+constexpr cudaDataType_t cuda_data_type() {
+  if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
+  else if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
+  else if constexpr (std::is_same_v<T, bfloat16>) return CUDA_R_16BF;
+  else {
+    static_assert(std::is_same_v<T, half>, "cuBLASLt: element types are float, double, bfloat16 and half");
+    return CUDA_R_16F;
+  }
+}
+
+// The largest power of two (at most 256) that divides every address a product touches.
+inline std::uint32_t alignment_of(void const* p, std::int64_t batch_stride_bytes) {
+  std::uint64_t v = std::uint64_t(reinterpret_cast<std::uintptr_t>(p)) | std::uint64_t(batch_stride_bytes) | 256u;
+  return std::uint32_t(v & (~v + 1));
+}
+
+struct lt_key {
+  cudaDataType_t ab, c;
+  bool ta, tb;
+  std::int64_t m, n, k, lda, ldb, ldc;
+  std::int32_t batch;
+  std::int64_t sa, sb, sc;  // batch strides in elements
+  std::uint32_t align_a, align_b, align_c;
+  auto tie() const { return std::tie(ab, c, ta, tb, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, align_a, align_b, align_c); }
+  bool operator<(lt_key const& o) const { return tie() < o.tie(); }
+};
+
+struct lt_plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;  // B, A, C as cuBLASLt sees them
+  cublasLtMatmulAlgo_t algo{};
+  std::size_t workspace = 0;
+  lt_plan() = default;
+  lt_plan(lt_plan const&) = delete;
+  lt_plan& operator=(lt_plan const&) = delete;
+  ~lt_plan() {
+    if (op) (void)cublasLtMatmulDescDestroy(op);
+    if (first) (void)cublasLtMatrixLayoutDestroy(first);
+    if (second) (void)cublasLtMatrixLayoutDestroy(second);
+    if (out) (void)cublasLtMatrixLayoutDestroy(out);
+  }
+};
+
+// The most workspace an algorithm may ask for (what NVIDIA recommends for Hopper).
+inline constexpr std::size_t lt_workspace_limit = std::size_t(32) << 20;
+
+inline void lt_layout(cublasLtMatrixLayout_t& layout, cudaDataType_t type, std::int64_t rows, std::int64_t cols,
+                      std::int64_t ld, std::int32_t batch, std::int64_t stride) {
+  REMAT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, std::uint64_t(rows), std::uint64_t(cols), ld));
+  if (batch > 1) {
+    REMAT_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
+    REMAT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                        sizeof stride));
+  }
+}
+
+inline std::unique_ptr<lt_plan> make_lt_plan(lt_key const& key) {
+  auto plan = std::make_unique<lt_plan>();
+  bool const fp64 = key.ab == CUDA_R_64F;
+  REMAT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, fp64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+                                              fp64 ? CUDA_R_64F : CUDA_R_32F));
+  cublasOperation_t const op_first = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  REMAT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
+  REMAT_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
+  // Column-major: C^T (n x m) = op(B^T) (n x k) * op(A^T) (k x m).
+  lt_layout(plan->first, key.ab, key.tb ? key.k : key.n, key.tb ? key.n : key.k, key.ldb, key.batch, key.sb);
+  lt_layout(plan->second, key.ab, key.ta ? key.m : key.k, key.ta ? key.k : key.m, key.lda, key.batch, key.sa);
+  lt_layout(plan->out, key.c, key.n, key.m, key.ldc, key.batch, key.sc);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  REMAT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  struct pref_guard {
+    cublasLtMatmulPreference_t p;
+    ~pref_guard() { (void)cublasLtMatmulPreferenceDestroy(p); }
+  } guard{pref};
+  std::size_t const limit = lt_workspace_limit;
+  REMAT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &limit, sizeof limit));
+  REMAT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                          &key.align_b, sizeof key.align_b));
+  REMAT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                          &key.align_a, sizeof key.align_a));
+  REMAT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                          &key.align_c, sizeof key.align_c));
+  REMAT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                          &key.align_c, sizeof key.align_c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  REMAT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(REMAT_NAMESPACE::detail::cublaslt_handle::get(), plan->op, plan->first, plan->second,
+                                                    plan->out, plan->out, pref, 1, &result, &found));
+  if (found == 0)
+    REMAT_NAMESPACE::detail::raise<cuda_error>("cublasLtMatmulAlgoGetHeuristic found no algorithm for a ", key.m,
+                                               " x ", key.n, " x ", key.k, " product (batch ", key.batch, ")");
+  plan->algo = result.algo;
+  plan->workspace = result.workspaceSize;
+  return plan;
+}
+
+// Runs one (possibly strided-batched) product on the current stream. alpha and beta point to
+// float (double for fp64 products).
+inline void lt_matmul(lt_key const& key, void const* alpha, void const* a, void const* b, void const* beta, void* c) {
+  thread_local std::map<lt_key, std::unique_ptr<lt_plan>> plans;
+  auto it = plans.find(key);
+  if (it == plans.end()) it = plans.emplace(key, make_lt_plan(key)).first;
+  lt_plan const& plan = *it->second;
+  memory::scratch_buffer<cuda> workspace(plan.workspace);
+  REMAT_CUBLAS_CHECK(cublasLtMatmul(REMAT_NAMESPACE::detail::cublaslt_handle::get(), plan.op, alpha, b, plan.first, a, plan.second, beta, c,
+                                    plan.out, c, plan.out, &plan.algo, workspace.get(), plan.workspace,
+                                    current_cuda_stream()));
+}
+
+}  // namespace detail
+}  // namespace kernels
+}  // namespace REMAT_NAMESPACE
+#endif

@@ -1,0 +1,412 @@
+// The CUDA backend against the host backend and against independent truth. Every kernel and
+// model here runs on remat::cuda; the reference is the same computation on remat::host (whose
+// own tests check it against finite differences and hand-computed values), double-precision
+// products computed here, and central differences of an fp64 model on the GPU. Bit-for-bit checks
+// are the design's promises: storage policies and recomputation on one device.
+//
+// Built by nvcc in CI (no GPU there); run on a GPU with `ctest -L cuda`. Without a device the
+// runner exits with 77, which ctest reports as skipped.
+#include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+using namespace remat;
+using kernels::trans;
+using gpu = remat::cuda;  // (libcu++ owns the namespace ::cuda)
+using bf16 = remat::bfloat16;
+using f16 = remat::half;
+
+namespace {
+
+template <class T>
+std::vector<T> random_values(std::size_t n, unsigned seed, double lo = -1, double hi = 1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<T> v(n);
+  for (auto& x : v) x = T(d(rng));
+  return v;
+}
+
+template <class T, class D = gpu>
+tensor<T, D> make(index_t rows, index_t cols, std::vector<T> const& values) {
+  tensor<T, D> t(rows, cols);
+  t.copy_from(values);
+  return t;
+}
+
+template <class T>
+double as_double(T x) {
+  return double(to_compute<compute_type_t<T>>(x));
+}
+
+// |a - b| <= tol * (1 + |b|), element by element.
+template <class A, class B>
+void require_close(std::vector<A> const& a, std::vector<B> const& b, double tol, char const* what) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    double const x = as_double(a[i]), y = as_double(b[i]);
+    INFO(what << " [" << i << "]: cuda " << x << ", reference " << y);
+    REQUIRE(std::fabs(x - y) <= tol * (1.0 + std::fabs(y)));
+  }
+}
+
+template <class T>
+bool bitwise_equal(std::vector<T> const& a, std::vector<T> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// ---------------------------------------------------------------- products
+
+// C = alpha op(A) op(B) + beta C on the GPU against the same sum in double on the host.
+template <class T, class Out>
+void check_gemm(index_t m, index_t n, index_t k, trans ta, trans tb, float beta, unsigned seed) {
+  index_t const ar = ta == trans::no ? m : k, ac = ta == trans::no ? k : m;
+  index_t const br = tb == trans::no ? k : n, bc = tb == trans::no ? n : k;
+  auto const av = random_values<T>(std::size_t(ar * ac), seed), bv = random_values<T>(std::size_t(br * bc), seed + 1);
+  auto const cv = random_values<Out>(std::size_t(m * n), seed + 2);
+  auto a = make<T>(ar, ac, av), b = make<T>(br, bc, bv);
+  auto c = make<Out>(m, n, cv);
+  kernels::gemm(a.view(), ta, b.view(), tb, c.view(), compute_type_t<T>(0.75), compute_type_t<T>(beta));
+  auto const got = c.to_vector();
+  double const unit = std::is_same_v<T, double> ? DBL_EPSILON : FLT_EPSILON;
+  double const out_eps = std::is_same_v<Out, bf16> ? 0x1p-8 : std::is_same_v<Out, f16> ? 0x1p-11 : 0.0;
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      double ref = 0, mag = 0;
+      for (index_t p = 0; p < k; ++p) {
+        double const x = as_double(ta == trans::no ? av[std::size_t(i * k + p)] : av[std::size_t(p * m + i)]);
+        double const y = as_double(tb == trans::no ? bv[std::size_t(p * n + j)] : bv[std::size_t(j * k + p)]);
+        ref += x * y;
+        mag += std::fabs(x * y);
+      }
+      double const old = as_double(cv[std::size_t(i * n + j)]);
+      double const want = 0.75 * ref + double(beta) * old;
+      double const tol = double(k + 2) * unit * (mag + std::fabs(old)) + out_eps * std::fabs(want) + 1e-30;
+      INFO("m n k " << m << " " << n << " " << k << ", transposes " << int(ta) << int(tb) << ", beta " << beta);
+      REQUIRE(std::fabs(as_double(got[std::size_t(i * n + j)]) - want) <= tol);
+    }
+}
+
+template <class T, class Out>
+void check_gemm_shapes() {
+  unsigned seed = 1;
+  for (trans ta : {trans::no, trans::yes})
+    for (trans tb : {trans::no, trans::yes})
+      for (auto [m, n, k] : {std::array<index_t, 3>{1, 1, 1}, {3, 5, 7}, {17, 9, 33}, {64, 48, 96}, {5, 3, 0}})
+        for (float beta : {0.0f, 0.5f}) check_gemm<T, Out>(m, n, k, ta, tb, beta, seed++);
+}
+
+}  // namespace
+
+TEST_CASE("cuda gemm: cuBLASLt against a double-precision sum, every type and transpose", "[cuda][gemm]") {
+  check_gemm_shapes<float, float>();
+  check_gemm_shapes<double, double>();
+  check_gemm_shapes<bf16, bf16>();
+  check_gemm_shapes<bf16, float>();
+  check_gemm_shapes<f16, f16>();
+  check_gemm_shapes<f16, float>();
+}
+
+TEST_CASE("cuda gemm: a product at an odd offset (2-byte aligned operands) still runs", "[cuda][gemm]") {
+  // Parameters of a layer start anywhere in the model's flat buffer.
+  auto const av = random_values<bf16>(1 + 6 * 10, 3), bv = random_values<bf16>(1 + 10 * 4, 4);
+  auto a = make<bf16>(1 + 6 * 10, 1, av), b = make<bf16>(1 + 10 * 4, 1, bv);
+  tensor<float, gpu> c(6, 4);
+  kernels::gemm(gpu{}, trans::no, trans::no, 6, 4, 10, 1.0f, a.data() + 1, 10, b.data() + 1, 4, 0.0f, c.data(), 4);
+  auto const got = c.to_vector();
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 4; ++j) {
+      double ref = 0;
+      for (int p = 0; p < 10; ++p) ref += as_double(av[std::size_t(1 + i * 10 + p)]) * as_double(bv[std::size_t(1 + p * 4 + j)]);
+      REQUIRE(std::fabs(double(got[std::size_t(i * 4 + j)]) - ref) <= 12 * FLT_EPSILON * 10);
+    }
+}
+
+TEST_CASE("cuda gemm_batched: the attention layout (heads inside sequences) equals the host's", "[cuda][gemm]") {
+  // 3 sequences x 2 heads of (4 x 5) * (5 x 4)^T products, the heads interleaved in each row.
+  std::size_t const count = 6, group = 2;
+  index_t const m = 4, n = 4, k = 5, ld = 2 * k;
+  auto const av = random_values<float>(std::size_t(3 * m * ld), 7), bv = random_values<float>(std::size_t(3 * n * ld), 8);
+  kernels::batch_stride const s_in{m * ld, k}, s_out{2 * m * n, m * n};
+  auto a = make<float>(3 * m, ld, av), b = make<float>(3 * n, ld, bv);
+  tensor<float, gpu> c(index_t(count) * m, n);
+  kernels::gemm_batched(gpu{}, count, group, trans::no, trans::yes, m, n, k, 1.0f, a.data(), ld, s_in, b.data(), ld,
+                        s_in, 0.0f, c.data(), n, s_out);
+  auto ah = make<float, host>(3 * m, ld, av), bh = make<float, host>(3 * n, ld, bv);
+  tensor<float, host> ch(index_t(count) * m, n);
+  kernels::gemm_batched(host{}, count, group, trans::no, trans::yes, m, n, k, 1.0f, ah.data(), ld, s_in, bh.data(), ld,
+                        s_in, 0.0f, ch.data(), n, s_out);
+  require_close(c.to_vector(), ch.to_vector(), 1e-5, "batched product");
+}
+
+// ---------------------------------------------------------------- point-wise, reductions
+
+TEST_CASE("cuda expressions: fused point-wise kernels and reductions equal the host's", "[cuda][expr]") {
+  auto const xv = random_values<float>(100003, 11, -3, 3);
+  auto x = make<float>(100003, 1, xv);
+  auto xh = make<float, host>(100003, 1, xv);
+  tensor<float, gpu> y(100003, 1);
+  tensor<float, host> yh(100003, 1);
+  evaluate(y, gelu(x) * 2.0 + exp(to_expr(x) * 0.5) - x);
+  evaluate(yh, gelu(xh) * 2.0 + exp(to_expr(xh) * 0.5) - xh);
+  require_close(y.to_vector(), yh.to_vector(), 1e-6, "gelu(x) * 2 + exp(x / 2) - x");
+  CHECK(std::fabs(double(sum(y)) - double(sum(yh))) <= 1e-5 * std::fabs(double(sum(yh))));
+  CHECK(double(max_of(x)) == double(max_of(xh)));
+  CHECK(std::fabs(double(sum_squares(x)) - double(sum_squares(xh))) <= 1e-5 * double(sum_squares(xh)));
+  // A derivative through the expression templates, on the GPU.
+  auto X = leaf<0>(x);
+  evaluate(y, grad(silu(X) + gelu_tanh(X) * 2.0, X, y));
+  auto XH = leaf<0>(xh);
+  evaluate(yh, grad(silu(XH) + gelu_tanh(XH) * 2.0, XH, yh));
+  require_close(y.to_vector(), yh.to_vector(), 1e-5, "d(silu(x) + 2 gelu_tanh(x))/dx");
+  // NaN reaches a maximum.
+  std::vector<float> with_nan(1000, 1.0f);
+  with_nan[777] = NAN;
+  auto n = make<float>(1000, 1, with_nan);
+  CHECK(std::isnan(double(max_of(n))));
+}
+
+TEST_CASE("cuda column sums: the bias gradient equals the host's", "[cuda][kernels]") {
+  for (auto [rows, cols] : {std::array<index_t, 2>{1, 7}, {300, 33}, {1025, 130}}) {
+    auto const xv = random_values<bf16>(std::size_t(rows * cols), unsigned(rows));
+    auto x = make<bf16>(rows, cols, xv);
+    auto xh = make<bf16, host>(rows, cols, xv);
+    auto const start = random_values<float>(std::size_t(cols), 5);
+    auto out = make<float>(cols, 1, start);
+    auto outh = make<float, host>(cols, 1, start);
+    kernels::column_sums(gpu{}, x.data(), std::size_t(rows), std::size_t(cols), out.data(), true);
+    kernels::column_sums(host{}, xh.data(), std::size_t(rows), std::size_t(cols), outh.data(), true);
+    require_close(out.to_vector(), outh.to_vector(), 1e-5, "column sums");
+  }
+}
+
+// ---------------------------------------------------------------- models
+
+namespace {
+
+constexpr std::size_t W = 32;
+using Block = Residual<Seq<LayerNorm<W>, Linear<W, 64>, GELU, Dropout<0.1>, Linear<64, W>>>;
+using RmsBlock = Residual<Seq<RMSNorm<W>, Linear<W, W>, SiLU, Linear<W, W, false>>>;
+template <class Middle>
+using Net = Seq<Linear<12, W>, Middle, Linear<W, 5>>;
+using Plain = Net<Seq<Block, RmsBlock, Block>>;
+using Check = Net<Seq<Checkpointed<Block>, Checkpointed<RmsBlock>, Checkpointed<Block>>>;
+using Sel = Net<Seq<Selective<Block>, RmsBlock, Selective<Block>>>;
+using Off = Net<Seq<Offloaded<Block>, Offloaded<RmsBlock>, Block>>;
+using Rev = Net<Revolve<2, Repeat<4, Block>>>;
+using RepPlain = Net<Repeat<4, Block>>;
+
+constexpr index_t batch = 48;
+
+template <class T = float>
+std::vector<T> inputs(std::size_t cols, unsigned seed = 21) {
+  return random_values<T>(std::size_t(batch) * cols, seed);
+}
+std::vector<std::int32_t> labels(std::size_t classes, std::size_t n = std::size_t(batch)) {
+  std::vector<std::int32_t> l(n);
+  for (std::size_t i = 0; i < n; ++i) l[i] = std::int32_t((i * 7 + 3) % classes);
+  return l;
+}
+
+// Three AdamW steps of a model on device D; returns parameters and the losses.
+template <class NetT, class D, class P = fp32>
+std::pair<std::vector<typename P::master>, std::vector<double>> train(int steps = 3) {
+  using T = typename P::master;
+  model<NetT, D, P> m(seed{5});
+  AdamW opt(m, {.lr = 1e-2});
+  auto x = make<T, D>(batch, 12, inputs<T>(12));
+  auto y = make<std::int32_t, D>(batch, 1, labels(5));
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) losses.push_back(m.template train_step<SoftmaxCrossEntropy>(x, y, opt));
+  return {tensor_to_host(m.parameters()), losses};
+}
+
+}  // namespace
+
+TEST_CASE("cuda models: a forward pass, gradients and AdamW steps follow the host", "[cuda][model]") {
+  // Same seed, same initial parameters (made on the host, copied).
+  model<Plain, gpu> g(seed{5});
+  model<Plain, host> h(seed{5});
+  REQUIRE(bitwise_equal(tensor_to_host(g.parameters()), tensor_to_host(h.parameters())));
+  auto const xv = inputs(12);
+  auto x = make<float>(batch, 12, xv);
+  auto xh = make<float, host>(batch, 12, xv);
+  require_close(g.forward(x).to_vector(), h.forward(xh).to_vector(), 1e-5, "forward");
+  auto y = make<std::int32_t>(batch, 1, labels(5));
+  auto yh = make<std::int32_t, host>(batch, 1, labels(5));
+  double const lg = g.accumulate<SoftmaxCrossEntropy>(x, y), lh = h.accumulate<SoftmaxCrossEntropy>(xh, yh);
+  CHECK(std::fabs(lg - lh) <= 1e-5 * std::fabs(lh));
+  require_close(tensor_to_host(g.gradients()), tensor_to_host(h.gradients()), 1e-4, "gradients");
+  auto [pg, lossg] = train<Plain, gpu>();
+  auto [ph, lossh] = train<Plain, host>();
+  require_close(lossg, lossh, 1e-4, "losses");
+  require_close(pg, ph, 1e-4, "parameters after 3 AdamW steps");
+}
+
+TEST_CASE("cuda models: fp64 gradients on the GPU against central differences", "[cuda][model][grad]") {
+  using Small = Seq<Linear<3, 8>, LayerNorm<8>, GELU, Residual<Seq<RMSNorm<8>, Linear<8, 8>, SiLU>>, Linear<8, 4>>;
+  model<Small, gpu, fp64> m(seed{3});
+  index_t const rows = 5;
+  auto const xv = random_values<double>(std::size_t(rows * 3), 9);
+  auto x = make<double>(rows, 3, xv);
+  auto y = make<std::int32_t>(rows, 1, labels(4, std::size_t(rows)));
+  m.zero_grad();
+  m.accumulate<SoftmaxCrossEntropy>(x, y);
+  auto const grads = tensor_to_host(m.gradients());
+  auto params = tensor_to_host(m.parameters());
+  double const h = 1e-6;
+  for (std::size_t i = 0; i < params.size(); i += 3) {
+    double const p0 = params[i];
+    params[i] = p0 + h;
+    tensor_from_host(m.parameters(), std::span<double const>(params));
+    double const up = m.loss<SoftmaxCrossEntropy>(x, y);
+    params[i] = p0 - h;
+    tensor_from_host(m.parameters(), std::span<double const>(params));
+    double const down = m.loss<SoftmaxCrossEntropy>(x, y);
+    params[i] = p0;
+    double const fd = (up - down) / (2 * h);
+    INFO("parameter " << i);
+    REQUIRE(std::fabs(grads[i] - fd) <= 1e-6 * (1 + std::fabs(fd)));
+  }
+}
+
+TEST_CASE("cuda policies: every storage policy trains bit for bit like the stored model", "[cuda][policies]") {
+  auto const plain = train<Plain, gpu>();
+  auto const check = train<Check, gpu>();
+  auto const sel = train<Sel, gpu>();
+  auto const off = train<Off, gpu>();
+  CHECK(bitwise_equal(check.first, plain.first));
+  CHECK(bitwise_equal(sel.first, plain.first));
+  CHECK(bitwise_equal(off.first, plain.first));
+  CHECK(bitwise_equal(check.second, plain.second));
+  CHECK(bitwise_equal(train<Rev, gpu>().first, train<RepPlain, gpu>().first));
+  // Mixed precision too.
+  using P = mixed<bf16, DynamicLossScale>;
+  CHECK(bitwise_equal(train<Check, gpu, P>().first, train<Plain, gpu, P>().first));
+}
+
+TEST_CASE("cuda precision: mixed<bf16> on the GPU follows the fp32 model", "[cuda][precision]") {
+  auto const [p16, l16] = train<Plain, gpu, mixed<bf16, DynamicLossScale>>(2);
+  auto const [p32, l32] = train<Plain, gpu>(2);
+  require_close(l16, l32, 2e-2, "losses");
+  require_close(p16, p32, 3e-2, "parameters");
+}
+
+namespace {
+
+template <class NetT, class P = fp32>
+void require_plan_matches_on_gpu(std::size_t rows) {
+  INFO("batch " << rows);
+  memory::caching_allocator<gpu> alloc;
+  model<NetT, gpu, P> m(seed{11}, alloc);
+  auto x = make<typename P::master>(index_t(rows), 12, random_values<typename P::master>(rows * 12, 2));
+  auto y = make<std::int32_t>(index_t(rows), 1, labels(5, rows));
+  auto const plan = activation_plan<NetT, P>(rows);
+  for (int step = 0; step < 2; ++step) {
+    REQUIRE(alloc.stats()[memory::tag::activations].in_use == 0);
+    alloc.reset_peak();
+    m.template accumulate<SoftmaxCrossEntropy>(x, y);
+    CHECK(alloc.stats()[memory::tag::activations].peak == plan.peak_bytes);
+    CHECK(m.last_pass().saved_bytes == plan.saved_bytes);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda plan: the activation plan equals the device allocator's measured peak", "[cuda][plan]") {
+  for (std::size_t rows : {1, 64, 129}) {
+    require_plan_matches_on_gpu<Plain>(rows);
+    require_plan_matches_on_gpu<Check>(rows);
+    require_plan_matches_on_gpu<Sel>(rows);
+    require_plan_matches_on_gpu<Off>(rows);
+    require_plan_matches_on_gpu<Rev>(rows);
+    require_plan_matches_on_gpu<Plain, mixed<bf16>>(rows);
+  }
+}
+
+TEST_CASE("cuda transformer: a GPT on the GPU follows the host", "[cuda][transformer]") {
+  using G = GPT<17, 8, 16, 2, 2, 0.0>;
+  std::size_t const b = 3, seq = 8;
+  std::vector<std::int32_t> ids(b * seq), next(b * seq);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = std::int32_t((i * 5 + 1) % 17);
+    next[i] = std::int32_t((i * 3 + 2) % 17);
+  }
+  model<G, gpu> g(seed{2});
+  model<G, host> h(seed{2});
+  auto x = make<std::int32_t>(index_t(b), index_t(seq), ids);
+  auto y = make<std::int32_t>(index_t(b), index_t(seq), next);
+  auto xh = make<std::int32_t, host>(index_t(b), index_t(seq), ids);
+  auto yh = make<std::int32_t, host>(index_t(b), index_t(seq), next);
+  double const lg = g.accumulate<SoftmaxCrossEntropy>(x, y), lh = h.accumulate<SoftmaxCrossEntropy>(xh, yh);
+  CHECK(std::fabs(lg - lh) <= 1e-5 * lh);
+  require_close(tensor_to_host(g.gradients()), tensor_to_host(h.gradients()), 1e-4, "GPT gradients");
+}
+
+// ---------------------------------------------------------------- bad input
+
+TEST_CASE("cuda errors: host memory handed to a GPU model is refused and changes nothing", "[cuda][errors]") {
+  model<Plain, gpu> m(seed{5});
+  auto const before = tensor_to_host(m.parameters());
+  std::vector<float> host_x = inputs(12);
+  tensor_view<float const, gpu> wrong(host_x.data(), std::size_t(batch), 12);
+  auto y = make<std::int32_t>(batch, 1, labels(5));
+  try {
+    m.accumulate<SoftmaxCrossEntropy>(wrong, y);
+    FAIL("expected remat::argument_error");
+  } catch (argument_error const& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("host memory") != std::string::npos);
+  }
+  CHECK(bitwise_equal(tensor_to_host(m.parameters()), before));
+}
+
+TEST_CASE("cuda errors: labels out of range are found on the device before anything runs", "[cuda][errors]") {
+  model<Plain, gpu> m(seed{5});
+  AdamW opt(m);
+  auto const before = tensor_to_host(m.parameters());
+  auto x = make<float>(batch, 12, inputs(12));
+  auto bad = labels(5);
+  bad[17] = 9;
+  auto y = make<std::int32_t>(batch, 1, bad);
+  REQUIRE_THROWS_WITH(m.train_step<SoftmaxCrossEntropy>(x, y, opt), Catch::Contains("found 9 at label 17"));
+  CHECK(bitwise_equal(tensor_to_host(m.parameters()), before));
+}
+
+TEST_CASE("cuda errors: out of device memory gives the summary and leaves model and optimizer as they were",
+          "[cuda][errors]") {
+  memory::caching_allocator<gpu> alloc;
+  model<Plain, gpu> m(seed{5}, alloc);
+  AdamW opt(m);
+  auto x = make<float>(batch, 12, inputs(12));
+  auto y = make<std::int32_t>(batch, 1, labels(5));
+  m.train_step<SoftmaxCrossEntropy>(x, y, opt);
+  auto const params = tensor_to_host(m.parameters());
+  auto const moments = tensor_to_host(opt.exp_avg().view());
+  alloc.release_cached();
+  alloc.set_limit(alloc.stats().total.in_use + 1024);
+  try {
+    m.train_step<SoftmaxCrossEntropy>(x, y, opt);
+    FAIL("expected remat::out_of_memory");
+  } catch (out_of_memory const& e) {
+    std::string const what = e.what();
+    INFO(what);
+    CHECK(what.find("out of memory on cuda") != std::string::npos);
+    CHECK(what.find("GiB free of") != std::string::npos);
+  }
+  CHECK(bitwise_equal(tensor_to_host(m.parameters()), params));
+  CHECK(bitwise_equal(tensor_to_host(opt.exp_avg().view()), moments));
+  alloc.set_limit(memory::unlimited);
+  m.train_step<SoftmaxCrossEntropy>(x, y, opt);  // and training goes on
+}
+
+TEST_CASE("cuda errors: a failing CUDA call names the call", "[cuda][errors]") {
+  REQUIRE_THROWS_WITH(REMAT_CUDA_CHECK(cudaSetDevice(1 << 20)), Catch::Contains("cudaSetDevice(1 << 20) failed"));
+}
