@@ -15,6 +15,11 @@
 // Prints one JSON line: median step time after warm-up, the model's FLOP per step and the rate
 // reached, measured activation peak and saved bytes against the activation plan, and the block
 // forwards recomputed. bench/compare_torch.py runs it interleaved with PyTorch on the same model.
+//
+// Compiled by nvcc with REMAT_BENCH_CUDA (target bench_policies_cuda), the same program trains on
+// the GPU: the mlp workload at d = 4096, 16 or 32 blocks; --gemm-peak times a cuBLASLt product of
+// the model's shape (batch x d times d x d); --optimizer-bandwidth times the fused
+// unscale/check/clip/AdamW pass against a device-to-device copy.
 #include <remat/remat.hpp>
 
 #include <algorithm>
@@ -30,7 +35,22 @@ using namespace remat;
 
 namespace {
 
+#if defined(REMAT_BENCH_CUDA)
+using Dev = remat::cuda;
+constexpr std::size_t D = 4096;
+constexpr bool on_gpu = true;
+#else
+using Dev = host;
 constexpr std::size_t D = 1024;
+constexpr bool on_gpu = false;
+#endif
+
+// Waits for the device: a step's time includes its last kernel.
+void wait_for_device() {
+#if defined(REMAT_BENCH_CUDA)
+  REMAT_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+}
 using Block = Residual<Seq<LayerNorm<D>, Linear<D, D>, GELU, Linear<D, D>>>;
 
 // round(sqrt(N)): PyTorch's usual checkpoint_sequential segment count, and revolve's slots here.
@@ -79,8 +99,8 @@ struct mlp_workload {
   static constexpr char const* name = "mlp";
   static constexpr std::size_t width = D;
   using Loss = MSE;
-  tensor<float> x, t;
-  mlp_workload(std::size_t batch, memory::caching_allocator<host>& alloc)
+  tensor<float, Dev> x, t;
+  mlp_workload(std::size_t batch, memory::caching_allocator<Dev>& alloc)
       : x(index_t(batch), index_t(D), memory::tag::workspace, alloc),
         t(index_t(batch), index_t(D), memory::tag::workspace, alloc) {
     std::vector<float> hx(x.size()), ht(t.size());
@@ -108,8 +128,8 @@ struct gpt_workload {
   static constexpr char const* name = "gpt";
   static constexpr std::size_t width = GW;
   using Loss = SoftmaxCrossEntropy;
-  tensor<std::int32_t> x, t;
-  gpt_workload(std::size_t batch, memory::caching_allocator<host>& alloc)
+  tensor<std::int32_t, Dev> x, t;
+  gpt_workload(std::size_t batch, memory::caching_allocator<Dev>& alloc)
       : x(index_t(batch), index_t(GT), memory::tag::workspace, alloc),
         t(index_t(batch), index_t(GT), memory::tag::workspace, alloc) {
     std::vector<std::int32_t> hx(x.size()), ht(t.size());
@@ -139,10 +159,11 @@ struct gpt_workload {
 
 template <class Net, class P, class Work>
 int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, int warmup) {
-  memory::caching_allocator<host> alloc;
-  model<Net, host, P> m(seed{1}, alloc);
+  memory::caching_allocator<Dev> alloc;
+  model<Net, Dev, P> m(seed{1}, alloc);
   AdamW opt(m, {.lr = 1e-4});
   Work data(batch, alloc);
+  wait_for_device();
   std::vector<double> times;
   double loss = 0;
   std::size_t peak = 0;
@@ -150,6 +171,7 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
     alloc.reset_peak();
     double const t0 = now();
     loss = m.template train_step<typename Work::Loss>(data.x, data.t, opt);
+    wait_for_device();
     double const t1 = now();
     if (k >= warmup) times.push_back(t1 - t0);
     peak = alloc.stats()[memory::tag::activations].peak;
@@ -169,11 +191,13 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
       "\"precision\": \"%s\", \"threads\": %s, \"steps\": %d, \"step_s\": %.6f, \"model_gflop\": %.3f, "
       "\"model_gflops\": %.2f, \"executed_gflops\": %.2f, \"peak_activation_bytes\": %zu, "
       "\"planned_peak_bytes\": %zu, \"saved_activation_bytes\": %zu, \"planned_saved_bytes\": %zu, "
-      "\"fp32_planned_saved_bytes\": %zu, \"recomputed_block_forwards\": %llu, \"loss\": %.6f}\n",
+      "\"fp32_planned_saved_bytes\": %zu, \"recomputed_block_forwards\": %llu, \"loss\": %.6f, "
+      "\"device\": \"%s\"}\n",
       Work::name, policy, n_blocks, batch, std::is_same_v<Work, gpt_workload> ? GT : std::size_t(1), Work::width,
       std::is_same_v<P, fp32> ? "fp32" : "bf16", std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "null", steps,
       step, flop * 1e-9, flop / step * 1e-9, flop_done / step * 1e-9, peak, plan.peak_bytes, m.last_pass().saved_bytes,
-      plan.saved_bytes, plan32.saved_bytes, static_cast<unsigned long long>(m.last_pass().recomputed), loss);
+      plan.saved_bytes, plan32.saved_bytes, static_cast<unsigned long long>(m.last_pass().recomputed), loss,
+      Dev::name);
   return peak == plan.peak_bytes ? 0 : 3;
 }
 
@@ -195,8 +219,8 @@ int dispatch_on(std::string const& policy, std::size_t batch, int steps, int war
 template <std::size_t N, class P>
 int dispatch(std::string const& workload, std::string const& policy, std::size_t batch, int steps, int warmup) {
   if (workload == "gpt") {
-    if constexpr (N <= 16) return dispatch_on<gpt_nets<N>, gpt_workload, N, P>(policy, batch, steps, warmup);
-    std::fprintf(stderr, "the gpt workload has 4, 8 or 16 blocks\n");
+    if constexpr (N <= 16 && !on_gpu) return dispatch_on<gpt_nets<N>, gpt_workload, N, P>(policy, batch, steps, warmup);
+    std::fprintf(stderr, "the gpt workload has 4, 8 or 16 blocks, on the host\n");
     return 2;
   }
   return dispatch_on<nets<N>, mlp_workload, N, P>(policy, batch, steps, warmup);
@@ -224,7 +248,86 @@ void gemm_peak_of(int reps, char const* precision, char const* path) {
               precision, path, t, 2.0 * double(n * n * n) / t * 1e-9);
 }
 
-int gemm_peak(int reps, std::string const& precision) {
+#if defined(REMAT_BENCH_CUDA)
+// A plain cuBLASLt product of the model's shape, batch x d times (d x d)^T, on device buffers.
+template <class T>
+void gpu_gemm_peak_of(int reps, std::size_t batch, char const* precision) {
+  std::size_t const m = batch, n = D, k = D;
+  tensor<T, Dev> a(index_t(m), index_t(k), memory::tag::workspace), b(index_t(n), index_t(k), memory::tag::workspace),
+      c(index_t(m), index_t(n), memory::tag::workspace);
+  evaluate(a, expr::to_expr(0.5));
+  evaluate(b, expr::to_expr(0.25));
+  std::vector<double> times;
+  for (int r = 0; r < reps + 2; ++r) {
+    wait_for_device();
+    double const t0 = now();
+    kernels::gemm(Dev{}, kernels::trans::no, kernels::trans::yes, index_t(m), index_t(n), index_t(k), 1.0f, a.data(),
+                  index_t(k), b.data(), index_t(k), 0.0f, c.data(), index_t(n));
+    wait_for_device();
+    double const t1 = now();
+    if (r >= 2) times.push_back(t1 - t0);
+  }
+  double const t = median(times);
+  std::printf("{\"library\": \"remat\", \"kind\": \"gemm_peak\", \"precision\": \"%s\", \"path\": \"cublaslt\", "
+              "\"m\": %zu, \"n\": %zu, \"k\": %zu, \"s\": %.6f, \"gflops\": %.2f, \"device\": \"cuda\"}\n",
+              precision, m, n, k, t, 2.0 * double(m) * double(n) * double(k) / t * 1e-9);
+}
+
+// The optimizer step of a 16-block model (clipping on; in bf16 also unscaling and the inf/NaN
+// check of DynamicLossScale) against a device-to-device copy of as many bytes as the step moves.
+template <class P>
+int optimizer_bandwidth(int reps, char const* precision) {
+  using Net = nets<16>::stored;
+  model<Net, Dev, P> m(seed{1});
+  AdamW opt(m, {.lr = 1e-4, .clip_norm = 1.0});
+  evaluate(m.gradients(), expr::to_expr(1e-3));
+  std::vector<double> times;
+  for (int r = 0; r < reps + 2; ++r) {
+    wait_for_device();
+    double const t0 = now();
+    opt.step();
+    wait_for_device();
+    double const t1 = now();
+    if (r >= 2) times.push_back(t1 - t0);
+  }
+  double const step = median(times);
+  std::size_t const n = m.parameters().size();
+  // Reads: the gradients twice (check, update), weights, two moments; writes: weights, two
+  // moments, and the bf16 compute copy in mixed precision.
+  double const bytes = double(n) * (4.0 * 2 + 4 * 3 + 4 * 3 + (is_mixed_v<P> ? 2.0 : 0.0));
+  std::size_t const copy_bytes = std::size_t(bytes / 2);  // a copy reads and writes each byte once
+  void *src = nullptr, *dst = nullptr;
+  REMAT_CUDA_CHECK(cudaMalloc(&src, copy_bytes));
+  REMAT_CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
+  std::vector<double> copies;
+  for (int r = 0; r < reps + 2; ++r) {
+    wait_for_device();
+    double const t0 = now();
+    REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, nullptr));
+    wait_for_device();
+    double const t1 = now();
+    if (r >= 2) copies.push_back(t1 - t0);
+  }
+  REMAT_CUDA_CHECK(cudaFree(src));
+  REMAT_CUDA_CHECK(cudaFree(dst));
+  double const copy = median(copies);
+  double const step_bw = bytes / step, copy_bw = 2.0 * double(copy_bytes) / copy;
+  std::printf("{\"library\": \"remat\", \"kind\": \"optimizer_bandwidth\", \"precision\": \"%s\", "
+              "\"parameters\": %zu, \"step_s\": %.6f, \"step_gbps\": %.1f, \"copy_gbps\": %.1f, "
+              "\"fraction_of_copy\": %.3f, \"device\": \"cuda\"}\n",
+              precision, n, step, step_bw * 1e-9, copy_bw * 1e-9, step_bw / copy_bw);
+  return 0;
+}
+#endif
+
+int gemm_peak(int reps, std::string const& precision, [[maybe_unused]] std::size_t batch) {
+#if defined(REMAT_BENCH_CUDA)
+  if (precision == "fp32")
+    gpu_gemm_peak_of<float>(reps, batch, "fp32");
+  else
+    gpu_gemm_peak_of<bfloat16>(reps, batch, "bf16");
+  return 0;
+#else
   if (precision == "fp32") {
     gemm_peak_of<float>(reps, "fp32", "blas");
     return 0;
@@ -237,6 +340,7 @@ int gemm_peak(int reps, std::string const& precision) {
   gemm_peak_of<bfloat16>(reps, "bf16", "convert");
   kernels::set_gemm16_path(kernels::gemm16_path::automatic);
   return 0;
+#endif
 }
 
 }  // namespace
@@ -245,7 +349,7 @@ int main(int argc, char** argv) {
   std::size_t batch = 256, blocks = 8;
   int steps = 5, warmup = 2;
   std::string policy = "stored", precision = "fp32", workload = "mlp";
-  bool peak = false;
+  bool peak = false, optimizer = false;
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -257,8 +361,11 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--warmup") warmup = std::stoi(next());
     else if (a == "--gemm-peak") peak = true;
+    else if (a == "--optimizer-bandwidth") optimizer = true;
     else if (a == "--list") {
-      std::printf("workloads: mlp (blocks 4 8 16 32 64) gpt (blocks 4 8 16)\n"
+      std::printf(on_gpu ? "workloads: mlp (blocks 16 32), d = 4096, on the GPU\n"
+                         : "workloads: mlp (blocks 4 8 16 32 64) gpt (blocks 4 8 16)\n");
+      std::printf(
                   "policies: stored checkpoint checkpoint_sequential revolve selective recompute_attention (gpt)\n"
                   "precisions: fp32 bf16\n");
       return 0;
@@ -266,7 +373,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--workload mlp|gpt] [--batch B] [--blocks N] [--policy P] [--precision fp32|bf16] [--steps S]"
                    " [--warmup W]"
-                   " | --gemm-peak [--precision fp32|bf16]\n",
+                   " | --gemm-peak [--precision fp32|bf16] [--batch B] | --optimizer-bandwidth [--precision fp32|bf16]\n",
                    argv[0]);
       return 2;
     }
@@ -275,9 +382,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "precision must be fp32 or bf16\n");
     return 2;
   }
-  if (peak) return gemm_peak(steps * 4, precision);
+  if (peak) return gemm_peak(steps * 4, precision, batch);
   bool const bf = precision == "bf16";
   using B = mixed<bfloat16>;
+  if (optimizer) {
+#if defined(REMAT_BENCH_CUDA)
+    return bf ? optimizer_bandwidth<mixed<bfloat16, DynamicLossScale>>(steps * 4, "bf16")
+              : optimizer_bandwidth<fp32>(steps * 4, "fp32");
+#else
+    std::fprintf(stderr, "--optimizer-bandwidth is measured on the GPU (bench_policies_cuda)\n");
+    return 2;
+#endif
+  }
+#if defined(REMAT_BENCH_CUDA)
+  switch (blocks) {  // (the GPU build carries the sizes the GPU benchmark runs: compile time)
+    case 16: return bf ? dispatch<16, B>(workload, policy, batch, steps, warmup) : dispatch<16, fp32>(workload, policy, batch, steps, warmup);
+    case 32: return bf ? dispatch<32, B>(workload, policy, batch, steps, warmup) : dispatch<32, fp32>(workload, policy, batch, steps, warmup);
+    default: std::fprintf(stderr, "blocks must be 16 or 32 on the GPU\n"); return 2;
+  }
+#else
   switch (blocks) {
     case 4: return bf ? dispatch<4, B>(workload, policy, batch, steps, warmup) : dispatch<4, fp32>(workload, policy, batch, steps, warmup);
     case 8: return bf ? dispatch<8, B>(workload, policy, batch, steps, warmup) : dispatch<8, fp32>(workload, policy, batch, steps, warmup);
@@ -286,4 +409,5 @@ int main(int argc, char** argv) {
     case 64: return bf ? dispatch<64, B>(workload, policy, batch, steps, warmup) : dispatch<64, fp32>(workload, policy, batch, steps, warmup);
     default: std::fprintf(stderr, "blocks must be one of 4 8 16 32 64\n"); return 2;
   }
+#endif
 }

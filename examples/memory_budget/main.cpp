@@ -7,11 +7,19 @@
 // the chosen model and prints the allocator's measured peak next to the plan.
 //
 //   memory_budget            (plans of every policy, then 3 steps of the chosen one)
+//   memory_budget_cuda       (the same on the GPU: built by nvcc from main.cu)
 #include <remat/remat.hpp>
 
 #include <cstdio>
+#include <vector>
 
 using namespace remat;
+
+#if defined(REMAT_EXAMPLE_CUDA)
+using Device = remat::cuda;
+#else
+using Device = host;
+#endif
 
 constexpr std::size_t width = 512, depth = 48, batch = 512;
 using Block = Residual<Seq<LayerNorm<width>, Linear<width, 2 * width>, GELU, Linear<2 * width, width>>>;
@@ -45,13 +53,23 @@ int main() {
   print_plan<Binomial>("Revolve<4>");
   print_plan<SelectiveBlocks>("Selective every block");
 
-  memory::caching_allocator<host> alloc;
-  model<Chosen> m(seed{1}, alloc);
+#if defined(REMAT_EXAMPLE_CUDA)
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device: nothing to train\n");
+    return 77;
+  }
+#endif
+  memory::caching_allocator<Device> alloc;
+  model<Chosen, Device> m(seed{1}, alloc);
   AdamW opt(m, {.lr = 1e-4});
   index_t const rows = batch;
-  tensor<float> x(rows, index_t(width)), t(rows, 16);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(philox::uniform(2, 0, i)) - 0.5f;
-  for (std::size_t i = 0; i < t.size(); ++i) t[i] = float(philox::uniform(2, 1, i)) - 0.5f;
+  tensor<float, Device> x(rows, index_t(width)), t(rows, 16);
+  std::vector<float> hx(x.size()), ht(t.size());
+  for (std::size_t i = 0; i < hx.size(); ++i) hx[i] = float(philox::uniform(2, 0, i)) - 0.5f;
+  for (std::size_t i = 0; i < ht.size(); ++i) ht[i] = float(philox::uniform(2, 1, i)) - 0.5f;
+  x.copy_from(hx);
+  t.copy_from(ht);
   for (int step = 0; step < 3; ++step) {
     alloc.reset_peak();
     double const loss = m.train_step<MSE>(x, t, opt);
