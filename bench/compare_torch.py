@@ -35,6 +35,16 @@ thing). Results go to bench/results/gpt-host.*.
 
   /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies [--precision bf16] [--quick]
   /usr/bin/python3 bench/compare_torch.py --workload gpt [--quick]
+
+--device cuda runs both on the GPU (the mlp workload at d = 4096, batch 8192, N = 16 and 32):
+remat's bench_policies_cuda (built by the cuda preset) against the machine's PyTorch on CUDA
+(eager, torch.utils.checkpoint, torch.autocast('cuda', dtype=torch.bfloat16)), run as shipped.
+Saved activations on the GPU are torch.cuda.memory_allocated's growth over the forward; remat's
+are its device allocator's. The GEMM peak is a cuBLASLt product of the model's shape (batch x d
+times d x d) through remat, beside torch.mm of the same; remat's fused unscale/check/clip/AdamW
+pass is reported against a device-to-device copy. Results go to bench/results/policies-cuda*.
+
+  python3 bench/compare_torch.py --device cuda --remat build/cuda/bench/bench_policies_cuda [--precision bf16]
 """
 import argparse
 import ctypes
@@ -155,6 +165,10 @@ def torch_worker(args):
     import torch.nn as nn
     from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+    global D
+    if args.device == "cuda":
+        D = 4096
+    dev = args.device if args.device == "cuda" else "cpu"
     torch.set_num_threads(2)
     torch.manual_seed(1)
     if args.workload == "gpt":
@@ -172,10 +186,10 @@ def torch_worker(args):
             return x + self.fc2(self.act(self.fc1(self.norm(x))))
 
     n, batch, policy = args.blocks, args.batch, args.policy
-    net = nn.Sequential(*[Block() for _ in range(n)])
+    net = nn.Sequential(*[Block() for _ in range(n)]).to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    x = torch.rand(batch, D) * 2 - 1
-    t = torch.rand(batch, D) * 2 - 1
+    x = torch.rand(batch, D, device=dev) * 2 - 1
+    t = torch.rand(batch, D, device=dev) * 2 - 1
     if policy == "checkpoint_sequential":
         # PyTorch 1.13's checkpoint_sequential is reentrant only: with an input that needs no
         # gradient no parameter before the last segment would get one. Its documented remedy:
@@ -195,7 +209,7 @@ def torch_worker(args):
 
     def loss_of():
         if bf16:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(dev, dtype=torch.bfloat16):
                 return nn.functional.mse_loss(forward().float(), t)
         return nn.functional.mse_loss(forward(), t)
 
@@ -237,15 +251,21 @@ def measure(args, torch, net, forward, loss_of, opt, flop, workload, width):
         opt.step()
         return loss.item()
 
+    cuda = args.device == "cuda"
+    dev = "cuda" if cuda else "cpu"
+
+    def in_use():
+        return torch.cuda.memory_allocated() if cuda else heap_in_use()
+
     for _ in range(2):
         step()
-    before = heap_in_use()
+    before = in_use()
     if bf16:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(dev, dtype=torch.bfloat16):
             y = forward()
     else:
         y = forward()
-    grown = heap_in_use() - before
+    grown = in_use() - before
     saved = grown - y.numel() * y.element_size()
     del y
 
@@ -259,12 +279,18 @@ def measure(args, torch, net, forward, loss_of, opt, flop, workload, width):
     # checkpoint_sequential checkpoints the first K - 1 segments of N // K blocks; the last is stored.
     recomputed = {"plain": 0, "checkpoint": n, "checkpoint_attention": n,
                   "checkpoint_sequential": (root(n) - 1) * (n // root(n))}[policy]
-    a = torch.rand(1024, 1024, dtype=torch.bfloat16 if bf16 else torch.float32)
-    b = torch.rand(1024, 1024, dtype=a.dtype)
+    # torch.mm of the model's product shape on the GPU, 1024^3 on the host.
+    mm_m, mm_n = (batch, width) if cuda else (1024, 1024)
+    a = torch.rand(mm_m, mm_n, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
+    b = torch.rand(mm_n, mm_n, dtype=a.dtype, device=dev)
     mm = []
     for k in range(12):
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         torch.mm(a, b)
+        if cuda:
+            torch.cuda.synchronize()
         mm.append(time.perf_counter() - t0)
     out = {"library": "pytorch", "workload": workload, "policy": policy, "blocks": n, "batch": batch,
            "seq": GT if workload == "gpt" else 1, "width": width,
@@ -272,7 +298,8 @@ def measure(args, torch, net, forward, loss_of, opt, flop, workload, width):
            "threads": torch.get_num_threads(), "steps": args.steps, "step_s": statistics.median(times),
            "model_gflop": flop * 1e-9, "model_gflops": flop / statistics.median(times) * 1e-9,
            "saved_activation_bytes": saved, "recomputed_block_forwards": recomputed, "loss": loss,
-           "torch_mm_gflops": 2.0 * 1024 ** 3 / statistics.median(mm[2:]) * 1e-9,
+           "torch_mm_gflops": 2.0 * mm_m * mm_n * mm_n / statistics.median(mm[2:]) * 1e-9,
+           "device": torch.cuda.get_device_name() if cuda else "cpu",
            "malloc_tuned": "MALLOC_MMAP_THRESHOLD_" in os.environ, "blas": loaded_blas(),
            "torch_version": torch.__version__}
     print("json: " + json.dumps(out), flush=True)
@@ -290,9 +317,9 @@ def run_remat(binary, batch, n, policy, steps, warmup, precision, workload):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_torch(batch, n, policy, steps, warmup, extra_env, precision, workload):
+def run_torch(batch, n, policy, steps, warmup, extra_env, precision, workload, device="host"):
     env = dict(os.environ, **extra_env)
-    out = subprocess.run([sys.executable, __file__, "--torch-worker", "--workload", workload,
+    out = subprocess.run([sys.executable, __file__, "--torch-worker", "--workload", workload, "--device", device,
                           "--batch", str(batch), "--blocks", str(n),
                           "--policy", policy, "--steps", str(steps), "--warmup", str(warmup),
                           "--precision", precision],
@@ -320,7 +347,16 @@ def main():
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--policy", default="plain")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--device", default="host", choices=["host", "cuda"])
     args = ap.parse_args()
+    cuda = args.device == "cuda"
+    if cuda:
+        global D
+        D = 4096
+        if args.workload != "mlp":
+            sys.exit("--device cuda runs the mlp workload")
+        if args.remat == ap.get_default("remat"):
+            args.remat = "build/cuda/bench/bench_policies_cuda"
     gpt = args.workload == "gpt"
     if args.steps is None:
         args.steps = 3 if gpt else 5
@@ -329,7 +365,7 @@ def main():
     if args.torch_worker:
         return torch_worker(args)
     if args.out is None:
-        args.out = "bench/results/" + ("gpt-host" if gpt else "policies-host") + (
+        args.out = "bench/results/" + ("gpt-host" if gpt else "policies-cuda" if cuda else "policies-host") + (
             "-bf16" if args.precision == "bf16" else "")
 
     configs = [(256, 8), (256, 16), (256, 32), (256, 64), (2048, 16)]
@@ -340,14 +376,25 @@ def main():
         configs = [(16, 4), (16, 8), (16, 16)]
         policies_remat = POLICIES_REMAT + ["recompute_attention"]
         policies_torch = POLICIES_TORCH + ["checkpoint_attention"]
+    settings = TORCH_SETTINGS
+    if cuda:
+        configs, settings = [(8192, 16), (8192, 32)], [("as shipped", {})]
     if args.quick:
-        configs, args.steps, args.warmup = [(2 if gpt else 64, 4)], 1, 1
+        configs, args.steps, args.warmup = [(2 if gpt else 64, 4)] if not cuda else [(512, 16)], 1, 1
 
+    peak_batch = str(configs[0][0])
     peaks = [json.loads(l) for l in subprocess.run(
-        [args.remat, "--gemm-peak", "--precision", args.precision], capture_output=True, text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="2")).stdout.strip().splitlines()]
+        [args.remat, "--gemm-peak", "--precision", args.precision, "--batch", peak_batch], capture_output=True,
+        text=True, env=dict(os.environ, OMP_NUM_THREADS="2")).stdout.strip().splitlines()]
     for p in peaks:
-        print(f"{p['precision']} 1024^3 product through remat ({p['path']}): {p['gflops']:.1f} GFLOP/s")
+        print(f"{p['precision']} {p['m']} x {p['n']} x {p['k']} product through remat ({p['path']}): "
+              f"{p['gflops']:.1f} GFLOP/s")
+    optimizer = None
+    if cuda:
+        optimizer = json.loads(subprocess.run([args.remat, "--optimizer-bandwidth", "--precision", args.precision],
+                                              capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        print(f"fused unscale/check/clip/AdamW: {optimizer['step_gbps']:.0f} GB/s, "
+              f"{optimizer['fraction_of_copy']:.0%} of a device-to-device copy ({optimizer['copy_gbps']:.0f} GB/s)")
     peak = max(peaks, key=lambda p: p["gflops"])  # the path remat takes
     rows = []
     for batch, n in configs:
@@ -359,11 +406,11 @@ def main():
                 print(f"  remat   N={n:3d} batch={batch:5d} {rows[-1]['policy']:22s} {rows[-1]['step_s']:.4f} s",
                       flush=True)
             runs = []
-            for name, extra in TORCH_SETTINGS:
+            for name, extra in settings:
                 if extra.get("LD_LIBRARY_PATH") and not os.path.isdir(extra["LD_LIBRARY_PATH"]):
                     continue
                 runs.append(dict(run_torch(batch, n, tp, args.steps, args.warmup, extra, args.precision,
-                                           args.workload),
+                                           args.workload, args.device),
                                  setting=name))
             best = dict(min(runs, key=lambda r: r["step_s"]), settings={r["setting"]: r["step_s"] for r in runs})
             rows.append(best)
@@ -393,13 +440,17 @@ def main():
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     stamp = datetime.date.today().isoformat()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    if cuda:
+        cpu = next((r["device"] for r in rows if r["library"] == "pytorch"), "GPU")
     with open(args.out + ".jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(dict(r, date=stamp, cpu=cpu)) + "\n")
 
     lines = [f"<!-- {stamp}, {cpu}, {os.cpu_count()} cores, 2 threads; "
-             f"/usr/bin/python3 bench/compare_torch.py (scripts/bench.sh) -->",
-             f"{args.precision} 1024³ product peak through remat ({peak['path']}): {peak['gflops']:.0f} GFLOP/s"
+             f"/usr/bin/python3 bench/compare_torch.py (scripts/bench.sh) -->" if not cuda else
+             f"<!-- {stamp}, {cpu}; python3 bench/compare_torch.py --device cuda -->",
+             f"{args.precision} {peak['m']} x {peak['n']} x {peak['k']} product peak through remat ({peak['path']}): "
+             f"{peak['gflops']:.0f} GFLOP/s"
              + f"; PyTorch's torch.mm of the same: "
              f"{statistics.median(r['torch_mm_gflops'] for r in rows if r['library'] == 'pytorch'):.0f} GFLOP/s"
              ". Model GFLOP/s count the stored model's products "
@@ -418,7 +469,12 @@ def main():
             f"{r['time_ratio_vs_pytorch']:.2f} ({r['peer_policy']})" if remat else "",
             f"{r['saved_ratio_vs_pytorch']:.2f}" if remat else ""))
     lines.append("")
-    lines.append("PyTorch rows are its fastest of: " + ", ".join(n for n, _ in TORCH_SETTINGS) +
+    if optimizer:
+        lines.append(f"Fused unscale/check/clip/AdamW pass: {optimizer['step_gbps']:.0f} GB/s, "
+                     f"{optimizer['fraction_of_copy']:.0%} of a device-to-device copy "
+                     f"({optimizer['copy_gbps']:.0f} GB/s).")
+        lines.append("")
+    lines.append("PyTorch rows are its fastest of: " + ", ".join(n for n, _ in settings) +
                  " (fastest here: " + ", ".join(notes) + "); every setting's time is in the JSON lines.")
     if args.precision == "bf16":
         lines.append("")
@@ -456,7 +512,8 @@ def main():
         ax.set_xlabel("saved activations (MiB)")
         ax.set_ylabel("step time (s)")
         ax.set_title(f"GPT, width {GW}, {GH} heads, seq {GT}, batch {batch}, {args.precision}, 2 threads" if gpt
-                     else f"residual MLP, d = {D}, batch {batch}, {args.precision}, 2 threads")
+                     else f"residual MLP, d = {D}, batch {batch}, {args.precision}, "
+                     + (cpu if cuda else "2 threads"))
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()

@@ -102,7 +102,7 @@ class model {
         params_(index_t(stored_count()), 1, memory::tag::parameters, alloc),
         grads_(index_t(stored_count()), 1, memory::tag::gradients, alloc),
         seed_(s.value) {
-    auto const on_stream = stream_.scope();
+    [[maybe_unused]] auto const on_stream = stream_.scope();
     if constexpr (mixed_precision) compute_params_ = tensor<C, Device>(index_t(stored_count()), 1, memory::tag::parameters, alloc);
     std::vector<T> host_params(stored_count(), T(0));
     Net::init(host_params.data(), 0, seed_);
@@ -113,7 +113,7 @@ class model {
 
   // Inference: nothing is saved for a backward pass.
   tensor<T, Device> forward(input_view x) const {
-    auto const on_stream = stream_.scope();
+    [[maybe_unused]] auto const on_stream = stream_.scope();
     validate_input(x);
     state_type s = make_state(false, x);
     act<C, Device> y = Net::forward(s, weights(), input_act(s, x));
@@ -123,7 +123,7 @@ class model {
   // The loss of the model on (x, target), without training.
   template <class Loss>
   double loss(input_view x, typename Loss::template target_type<T, Device> target) const {
-    auto const on_stream = stream_.scope();
+    [[maybe_unused]] auto const on_stream = stream_.scope();
     validate_input(x);
     Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
     tensor<T, Device> y = forward(x);
@@ -136,7 +136,7 @@ class model {
   template <class Loss>
   double accumulate(input_view x, typename Loss::template target_type<T, Device> target, double weight = 1.0,
                     tensor<T, Device>* dx = nullptr) {
-    auto const on_stream = stream_.scope();
+    [[maybe_unused]] auto const on_stream = stream_.scope();
     validate<Loss>(x, target);
     if (dx && (reads_ids || dx->rows() != x.rows() || dx->cols() != x.cols()))
       detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
@@ -168,7 +168,7 @@ class model {
   // backward and without advancing anything: what finite differences of accumulate() measure.
   template <class Loss>
   double training_loss(input_view x, typename Loss::template target_type<T, Device> target) const {
-    auto const on_stream = stream_.scope();
+    [[maybe_unused]] auto const on_stream = stream_.scope();
     validate_input(x);
     Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
     state_type s = make_state(true, x);
@@ -178,7 +178,7 @@ class model {
   }
 
   void zero_grad() {
-    auto const on_stream = stream_.scope();
+    [[maybe_unused]] auto const on_stream = stream_.scope();
     if (sync_) sync_->zeroing_gradients();
     evaluate(grads_, expr::to_expr(0.0));
   }
@@ -186,7 +186,7 @@ class model {
   // zero_grad, accumulate, optimizer step.
   template <class Loss, class Optimizer>
   double train_step(input_view x, typename Loss::template target_type<T, Device> target, Optimizer& opt) {
-    auto const on_stream = stream_.scope();
+    [[maybe_unused]] auto const on_stream = stream_.scope();
     validate<Loss>(x, target);  // before zero_grad: bad input changes nothing
     if (sync_) sync_->check_pass();
     zero_grad();

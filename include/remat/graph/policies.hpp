@@ -6,7 +6,8 @@
 //   Revolve<C, Repeat<N, B>>      at most C block inputs kept; the binomial schedule (revolve.hpp)
 //   Selective<S>                  keeps S's input and its matrix products' outputs; backward
 //                                 recomputes only the point-wise work (norms, activations)
-//   Offloaded<S>                  S's saved activations in host memory (the identity on the host)
+//   Offloaded<S>                  S's saved activations in host memory (today the identity on both
+//                                 backends; the GPU copy to pinned memory is not built yet)
 //
 // What every policy guarantees (each is tested):
 // - The recomputation runs with the same RNG offsets and precision as the first forward, so losses
@@ -371,7 +372,9 @@ struct Selective : detail::wraps<S> {
 };
 
 // Saved activations of S in host memory while the rest of the forward runs. On the host backend
-// activations already are in host memory, so it keeps what S keeps; the CUDA backend moves them.
+// activations already are in host memory, so it keeps what S keeps. On the CUDA backend it does
+// the same for now (the activations stay on the device, and the plan counts them there); copying
+// them to pinned host memory on a side stream is not built yet.
 template <class S>
 struct Offloaded : detail::wraps<S> {
   static_assert(not_a_segment<Offloaded, S>::ok);

@@ -180,9 +180,8 @@ inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, v
 // The element types a product takes: A and B have one type; C has it too, or is fp32 when A and
 // B are 16-bit (a weight gradient accumulating in the fp32 master gradients).
 template <class T, class Out>
-concept gemm_types = (std::is_same_v<T, float> || std::is_same_v<T, double>)
-                         ? std::is_same_v<Out, T>
-                         : (is_small_float_v<T> && (std::is_same_v<Out, T> || std::is_same_v<Out, float>));
+concept gemm_types = ((std::is_same_v<T, float> || std::is_same_v<T, double>) && std::is_same_v<Out, T>) ||
+                     (is_small_float_v<T> && (std::is_same_v<Out, T> || std::is_same_v<Out, float>));
 
 // Row-major C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C.
 template <class T, class Out>
