@@ -56,6 +56,14 @@ inline void check_ld(index_t ld, index_t rows, index_t cols, trans t, char const
                                                    stored_cols, ", found ", ld);
 }
 
+// The checks every product makes before it touches memory.
+inline void check_product(trans ta, trans tb, index_t m, index_t n, index_t k, index_t lda, index_t ldb, index_t ldc) {
+  (void)blas_int(m, "m"), (void)blas_int(n, "n"), (void)blas_int(k, "k");
+  check_ld(lda, m, k, ta, "A");
+  check_ld(ldb, k, n, tb, "B");
+  check_ld(ldc, m, n, trans::no, "C");
+}
+
 inline CBLAS_TRANSPOSE cblas_trans(trans t) { return t == trans::no ? CblasNoTrans : CblasTrans; }
 
 }  // namespace detail
@@ -189,10 +197,8 @@ template <class T, class Out>
 void gemm(host, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_identity_t<compute_type_t<T>> alpha,
           T const* a, index_t lda, T const* b, index_t ldb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
           index_t ldc) {
-  int const M = detail::blas_int(m, "m"), N = detail::blas_int(n, "n"), K = detail::blas_int(k, "k");
-  detail::check_ld(lda, m, k, ta, "A");
-  detail::check_ld(ldb, k, n, tb, "B");
-  detail::check_ld(ldc, m, n, trans::no, "C");
+  detail::check_product(ta, tb, m, n, k, lda, ldb, ldc);
+  int const M = int(m), N = int(n), K = int(k);
   if (M == 0 || N == 0) return;
   int const LDA = detail::blas_int(lda, "lda"), LDB = detail::blas_int(ldb, "ldb"), LDC = detail::blas_int(ldc, "ldc");
   if constexpr (std::is_same_v<T, float>) {
@@ -265,10 +271,7 @@ void gemm_batched(host, std::size_t count, std::size_t group, trans ta, trans tb
                   index_t ldc, batch_stride sc) {
   if (count == 0) return;
   if (group == 0) REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: group must be at least 1");
-  (void)detail::blas_int(m, "m"), (void)detail::blas_int(n, "n"), (void)detail::blas_int(k, "k");
-  detail::check_ld(lda, m, k, ta, "A");
-  detail::check_ld(ldb, k, n, tb, "B");
-  detail::check_ld(ldc, m, n, trans::no, "C");
+  detail::check_product(ta, tb, m, n, k, lda, ldb, ldc);
   if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) (void)gemm16_path_for<T>();
   // (the checks above are the ones each product would make: none can throw inside the loop)
   for_each_index(host{}, count, std::size_t(count) * std::size_t(m * n) * std::size_t(k > 0 ? k : 1) / 8,
@@ -314,10 +317,7 @@ template <class T, class Out>
 void gemm(cuda, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_identity_t<compute_type_t<T>> alpha,
           T const* a, index_t lda, T const* b, index_t ldb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
           index_t ldc) {
-  (void)detail::blas_int(m, "m"), (void)detail::blas_int(n, "n"), (void)detail::blas_int(k, "k");
-  detail::check_ld(lda, m, k, ta, "A");
-  detail::check_ld(ldb, k, n, tb, "B");
-  detail::check_ld(ldc, m, n, trans::no, "C");
+  detail::check_product(ta, tb, m, n, k, lda, ldb, ldc);
   if (m == 0 || n == 0) return;
   detail::cuda_gemm<T, Out>(1, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0);
 }
@@ -331,10 +331,7 @@ void gemm_batched(cuda, std::size_t count, std::size_t group, trans ta, trans tb
                   index_t ldc, batch_stride sc) {
   if (count == 0) return;
   if (group == 0) REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: group must be at least 1");
-  (void)detail::blas_int(m, "m"), (void)detail::blas_int(n, "n"), (void)detail::blas_int(k, "k");
-  detail::check_ld(lda, m, k, ta, "A");
-  detail::check_ld(ldb, k, n, tb, "B");
-  detail::check_ld(ldc, m, n, trans::no, "C");
+  detail::check_product(ta, tb, m, n, k, lda, ldb, ldc);
   if (m == 0 || n == 0) return;
   index_t const g = index_t(group);
   bool const even = count <= group || (sa.outer == g * sa.inner && sb.outer == g * sb.inner && sc.outer == g * sc.inner);
