@@ -42,7 +42,9 @@ remat's bench_policies_cuda (built by the cuda preset) against the machine's PyT
 Saved activations on the GPU are torch.cuda.memory_allocated's growth over the forward; remat's
 are its device allocator's. The GEMM peak is a cuBLASLt product of the model's shape (batch x d
 times d x d) through remat, beside torch.mm of the same; remat's fused unscale/check/clip/AdamW
-pass is reported against a device-to-device copy. Results go to bench/results/policies-cuda*.
+pass is reported against a device-to-device copy. On the GPU both also offload: remat's
+Offloaded<Block> per block (pinned host memory, copies on a side stream) against PyTorch's
+torch.autograd.graph.save_on_cpu(pin_memory=True). Results go to bench/results/policies-cuda*.
 
   python3 bench/compare_torch.py --device cuda --remat build/cuda/bench/bench_policies_cuda [--precision bf16]
 """
@@ -63,7 +65,8 @@ POLICIES_REMAT = ["stored", "checkpoint", "checkpoint_sequential", "revolve", "s
 POLICIES_TORCH = ["plain", "checkpoint", "checkpoint_sequential"]
 # The PyTorch policy each remat policy is compared with.
 PEER = {"stored": "plain", "checkpoint": "checkpoint", "checkpoint_sequential": "checkpoint_sequential",
-        "revolve": "checkpoint_sequential", "selective": "plain", "recompute_attention": "checkpoint_attention"}
+        "revolve": "checkpoint_sequential", "selective": "plain", "recompute_attention": "checkpoint_attention",
+        "offload": "offload"}
 # The GPT workload.
 GW, GH, GT, GV = 512, 8, 256, 256
 MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
@@ -203,6 +206,9 @@ def torch_worker(args):
             for b in net:
                 h = checkpoint(b, h, use_reentrant=False)
             return h
+        if policy == "offload":  # every saved tensor to (pinned) host memory, back in backward
+            with torch.autograd.graph.save_on_cpu(pin_memory=dev == "cuda"):
+                return net(x)
         return checkpoint_sequential(net, root(n), x)
 
     bf16 = args.precision == "bf16"
@@ -379,6 +385,7 @@ def main():
     settings = TORCH_SETTINGS
     if cuda:
         configs, settings = [(8192, 16), (8192, 32)], [("as shipped", {})]
+        policies_remat, policies_torch = policies_remat + ["offload"], policies_torch + ["offload"]
     if args.quick:
         configs, args.steps, args.warmup = [(2 if gpt else 64, 4)] if not cuda else [(512, 16)], 1, 1
 
@@ -495,7 +502,7 @@ def main():
         return
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     markers = {"stored": "o", "plain": "o", "checkpoint": "s", "checkpoint_sequential": "^", "revolve": "D",
-               "selective": "P", "recompute_attention": "X", "checkpoint_attention": "X"}
+               "selective": "P", "recompute_attention": "X", "checkpoint_attention": "X", "offload": "v"}
     for ax, batch in zip(axes, sorted({b for b, _ in configs})):
         for lib, color in (("remat", "tab:blue"), ("pytorch", "tab:orange")):
             for pol in (policies_remat if lib == "remat" else policies_torch):

@@ -7,6 +7,8 @@
 //
 //   bench_policies [--workload mlp|gpt] --batch 256 --blocks 16 --policy checkpoint [--precision fp32|bf16]
 //                  [--steps 5] [--warmup 2]
+//     policies: stored, checkpoint, checkpoint_sequential, revolve, selective, offload
+//     (Offloaded<Block> per block), and for gpt recompute_attention
 //   bench_policies --gemm-peak [--precision fp32|bf16]
 //                   (a plain 1024^3 product through the same path: the BLAS for fp32; for bf16
 //                    every host path remat has, oneDNN and conversion to fp32, one line each)
@@ -67,6 +69,7 @@ struct nets {
   using checkpoint_sequential = CheckpointSequential<root(N), Repeat<N, Block>>;
   using revolve = Revolve<root(N), Repeat<N, Block>>;
   using selective = Repeat<N, Selective<Block>>;
+  using offload = Repeat<N, Offloaded<Block>>;
 };
 
 // The GPT workload: GPT-2's pre-norm block at width 512, 8 heads, sequences of 256 tokens over a
@@ -83,6 +86,7 @@ struct gpt_nets {
   using checkpoint_sequential = GNet<CheckpointSequential<root(N), Repeat<N, GBlock>>>;
   using revolve = GNet<Revolve<root(N), Repeat<N, GBlock>>>;
   using selective = GNet<Repeat<N, Selective<GBlock>>>;
+  using offload = GNet<Repeat<N, Offloaded<GBlock>>>;
   using recompute_attention = GNet<RecomputeAttention<Repeat<N, GBlock>>>;
 };
 
@@ -160,7 +164,8 @@ struct gpt_workload {
 template <class Net, class P, class Work>
 int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, int warmup) {
   memory::caching_allocator<Dev> alloc;
-  model<Net, Dev, P> m(seed{1}, alloc);
+  offload_allocator_t<Dev> offloaded;
+  model<Net, Dev, P> m(seed{1}, alloc, offloaded);
   AdamW opt(m, {.lr = 1e-4});
   Work data(batch, alloc);
   wait_for_device();
@@ -169,6 +174,7 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
   std::size_t peak = 0;
   for (int k = 0; k < warmup + steps; ++k) {
     alloc.reset_peak();
+    offloaded.reset_peak();
     double const t0 = now();
     loss = m.template train_step<typename Work::Loss>(data.x, data.t, opt);
     wait_for_device();
@@ -192,13 +198,13 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
       "\"model_gflops\": %.2f, \"executed_gflops\": %.2f, \"peak_activation_bytes\": %zu, "
       "\"planned_peak_bytes\": %zu, \"saved_activation_bytes\": %zu, \"planned_saved_bytes\": %zu, "
       "\"fp32_planned_saved_bytes\": %zu, \"recomputed_block_forwards\": %llu, \"loss\": %.6f, "
-      "\"device\": \"%s\"}\n",
+      "\"offloaded_bytes\": %zu, \"planned_offloaded_bytes\": %zu, \"device\": \"%s\"}\n",
       Work::name, policy, n_blocks, batch, std::is_same_v<Work, gpt_workload> ? GT : std::size_t(1), Work::width,
       std::is_same_v<P, fp32> ? "fp32" : "bf16", std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "null", steps,
       step, flop * 1e-9, flop / step * 1e-9, flop_done / step * 1e-9, peak, plan.peak_bytes, m.last_pass().saved_bytes,
       plan.saved_bytes, plan32.saved_bytes, static_cast<unsigned long long>(m.last_pass().recomputed), loss,
-      Dev::name);
-  return peak == plan.peak_bytes ? 0 : 3;
+      offloaded.stats()[memory::tag::activations].peak, plan.offloaded_bytes, Dev::name);
+  return peak == plan.peak_bytes && offloaded.stats()[memory::tag::activations].peak == plan.offloaded_bytes ? 0 : 3;
 }
 
 template <class n, class Work, std::size_t N, class P>
@@ -209,6 +215,7 @@ int dispatch_on(std::string const& policy, std::size_t batch, int steps, int war
     return run<typename n::checkpoint_sequential, P, Work>("checkpoint_sequential", N, batch, steps, warmup);
   if (policy == "revolve") return run<typename n::revolve, P, Work>("revolve", N, batch, steps, warmup);
   if (policy == "selective") return run<typename n::selective, P, Work>("selective", N, batch, steps, warmup);
+  if (policy == "offload") return run<typename n::offload, P, Work>("offload", N, batch, steps, warmup);
   if constexpr (requires { typename n::recompute_attention; })
     if (policy == "recompute_attention")
       return run<typename n::recompute_attention, P, Work>("recompute_attention", N, batch, steps, warmup);

@@ -5,8 +5,9 @@
 #   3. installs remat into a temporary prefix and builds and runs tests/consumer against it
 #      with find_package(remat CONFIG REQUIRED) (and its remat::dist program under mpirun -np 2),
 #   4. when nvcc is here, compiles and links the CUDA backend for sm_90 and sm_80 (every public
-#      header, the CUDA test suite, the GPU example and benchmark) and runs `ctest -L cuda`, which
-#      reports the GPU tests skipped on a machine without a GPU.
+#      header, the CUDA test suite, the GPU example and benchmark), and runs `ctest -L cuda` when
+#      a GPU is here (on a machine without one the CUDA tests are built, not run: see
+#      scripts/bench_cuda.sh for the run on a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
@@ -50,7 +51,11 @@ if [ -x "$nvcc" ] || command -v nvcc >/dev/null 2>&1; then
   step "nvcc: compile and link the CUDA backend, its tests, example and benchmark (sm_90, sm_80)"
   cmake --preset cuda >/dev/null
   cmake --build --preset cuda --target remat_cuda_all -j"$jobs"
-  ctest --test-dir build/cuda -L cuda --output-on-failure
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    ctest --test-dir build/cuda -L cuda --output-on-failure
+  else
+    echo "no GPU here: the CUDA tests are built and linked, not run (ctest --test-dir build/cuda -L cuda runs them on a GPU)"
+  fi
 else
   step "nvcc not found: CUDA compile check skipped"
 fi

@@ -29,6 +29,7 @@ using EveryBlock = Seq<Repeat<depth, Checkpointed<Block>>, Linear<width, 16>>;
 using SqrtN = Seq<CheckpointSequential<7, Repeat<depth, Block>>, Linear<width, 16>>;
 using Binomial = Seq<Revolve<4, Repeat<depth, Block>>, Linear<width, 16>>;
 using SelectiveBlocks = Seq<Repeat<depth, Selective<Block>>, Linear<width, 16>>;
+using OffloadedBlocks = Seq<Repeat<depth, Offloaded<Block>>, Linear<width, 16>>;
 
 // The budget for activations, and the model that must fit it.
 constexpr std::size_t budget = std::size_t(256) << 20;  // 256 MiB
@@ -39,9 +40,11 @@ static_assert(chosen_plan.peak_bytes <= budget, "the chosen model's activations 
 template <class Net>
 void print_plan(char const* name) {
   constexpr auto p = activation_plan<Net, fp32>(batch);
-  std::printf("  %-28s peak %9s  kept by forward %9s  block forwards recomputed %4llu  %s\n", name,
+  std::printf("  %-28s peak %9s  kept by forward %9s  block forwards recomputed %4llu  %s", name,
               memory::format_bytes(p.peak_bytes).c_str(), memory::format_bytes(p.saved_bytes).c_str(),
               static_cast<unsigned long long>(p.recomputed), p.peak_bytes <= budget ? "fits" : "too big");
+  if (p.offloaded_bytes) std::printf("  (+ %s in host memory)", memory::format_bytes(p.offloaded_bytes).c_str());
+  std::printf("\n");
 }
 
 int main() {
@@ -52,6 +55,7 @@ int main() {
   print_plan<SqrtN>("CheckpointSequential<7>");
   print_plan<Binomial>("Revolve<4>");
   print_plan<SelectiveBlocks>("Selective every block");
+  print_plan<OffloadedBlocks>("Offloaded every block");
 
 #if defined(REMAT_EXAMPLE_CUDA)
   int devices = 0;

@@ -36,6 +36,7 @@
 #include "layers/norm.hpp"
 #include "layers/pointwise.hpp"
 #include "memory/allocator.hpp"
+#include "memory/offload.hpp"
 #include "memory/system.hpp"
 #include "numeric/compute.hpp"
 #include "numeric/philox.hpp"

@@ -200,6 +200,8 @@ using Plain = Net<Seq<Block, RmsBlock, Block>>;
 using Check = Net<Seq<Checkpointed<Block>, Checkpointed<RmsBlock>, Checkpointed<Block>>>;
 using Sel = Net<Seq<Selective<Block>, RmsBlock, Selective<Block>>>;
 using Off = Net<Seq<Offloaded<Block>, Offloaded<RmsBlock>, Block>>;
+using OffDeep = Net<Repeat<6, Offloaded<Block>>>;  // copies overlapped with the next block's compute
+static_assert(std::is_same_v<offload_allocator_t<gpu>, memory::caching_allocator<memory::pinned_host>>);
 using Rev = Net<Revolve<2, Repeat<4, Block>>>;
 using RepPlain = Net<Repeat<4, Block>>;
 
@@ -287,9 +289,14 @@ TEST_CASE("cuda policies: every storage policy trains bit for bit like the store
   CHECK(bitwise_equal(off.first, plain.first));
   CHECK(bitwise_equal(check.second, plain.second));
   CHECK(bitwise_equal(train<Rev, gpu>().first, train<RepPlain, gpu>().first));
+  // Offloaded with the copies on the side stream: a race between copies and compute would show.
+  using Rep6 = Net<Repeat<6, Block>>;
+  CHECK(bitwise_equal(train<OffDeep, gpu>(5).first, train<Rep6, gpu>(5).first));
+  CHECK(bitwise_equal(train<Net<Offloaded<Repeat<6, Offloaded<Block>>>>, gpu>().first, train<Rep6, gpu>().first));
   // Mixed precision too.
   using P = mixed<bf16, DynamicLossScale>;
   CHECK(bitwise_equal(train<Check, gpu, P>().first, train<Plain, gpu, P>().first));
+  CHECK(bitwise_equal(train<Off, gpu, P>().first, train<Plain, gpu, P>().first));
 }
 
 TEST_CASE("cuda precision: mixed<bf16> on the GPU follows the fp32 model", "[cuda][precision]") {
@@ -305,16 +312,20 @@ template <class NetT, class P = fp32>
 void require_plan_matches_on_gpu(std::size_t rows) {
   INFO("batch " << rows);
   memory::caching_allocator<gpu> alloc;
-  model<NetT, gpu, P> m(seed{11}, alloc);
+  offload_allocator_t<gpu> pinned;  // Offloaded<S>'s page-locked host memory
+  model<NetT, gpu, P> m(seed{11}, alloc, pinned);
   auto x = make<typename P::master>(index_t(rows), 12, random_values<typename P::master>(rows * 12, 2));
   auto y = make<std::int32_t>(index_t(rows), 1, labels(5, rows));
   auto const plan = activation_plan<NetT, P>(rows);
   for (int step = 0; step < 2; ++step) {
     REQUIRE(alloc.stats()[memory::tag::activations].in_use == 0);
     alloc.reset_peak();
+    pinned.reset_peak();
     m.template accumulate<SoftmaxCrossEntropy>(x, y);
     CHECK(alloc.stats()[memory::tag::activations].peak == plan.peak_bytes);
     CHECK(m.last_pass().saved_bytes == plan.saved_bytes);
+    CHECK(pinned.stats()[memory::tag::activations].peak == plan.offloaded_bytes);
+    CHECK(pinned.stats().total.in_use == 0);
   }
 }
 
@@ -326,6 +337,8 @@ TEST_CASE("cuda plan: the activation plan equals the device allocator's measured
     require_plan_matches_on_gpu<Check>(rows);
     require_plan_matches_on_gpu<Sel>(rows);
     require_plan_matches_on_gpu<Off>(rows);
+    require_plan_matches_on_gpu<OffDeep>(rows);
+    require_plan_matches_on_gpu<OffDeep, mixed<bf16>>(rows);
     require_plan_matches_on_gpu<Rev>(rows);
     require_plan_matches_on_gpu<Plain, mixed<bf16>>(rows);
   }

@@ -14,7 +14,8 @@ void require_plan_matches() {
   constexpr std::size_t batch = Batch;
   INFO("batch " << batch << ", precision " << P::name);
   memory::caching_allocator<host> alloc;
-  model<NetT, host, P> m(seed{11}, alloc);
+  offload_allocator_t<host> offloaded;  // where Offloaded<S> segments put activations
+  model<NetT, host, P> m(seed{11}, alloc, offloaded);
   constexpr std::size_t in = model<NetT>::reads_ids ? 1 : NetT::in_width;
   constexpr std::size_t out = NetT::out_width;
   index_t const rows = index_t(batch);
@@ -30,11 +31,12 @@ void require_plan_matches() {
   std::size_t runtime_batch = batch;
   auto const again = activation_plan<NetT, P>(runtime_batch);
   CHECK((again.peak_bytes == plan.peak_bytes && again.saved_bytes == plan.saved_bytes &&
-         again.recomputed == plan.recomputed));
+         again.recomputed == plan.recomputed && again.offloaded_bytes == plan.offloaded_bytes));
   for (int step = 0; step < 2; ++step) {  // the second step runs from the allocator's cache
     std::size_t const before = alloc.stats()[memory::tag::activations].in_use;
     REQUIRE(before == 0);
     alloc.reset_peak();
+    offloaded.reset_peak();
     if constexpr (std::is_same_v<Loss, MSE>) {
       tensor<float> t(rows, index_t(out));
       for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.25f;
@@ -47,6 +49,8 @@ void require_plan_matches() {
     CHECK(alloc.stats()[memory::tag::activations].peak == plan.peak_bytes);
     CHECK(m.last_pass().saved_bytes == plan.saved_bytes);
     CHECK(m.last_pass().recomputed == plan.recomputed);
+    CHECK(offloaded.stats()[memory::tag::activations].peak == plan.offloaded_bytes);
+    CHECK(offloaded.stats().total.in_use == 0);  // everything came back
   }
 }
 
@@ -99,6 +103,12 @@ TEST_CASE("plan: the plan equals the measured peak for every policy, depth and b
   require_plan_matches_for_batches<Net<Repeat<4, Selective<Block>>>>();
   require_plan_matches_for_batches<Net<Selective<Repeat<4, Block>>>>();
   require_plan_matches_for_batches<Net<Repeat<3, Offloaded<Block>>>>();
+  require_plan_matches_for_batches<Net<Offloaded<Repeat<3, Block>>>>();
+  require_plan_matches_for_batches<Net<Offloaded<Seq<Offloaded<Block>, Block, Offloaded<RmsBlock>>>>>();
+  require_plan_matches_for_batches<Net<Repeat<4, Offloaded<Selective<Block>>>>>();
+  require_plan_matches_for_batches<Net<Checkpointed<Repeat<3, Offloaded<Block>>>>>();
+  require_plan_matches_for_batches<Net<Revolve<2, Repeat<5, Offloaded<Block>>>>>();
+  require_plan_matches_for_batches<Seq<Offloaded<Linear<12, W>>, Repeat<2, Offloaded<Block>>, Offloaded<Linear<W, 5>>>>();
   require_plan_matches_for_batches<Net<Repeat<3, RmsBlock>>>();
   require_plan_matches_for_batches<Net<Repeat<3, Selective<RmsBlock>>>>();
   require_plan_matches_for_batches<Net<Revolve<2, Repeat<6, Checkpointed<RmsBlock>>>>>();
@@ -113,6 +123,8 @@ TEST_CASE("plan: models that read token ids, with a classification loss", "[plan
   using LmCkpt = Seq<Checkpointed<Seq<Embedding<5, W>, Repeat<2, Block>>>, LayerNorm<W>, Linear<W, 7>>;
   require_plan_matches_for_batches<Lm, SoftmaxCrossEntropy>();
   require_plan_matches_for_batches<LmCkpt, SoftmaxCrossEntropy>();
+  using LmOff = Seq<Offloaded<Embedding<5, W>>, Repeat<2, Offloaded<Block>>, LayerNorm<W>, Linear<W, 7>>;
+  require_plan_matches_for_batches<LmOff, SoftmaxCrossEntropy>();
 }
 
 TEST_CASE("plan: policies trade memory as designed, and a budget is a static_assert", "[plan]") {
@@ -151,6 +163,8 @@ TEST_CASE("plan: mixed precision keeps activations in the compute type, and the 
   require_plan_matches_for_batches<Net<CheckpointSequential<2, Repeat<5, Block>>>, MSE, hf>();
   using Lm = Seq<Embedding<5, W>, Repeat<2, Block>, LayerNorm<W>, Linear<W, 7>>;
   require_plan_matches_for_batches<Lm, SoftmaxCrossEntropy, bf>();
+  require_plan_matches_for_batches<Net<Repeat<3, Offloaded<Block>>>, MSE, bf>();
+  require_plan_matches_for_batches<Net<Repeat<3, Offloaded<Selective<RmsBlock>>>>, MSE, hf>();
 
   // The saved activations halve, exactly: every kept tensor is 16-bit except LayerNorm's two
   // statistics per row (fp32 in both, 1 KiB each at batch 256), and the mixed model keeps its input
@@ -163,4 +177,28 @@ TEST_CASE("plan: mixed precision keeps activations in the compute type, and the 
   static_assert(2 * b16.saved_bytes == f32.saved_bytes + 8 * 2 * 1024 + 2 * (256 * 12 * 2));
   static_assert(10 * b16.peak_bytes <= 6 * f32.peak_bytes);
   CHECK(b16.saved_bytes < f32.saved_bytes);
+}
+
+TEST_CASE("plan: Offloaded keeps two segments on the device, whatever the depth", "[plan][offload]") {
+  // N blocks of Linear<256, 256> fused with ReLU at batch 64: every tensor is 64 KiB (one unit).
+  // Block k keeps its input y(k-1) and pre-activation z(k); the first block's input is the
+  // caller's (not counted, not moved). Offloaded moves each block's kept tensors off the device
+  // once the next block's forward is done, and brings them back one block ahead in backward; the
+  // last block's stay. Forward, before block k >= 2 settles block k-1: y(k-2), z(k-1), y(k-1) and
+  // block k's z(k), y(k): 5 units. Backward of the last block: its input y(N-2), the output
+  // gradient (overwritten by z(N-1)'s, after which z(N-1) goes), the block before's y(N-3), z(N-2)
+  // fetched ahead, and the input gradient: 5 units. Stored: 2N kept, and the output gradient.
+  // Host memory holds every kept tensor but the caller's input: 2N - 1 units at the end of forward.
+  constexpr std::size_t unit = 64 * 256 * 4;
+  using B = Seq<Linear<256, 256>, ReLU>;
+  constexpr auto stored = activation_plan<Repeat<8, B>>(64);
+  constexpr auto off8 = activation_plan<Repeat<8, Offloaded<B>>>(64);
+  constexpr auto off16 = activation_plan<Repeat<16, Offloaded<B>>>(64);
+  static_assert(off8.peak_bytes == 5 * unit && off16.peak_bytes == 5 * unit);
+  static_assert(off8.offloaded_bytes == (2 * 8 - 1) * unit && off16.offloaded_bytes == (2 * 16 - 1) * unit);
+  static_assert(stored.offloaded_bytes == 0 && stored.peak_bytes == (2 * 8 + 1) * unit);
+  // What the forward leaves on the device: the last block's input and pre-activation.
+  static_assert(off8.saved_bytes == 2 * unit);
+  require_plan_matches<Repeat<8, Offloaded<B>>, 64>();
+  require_plan_matches<Repeat<8, B>, 64>();
 }

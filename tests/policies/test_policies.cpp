@@ -128,8 +128,14 @@ TEST_CASE("policies: every policy trains bit for bit like the stored model, drop
     require_same_training_as<Net<Repeat<N, Selective<Block>>>>(stored, N);
     require_same_training_as<Net<Selective<Repeat<N, Block>>>>(stored, N);
   }
-  SECTION("Offloaded (the identity on the host)") {
+  SECTION("Offloaded: per block, around the chain, nested, and inside other policies") {
     require_same_training_as<Net<Repeat<N, Offloaded<Block>>>>(stored, 0);
+    require_same_training_as<Net<Offloaded<Repeat<N, Block>>>>(stored, 0);
+    require_same_training_as<Net<Offloaded<Repeat<N, Offloaded<Block>>>>>(stored, 0);
+    require_same_training_as<Net<Repeat<N, Offloaded<Selective<Block>>>>>(stored, N);
+    require_same_training_as<Net<Checkpointed<Repeat<N, Offloaded<Block>>>>>(stored, N);
+    require_same_training_as<Net<Revolve<2, Repeat<N, Offloaded<Block>>>>>(stored, revolve::cost(N, 2));
+    require_same_training_as<Seq<Offloaded<Linear<8, W>>, Repeat<N, Offloaded<Block>>, Offloaded<Linear<W, 4>>>>(stored, 0);
   }
   SECTION("nested policies") {
     require_same_training_as<Net<Revolve<2, Repeat<N, Checkpointed<Block>>>>>(stored, revolve::cost(N, 2) + N);
@@ -290,4 +296,42 @@ TEST_CASE("revolve: a 64-block model with 4 slots runs 64 + 200 block forwards p
   CHECK(counts::forwards == 64 + 200);
   CHECK(counts::effects == 64);
   CHECK(m.last_pass().recomputed == 200);
+}
+
+TEST_CASE("policies: Offloaded out of host memory throws, changes nothing, and training goes on", "[policies][offload]") {
+  using NetT = Net<Repeat<N, Offloaded<Block>>>;
+  tensor<float> x(24, 8), t(24, 4);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i)));
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = float(std::cos(0.11 * double(i)));
+  model<NetT> reference(seed{7});
+  AdamW reference_opt(reference, {.lr = 1e-2});
+  for (int k = 0; k < 2; ++k) reference.train_step<MSE>(x, t, reference_opt);
+
+  memory::caching_allocator<host> alloc;
+  offload_allocator_t<host> offloaded;
+  model<NetT> m(seed{7}, alloc, offloaded);
+  AdamW opt(m, {.lr = 1e-2});
+  m.train_step<MSE>(x, t, opt);
+  REQUIRE(offloaded.stats()[memory::tag::activations].peak > 0);
+  auto const params = tensor_to_host(m.parameters());
+  auto const moments = tensor_to_host(opt.exp_avg().view());
+  offloaded.release_cached();
+  offloaded.set_limit(1024);  // less than one block's tensors
+  try {
+    m.train_step<MSE>(x, t, opt);
+    FAIL("expected remat::out_of_memory");
+  } catch (out_of_memory const& e) {
+    std::string const what = e.what();
+    INFO(what);
+    CHECK(what.find("out of memory on host") != std::string::npos);
+    CHECK(what.find("of activations") != std::string::npos);
+  }
+  CHECK(same_bits(tensor_to_host(m.parameters()), params));
+  CHECK(same_bits(tensor_to_host(opt.exp_avg().view()), moments));
+  CHECK(m.passes() == 1);
+  CHECK(alloc.stats()[memory::tag::activations].in_use == 0);  // nothing left behind
+  CHECK(offloaded.stats().total.in_use == 0);
+  offloaded.set_limit(memory::unlimited);
+  m.train_step<MSE>(x, t, opt);  // and training goes on, as if the failed step never ran
+  CHECK(same_bits(tensor_to_host(m.parameters()), tensor_to_host(reference.parameters())));
 }

@@ -67,20 +67,23 @@ class cuda_stream_scope {
 class owned_cuda_stream {
  public:
   owned_cuda_stream() = default;
+  // cudaStreamDefault (ordered with the legacy default stream) or cudaStreamNonBlocking.
+  explicit owned_cuda_stream(unsigned flags) : flags_(flags) {}
   owned_cuda_stream(owned_cuda_stream const&) = delete;
   owned_cuda_stream& operator=(owned_cuda_stream const&) = delete;
-  owned_cuda_stream(owned_cuda_stream&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
+  owned_cuda_stream(owned_cuda_stream&& o) noexcept : s_(o.s_), flags_(o.flags_) { o.s_ = nullptr; }
   owned_cuda_stream& operator=(owned_cuda_stream&& o) noexcept {
     if (this != &o) {
       reset();
       s_ = o.s_;
+      flags_ = o.flags_;
       o.s_ = nullptr;
     }
     return *this;
   }
   ~owned_cuda_stream() { reset(); }
   cudaStream_t get() {
-    if (!s_) REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamDefault));
+    if (!s_) REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, flags_));
     return s_;
   }
   // Waits for everything issued to the stream.
@@ -94,6 +97,7 @@ class owned_cuda_stream {
     s_ = nullptr;
   }
   cudaStream_t s_ = nullptr;
+  unsigned flags_ = cudaStreamDefault;
 };
 
 // Waits for the current stream: the one host synchronisation a step needs (reading a result).

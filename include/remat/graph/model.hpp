@@ -48,18 +48,22 @@ constexpr typename S::act_type training_pass(S& s, typename S::param_ptr p, type
 // The stream a model's work goes to: none on the host; on the GPU one stream per model, current
 // while the model runs (so a step issues everything without waiting, and two models on two host
 // threads run side by side).
+// Offloaded<S>'s copies go to a second stream of the model's, beside the compute.
 template <class Device>
 struct model_stream {
   struct scope_type {};
   scope_type scope() { return {}; }
   void synchronize() {}
+  void attach(offload_channel<Device>&) {}
 };
 #if REMAT_HAS_CUDA
 template <>
 struct model_stream<cuda> {
   owned_cuda_stream stream;
+  owned_cuda_stream copies{cudaStreamNonBlocking};
   cuda_stream_scope scope() { return cuda_stream_scope(stream.get()); }
   void synchronize() { stream.synchronize(); }
+  void attach(offload_channel<cuda>& c) { c.side = copies.get(); }
 };
 #endif
 
@@ -70,6 +74,11 @@ struct pass_report {
   std::size_t saved_bytes = 0;      // activation bytes kept when the forward ended (its output excluded)
   std::uint64_t recomputed = 0;     // block forwards that storage policies ran again
 };
+
+// Where a model's Offloaded<S> segments put their activations (memory/offload.hpp): pinned host
+// memory for a GPU model, host memory apart from the activations for a host model.
+template <class Device>
+using offload_allocator_t = memory::caching_allocator<memory::offload_space_t<Device>>;
 
 template <class Net, class Device = host, class Precision = fp32>
 class model {
@@ -96,9 +105,11 @@ class model {
   using input_view = tensor_view<input_element const, Device>;
   using allocator_type = memory::caching_allocator<Device>;
 
-  explicit model(seed s = {}, allocator_type& alloc = memory::default_allocator<Device>())
+  explicit model(seed s = {}, allocator_type& alloc = memory::default_allocator<Device>(),
+                 offload_allocator_t<Device>& offload_alloc = memory::default_offload_allocator<Device>())
       : stream_(),
         alloc_(&alloc),
+        offload_alloc_(&offload_alloc),
         params_(index_t(stored_count()), 1, memory::tag::parameters, alloc),
         grads_(index_t(stored_count()), 1, memory::tag::gradients, alloc),
         seed_(s.value) {
@@ -218,6 +229,8 @@ class model {
   tensor_view<T, Device> gradients() { return grads_.view().row_range(0, parameter_count); }
   tensor_view<T const, Device> gradients() const { return grads_.view().row_range(0, parameter_count); }
   allocator_type& allocator() const { return *alloc_; }
+  // The host memory Offloaded<S> segments move activations to.
+  offload_allocator_t<Device>& offload_allocator() const { return *offload_alloc_; }
   std::uint64_t seed_value() const { return seed_; }
   // What the last training pass kept and recomputed.
   pass_report const& last_pass() const { return report_; }
@@ -348,6 +361,8 @@ class model {
     s.training = training;
     s.seed = seed_;
     s.alloc = alloc_;
+    s.offload.space = offload_alloc_;
+    stream_.attach(s.offload);
     if constexpr (reads_ids) {
       s.ids = x.data();
       s.id_count = x.size();
@@ -383,6 +398,7 @@ class model {
 
   mutable detail::model_stream<Device> stream_;  // (declared first: the tensors' work is on it)
   allocator_type* alloc_;
+  offload_allocator_t<Device>* offload_alloc_;
   tensor<T, Device> params_;
   tensor<T, Device> grads_;
   mutable tensor<C, Device> compute_params_;  // mixed precision only

@@ -25,6 +25,9 @@ struct activation_plan_result {
   std::size_t peak_bytes = 0;    // the most activation bytes in use at once in a training step
   std::size_t saved_bytes = 0;   // in use when the forward ends, its output excluded: what it kept
   std::uint64_t recomputed = 0;  // block forwards the storage policies run again
+  // Host memory that Offloaded<S> moves activations to: the most in use at once (not part of
+  // peak_bytes, which counts the device's). The model's offload allocator measures the same.
+  std::size_t offloaded_bytes = 0;
 };
 
 // `features` is the input width, needed only when the graph's own is not fixed (a point-wise
@@ -34,11 +37,12 @@ template <class Net, class Precision = fp32>
 constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width,
                                                  std::size_t sequence = 1) {
   using T = typename Precision::compute;
-  plan::counter mem;
+  plan::counter mem, offloaded;
   activation_plan_result r;
   {
     plan::state<T> s;
     s.mem = &mem;
+    s.offloaded = &offloaded;
     plan::ref x;
     s.seq_len = sequence;
     std::size_t const rows = batch * sequence;
@@ -55,6 +59,7 @@ constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t 
     r.recomputed = s.recomputed;
   }
   r.peak_bytes = mem.peak;
+  r.offloaded_bytes = offloaded.peak;
   return r;
 }
 

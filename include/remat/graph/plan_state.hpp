@@ -119,6 +119,13 @@ constexpr void ref::reset() {
 constexpr long ref::use_count() const { return id_ >= 0 ? c_->buffers[std::size_t(id_)].refs : 0; }
 constexpr buffer const* ref::operator->() const { return &c_->buffers[std::size_t(id_)]; }
 
+// Offloaded copies are not ordered against anything in a plan.
+struct no_fence {
+  constexpr void begin(int) {}
+  constexpr void end() {}
+  constexpr void wait() const {}
+};
+
 // The pass-state interface of layers/common.hpp, counting instead of computing. T is the type
 // activations are stored in.
 template <class T>
@@ -132,12 +139,19 @@ struct state : pass_stacks<ref, state<T>> {
   static constexpr bool computes = false;
 
   counter* mem = nullptr;
+  counter* offloaded = nullptr;  // what Offloaded<S> moves off the device (memory/offload.hpp)
+  using offload_record_type = offload_record<ref, ref, no_fence>;
+  std::vector<offload_record_type> offloads;
 
   constexpr state() { this->training = true; }
   constexpr void forward_done(ref const& y) { this->saved_bytes = mem->live - y->bytes; }
   constexpr ref make(std::size_t rows, std::size_t cols) { return mem->make(rows, cols, sizeof(T)); }
   constexpr ref hollow(std::size_t rows, std::size_t cols) { return mem->hollow(rows, cols); }
   static constexpr bool is_hollow(ref const& a) { return a && a->hollow; }
+  static constexpr bool owns(ref const& a) { return a->bytes > 0; }
+  constexpr ref copy_off(ref const& a, no_fence&) { return offloaded->make(a->rows(), a->cols(), sizeof(T)); }
+  constexpr ref copy_back(typename offload_record_type::item const& it, no_fence&) { return make(it.rows, it.cols); }
+  static constexpr int offload_target() { return 0; }
 };
 
 }  // namespace plan

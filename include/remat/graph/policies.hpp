@@ -6,8 +6,8 @@
 //   Revolve<C, Repeat<N, B>>      at most C block inputs kept; the binomial schedule (revolve.hpp)
 //   Selective<S>                  keeps S's input and its matrix products' outputs; backward
 //                                 recomputes only the point-wise work (norms, activations)
-//   Offloaded<S>                  S's saved activations in host memory (today the identity on both
-//                                 backends; the GPU copy to pinned memory is not built yet)
+//   Offloaded<S>                  S's saved activations in (pinned) host memory between S's forward
+//                                 and its backward, copied on a side stream beside the compute
 //
 // What every policy guarantees (each is tested):
 // - The recomputation runs with the same RNG offsets and precision as the first forward, so losses
@@ -371,21 +371,99 @@ struct Selective : detail::wraps<S> {
   }
 };
 
-// Saved activations of S in host memory while the rest of the forward runs. On the host backend
-// activations already are in host memory, so it keeps what S keeps. On the CUDA backend it does
-// the same for now (the activations stay on the device, and the plan counts them there); copying
-// them to pinned host memory on a side stream is not built yet.
+namespace detail {
+
+// Offloaded<S>'s forward, after S's forward pushed its saved tensors onto slots [first, end) of the
+// saved stack: each tensor that only those slots hold (not S's output, not a tensor an earlier
+// layer also kept, not the caller's input) is copied to offloaded memory and its slots get a
+// hollow placeholder. The device copy stays held until the copy is known done: until the end of
+// the next Offloaded forward (so the copy overlaps that compute), or until its own backward if
+// none follows (then it never needs to come back). The plan runs this same code.
+template <class St>
+constexpr void offload_saved(St& s, std::size_t first) {
+  using R = typename St::offload_record_type;
+  auto& saved = s.saved;
+  R rec;
+  for (std::size_t i = first; i < saved.size(); ++i) {
+    auto& a = saved[i];
+    if (!a || St::is_hollow(a) || !St::owns(a)) continue;
+    long holders = 0;
+    for (std::size_t j = i; j < saved.size(); ++j) holders += saved[j] == a ? 1 : 0;
+    if (holders != a.use_count()) continue;  // held outside S's slots too: moving it frees nothing
+    if (rec.items.empty()) rec.fence.begin(s.offload_target());
+    typename R::item it;
+    it.rows = a->rows();
+    it.cols = a->cols();
+    it.host = s.copy_off(a, rec.fence);
+    for (std::size_t j = i; j < saved.size(); ++j)
+      if (saved[j] == a) it.slots.push_back(j);
+    it.device = a;
+    typename St::act_type const placeholder = s.hollow(it.rows, it.cols);
+    for (std::size_t j : it.slots) saved[j] = placeholder;
+    rec.items.push_back(std::move(it));
+  }
+  if (!rec.items.empty()) rec.fence.end();
+  // Earlier segments' copies are done before anything that follows uses their device memory.
+  for (auto& r : s.offloads) {
+    if (!r.pending) continue;
+    r.fence.wait();
+    for (auto& it : r.items) it.device = nullptr;
+    r.pending = false;
+  }
+  s.offloads.push_back(std::move(rec));
+}
+
+// Puts a record's tensors back into their slots: the device copies if still held, else copies
+// from offloaded memory into new device memory (issued now, waited for by the record's backward).
+template <class St>
+constexpr void fetch_offloaded(St& s, typename St::offload_record_type& r) {
+  if (r.fetched) return;
+  r.fetched = true;
+  if (!r.pending && !r.items.empty()) r.fence.begin(s.offload_target());
+  for (auto& it : r.items) {
+    typename St::act_type a;  // (not `pending ? device : copy_back(...)`: GCC 12 miscounts that at compile time)
+    if (r.pending)
+      a = std::move(it.device);
+    else
+      a = s.copy_back(it, r.fence);
+    it.device = nullptr;
+    it.host = {};
+    for (std::size_t j : it.slots) s.saved[j] = a;
+  }
+  if (!r.pending && !r.items.empty()) r.fence.end();
+  r.pending = false;
+}
+
+}  // namespace detail
+
+// S's saved activations in host memory from the end of S's forward to the start of its backward:
+// copied there on a side stream while the rest of the forward runs, and copied back, one
+// Offloaded segment ahead, while the backward of the segment after it runs (memory/offload.hpp).
+// The activation plan counts the device bytes (what stays until the copy is done, what comes back
+// early) and, apart, the offloaded bytes. Values are untouched: gradients are bit for bit those of
+// the stored model. On the host backend the copies are memcpy into a separate allocator and save
+// nothing; they run so that the schedule is the one tested.
 template <class S>
 struct Offloaded : detail::wraps<S> {
   static_assert(not_a_segment<Offloaded, S>::ok);
 
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
-    return S::forward(s, p, std::move(x));
+    if (!s.keeps()) return S::forward(s, p, std::move(x));
+    std::size_t const first = s.saved.size();
+    typename St::act_type y = S::forward(s, p, std::move(x));
+    detail::offload_saved(s, first);
+    return y;
   }
+
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {
+    std::size_t const n = s.offloads.size();
+    detail::fetch_offloaded(s, s.offloads[n - 1]);
+    if (n >= 2) detail::fetch_offloaded(s, s.offloads[n - 2]);  // the next segment's, under this backward
+    s.offloads[n - 1].fence.wait();
+    s.offloads.pop_back();
     return S::backward(s, p, g, std::move(dy));
   }
 };

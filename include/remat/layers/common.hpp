@@ -18,6 +18,7 @@
 
 #include "../error.hpp"
 #include "../memory/allocator.hpp"
+#include "../memory/offload.hpp"
 #include "../numeric/compute.hpp"
 #include "../numeric/philox.hpp"
 #include "../tensor/tensor.hpp"
@@ -122,6 +123,25 @@ struct pass_stacks {
   }
 };
 
+// What one run of an Offloaded<S> forward moved off the device (graph/policies.hpp). Per tensor:
+// its copy in offloaded memory (H), the slots of the saved stack it fills (holding a hollow
+// placeholder meanwhile), its shape, and the device copy while it is still held (`pending`: the
+// copies may be in flight) or once it is back (`fetched`). A is the activation handle, Fence the
+// ordering of the copies against the compute (memory/offload.hpp).
+template <class A, class H, class Fence>
+struct offload_record {
+  struct item {
+    A device;
+    H host;
+    std::vector<std::size_t> slots;
+    std::size_t rows = 0, cols = 0;
+  };
+  std::vector<item> items;
+  bool pending = true;
+  bool fetched = false;
+  Fence fence;  // (declared last, so destroyed first: the compute waits before the memory goes)
+};
+
 // Columns of T that hold n statistics per row (a norm's mean and 1/std) in T's compute type:
 // statistics stay fp32 when activations are 16-bit.
 template <class T>
@@ -151,6 +171,11 @@ struct pass_state : pass_stacks<act<T, D>, pass_state<T, D, G>> {
   memory::caching_allocator<D>* alloc = &memory::default_allocator<D>();
   detail::gradient_sync* sync = nullptr;  // told as gradients become final (data parallelism)
   G const* grad_base = nullptr;           // the start of the model's gradient buffer
+  // Offloaded<S>: where the activations go and the records of what went (last, first restored).
+  using host_copy = memory::held_block<memory::offload_space_t<D>>;
+  using offload_record_type = offload_record<act<T, D>, host_copy, detail::copy_fence<D>>;
+  detail::offload_channel<D> offload{};
+  std::vector<offload_record_type> offloads;
 
   void grads_ready(G const* g) const {
     if (sync) sync->gradients_ready(std::size_t(g - grad_base));
@@ -172,6 +197,21 @@ struct pass_state : pass_stacks<act<T, D>, pass_state<T, D, G>> {
     return std::make_shared<tensor<T, D>>(tensor<T, D>::shape_only, rows, cols);
   }
   static bool is_hollow(act<T, D> const& a) { return a && a->data() == nullptr; }
+  // Whether the pass made `a` (not the caller's input, read in place).
+  static bool owns(act<T, D> const& a) { return a->allocator() != nullptr; }
+
+  // Offloaded<S>: a copy of `a` in offloaded memory, issued through `f`; and back.
+  host_copy copy_off(act<T, D> const& a, detail::copy_fence<D>& f) {
+    host_copy h(*offload.space, a->bytes(), memory::tag::activations);
+    f.to_host(h.get(), a->data(), a->bytes());
+    return h;
+  }
+  act<T, D> copy_back(typename offload_record_type::item const& it, detail::copy_fence<D>& f) {
+    act<T, D> a = make(it.rows, it.cols);
+    f.to_device(a->data(), it.host.get(), a->bytes());
+    return a;
+  }
+  detail::offload_channel<D> const& offload_target() const { return offload; }
 };
 
 inline std::size_t shape_elements(std::vector<std::size_t> const& shape) {
