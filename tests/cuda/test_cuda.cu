@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -55,6 +56,13 @@ void require_close(std::vector<A> const& a, std::vector<B> const& b, double tol,
     INFO(what << " [" << i << "]: cuda " << x << ", reference " << y);
     REQUIRE(std::fabs(x - y) <= tol * (1.0 + std::fabs(y)));
   }
+}
+
+template <class T>
+std::vector<double> to_doubles(std::vector<T> const& v) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = as_double(v[i]);
+  return out;
 }
 
 template <class T>
@@ -184,6 +192,51 @@ TEST_CASE("cuda column sums: the bias gradient equals the host's", "[cuda][kerne
     kernels::column_sums(gpu{}, x.data(), std::size_t(rows), std::size_t(cols), out.data(), true);
     kernels::column_sums(host{}, xh.data(), std::size_t(rows), std::size_t(cols), outh.data(), true);
     require_close(out.to_vector(), outh.to_vector(), 1e-5, "column sums");
+  }
+}
+
+namespace {
+
+// LayerNorm and RMSNorm forward and backward, a block per row on the GPU against the host's
+// thread per row; the GPU run twice gives the same bits.
+template <class T>
+void check_norms(index_t rows, index_t w, double tol) {
+  using V = compute_type_t<T>;
+  std::size_t const n = std::size_t(rows * w), r = std::size_t(rows), c = std::size_t(w);
+  unsigned const seed = unsigned(rows * 131 + w);
+  auto const xv = random_values<T>(n, seed), dyv = random_values<T>(n, seed + 1);
+  auto const gv = random_values<T>(c, seed + 2, 0.5, 1.5), bv = random_values<T>(c, seed + 3);
+  auto const pg = random_values<float>(c, seed + 4), pb = random_values<float>(c, seed + 5);
+  INFO("rows " << rows << ", width " << w);
+  auto run = [&]<class D>(D) {
+    auto x = make<T, D>(rows, w, xv), dy = make<T, D>(rows, w, dyv), g = make<T, D>(w, 1, gv), b = make<T, D>(w, 1, bv);
+    tensor<T, D> y(rows, w), dx(rows, w), ry(rows, w), rdx(rows, w);
+    tensor<V, D> mean(rows, 1), rstd(rows, 1), rrstd(rows, 1);
+    auto dg = make<float, D>(w, 1, pg), db = make<float, D>(w, 1, pb), rdg = make<float, D>(w, 1, pg);
+    kernels::layer_norm_forward(D{}, x.data(), g.data(), b.data(), r, c, 1e-5, y.data(), mean.data(), rstd.data());
+    kernels::layer_norm_backward(D{}, x.data(), g.data(), mean.data(), rstd.data(), dy.data(), r, c, dx.data(),
+                                 dg.data(), db.data());
+    kernels::rms_norm_forward(D{}, x.data(), g.data(), r, c, 1e-6, ry.data(), rrstd.data());
+    kernels::rms_norm_backward(D{}, x.data(), g.data(), rrstd.data(), dy.data(), r, c, rdx.data(), rdg.data());
+    return std::array<std::vector<double>, 8>{
+        to_doubles(y.to_vector()),   to_doubles(mean.to_vector()), to_doubles(rstd.to_vector()),
+        to_doubles(dx.to_vector()),  to_doubles(dg.to_vector()),   to_doubles(db.to_vector()),
+        to_doubles(ry.to_vector()),  to_doubles(rdx.to_vector())};
+  };
+  auto const got = run(gpu{}), again = run(gpu{}), want = run(host{});
+  char const* names[] = {"layer norm y", "mean", "rstd", "layer norm dx", "dgamma", "dbeta", "rms norm y", "rms norm dx"};
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    require_close(got[k], want[k], tol, names[k]);
+    CHECK(bitwise_equal(got[k], again[k]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda norms: a block per row equals the host's rows, for narrow, odd and wide rows", "[cuda][kernels]") {
+  for (auto [rows, w] : {std::array<index_t, 2>{1, 7}, {37, 1000}, {300, 4096}, {513, 33}}) {
+    check_norms<float>(rows, w, 2e-5);
+    check_norms<bf16>(rows, w, 1e-2);
   }
 }
 

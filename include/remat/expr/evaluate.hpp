@@ -114,6 +114,29 @@ auto sum_squares(E const& e) {
   return kernels::transform_reduce(typename X::device{}, n, detail::square_fn<V, X>{x}, V(0), kernels::plus_op{});
 }
 
+// sum and sum_squares read later: a kernels::pending_scalar, whose get() waits for the result
+// alone (on the GPU, not for the work issued after the reduction). What a loss returns.
+template <class E>
+  requires array_operand<E>
+auto sum_pending(E const& e) {
+  auto x = to_expr(e);
+  using X = decltype(x);
+  using V = compute_t<X, float>;
+  std::size_t const n = detail::reduction_size(x, "remat::sum_pending");
+  return kernels::transform_reduce_pending(typename X::device{}, n, detail::load_fn<V, X>{x}, V(0), kernels::plus_op{});
+}
+
+template <class E>
+  requires array_operand<E>
+auto sum_squares_pending(E const& e) {
+  auto x = to_expr(e);
+  using X = decltype(x);
+  using V = compute_t<X, float>;
+  std::size_t const n = detail::reduction_size(x, "remat::sum_squares_pending");
+  return kernels::transform_reduce_pending(typename X::device{}, n, detail::square_fn<V, X>{x}, V(0),
+                                           kernels::plus_op{});
+}
+
 }  // namespace expr
 
 }  // namespace REMAT_NAMESPACE

@@ -32,7 +32,9 @@ using expr::silu;
 using expr::sqrt;
 using expr::step;
 using expr::sum;
+using expr::sum_pending;
 using expr::sum_squares;
+using expr::sum_squares_pending;
 using expr::tanh;
 using expr::to_expr;
 

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -105,11 +106,18 @@ class model {
   using input_view = tensor_view<input_element const, Device>;
   using allocator_type = memory::caching_allocator<Device>;
 
-  explicit model(seed s = {}, allocator_type& alloc = memory::default_allocator<Device>(),
-                 offload_allocator_t<Device>& offload_alloc = memory::default_offload_allocator<Device>())
+  // Offloaded<S> segments use an allocator of the model's own unless given one. (Its blocks are
+  // reused in the order of one model's copy stream: give a shared one to models that do not run
+  // at the same time.)
+  explicit model(seed s = {}, allocator_type& alloc = memory::default_allocator<Device>()) : model(s, alloc, nullptr) {}
+  model(seed s, allocator_type& alloc, offload_allocator_t<Device>& offload_alloc) : model(s, alloc, &offload_alloc) {}
+
+ private:
+  model(seed s, allocator_type& alloc, offload_allocator_t<Device>* offload_alloc)
       : stream_(),
         alloc_(&alloc),
-        offload_alloc_(&offload_alloc),
+        own_offload_(offload_alloc ? nullptr : std::make_unique<offload_allocator_t<Device>>()),
+        offload_alloc_(offload_alloc ? offload_alloc : own_offload_.get()),
         params_(index_t(stored_count()), 1, memory::tag::parameters, alloc),
         grads_(index_t(stored_count()), 1, memory::tag::gradients, alloc),
         seed_(s.value) {
@@ -122,6 +130,7 @@ class model {
     zero_grad();
   }
 
+ public:
   // Inference: nothing is saved for a backward pass.
   tensor<T, Device> forward(input_view x) const {
     [[maybe_unused]] auto const on_stream = stream_.scope();
@@ -152,27 +161,7 @@ class model {
     if (dx && (reads_ids || dx->rows() != x.rows() || dx->cols() != x.cols()))
       detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
                                  x.cols(), reads_ids ? " (and token ids have none)" : "");
-    warn_unscaled_half();
-    if (sync_) {
-      sync_->check_pass();
-      sync_->pass_starting();
-    }
-    state_type s = make_state(true, x);
-    s.step = dropout_stream();
-    s.sync = sync_;
-    s.grad_base = grads_.data();
-    double l = 0;
-    // The loss's gradient is multiplied by the loss scale (gradients stay scaled until the
-    // optimizer's update divides it out); the loss itself is not.
-    double const scale = weight * scaler_.scale();
-    act<C, Device> g = detail::training_pass<Net>(
-        s, weights(), grads_.data(), input_act(s, x, true),
-        [&](act<C, Device> const& y, act<C, Device> const& dy) { l = Loss::forward_backward(*y, target, scale, dy.get()); });
-    if (dx && g) evaluate(*dx, to_expr(*g));
-    if (sync_) sync_->gradients_ready(0);
-    ++passes_;
-    report_ = {s.saved_bytes, s.recomputed};
-    return l;
+    return training_pass<Loss>(x, target, weight, dx).get();
   }
 
   // The loss of a training-mode forward (dropout on, the stream of pass `passes()`), without
@@ -195,15 +184,17 @@ class model {
   }
 
   // zero_grad, accumulate, optimizer step.
+  // The loss is read last: on the GPU nothing waits between forward and backward, and the
+  // optimizer's skip decision (the norm, the overflow check) is what the host waits for.
   template <class Loss, class Optimizer>
   double train_step(input_view x, typename Loss::template target_type<T, Device> target, Optimizer& opt) {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     validate<Loss>(x, target);  // before zero_grad: bad input changes nothing
     if (sync_) sync_->check_pass();
     zero_grad();
-    double const l = accumulate<Loss>(x, target);
+    auto const l = training_pass<Loss>(x, target, 1.0, nullptr);
     opt.step();
-    return l;
+    return l.get();
   }
 
   // The fp32 master weights. Handing out a writable view marks the compute copy (mixed precision)
@@ -281,6 +272,42 @@ class model {
 
  private:
   static constexpr std::size_t stored_count() { return parameter_count > 0 ? parameter_count : 1; }
+
+  // The loss of y against the target, with scale * its gradient in dy: read later if the loss can.
+  template <class Loss, class Y, class Target>
+  static kernels::pending_scalar<Device> loss_and_gradient(Y const& y, Target const& target, double scale, Y* dy) {
+    if constexpr (requires { Loss::forward_backward_pending(y, target, scale, dy); })
+      return Loss::forward_backward_pending(y, target, scale, dy);
+    else
+      return kernels::pending_scalar<Device>(Loss::forward_backward(y, target, scale, dy));
+  }
+
+  // accumulate's pass on checked input; the loss is read when the caller asks for it.
+  template <class Loss>
+  kernels::pending_scalar<Device> training_pass(input_view x, typename Loss::template target_type<T, Device> target,
+                                                double weight, tensor<T, Device>* dx) {
+    warn_unscaled_half();
+    if (sync_) {
+      sync_->check_pass();
+      sync_->pass_starting();
+    }
+    state_type s = make_state(true, x);
+    s.step = dropout_stream();
+    s.sync = sync_;
+    s.grad_base = grads_.data();
+    kernels::pending_scalar<Device> l;
+    // The loss's gradient is multiplied by the loss scale (gradients stay scaled until the
+    // optimizer's update divides it out); the loss itself is not.
+    double const scale = weight * scaler_.scale();
+    act<C, Device> g = detail::training_pass<Net>(
+        s, weights(), grads_.data(), input_act(s, x, true),
+        [&](act<C, Device> const& y, act<C, Device> const& dy) { l = loss_and_gradient<Loss>(*y, target, scale, dy.get()); });
+    if (dx && g) evaluate(*dx, to_expr(*g));
+    if (sync_) sync_->gradients_ready(0);
+    ++passes_;
+    report_ = {s.saved_bytes, s.recomputed};
+    return l;
+  }
 
   std::size_t out_cols(input_view x) const { return out_width == any_width ? x.cols() : out_width; }
   // One output row per token id (batch x seq ids give batch * seq rows), or per input row.
@@ -398,6 +425,7 @@ class model {
 
   mutable detail::model_stream<Device> stream_;  // (declared first: the tensors' work is on it)
   allocator_type* alloc_;
+  std::unique_ptr<offload_allocator_t<Device>> own_offload_;
   offload_allocator_t<Device>* offload_alloc_;
   tensor<T, Device> params_;
   tensor<T, Device> grads_;

@@ -1,22 +1,122 @@
-// LayerNorm and RMSNorm over the last dimension, forward and backward, one row per task. Sums
+// LayerNorm and RMSNorm over the last dimension, forward and backward: one row per task on the
+// host, one thread block per row on the GPU (parameter gradients in row chunks there). Sums
 // accumulate in the compute type (fp32 for fp32 and 16-bit data, fp64 for double), and the saved
 // statistics are kept in it; parameter gradients G may be wider than the data (fp32 master
 // gradients of 16-bit activations).
 #pragma once
 
 #include "../expr/math.hpp"
+#include "detail/cuda_rows.hpp"
 #include "rows.hpp"
 
 #include <cstddef>
+#include <type_traits>
 
 namespace REMAT_NAMESPACE {
 namespace kernels {
+
+#if REMAT_HAS_CUDA
+// The GPU's row passes: one block per row (detail/cuda_rows.hpp), the same formulas as the host's.
+namespace detail {
+
+template <class T, class V>
+__global__ void __launch_bounds__(row_threads)
+    layer_norm_forward_rows(T const* x, T const* gamma, T const* beta, std::size_t rows, std::size_t w, V eps, T* y,
+                            V* mean_out, V* rstd_out) {
+  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T const* xr = x + r * w;
+    V s = 0;
+    for (std::size_t i = threadIdx.x; i < w; i += row_threads) s += to_compute<V>(xr[i]);
+    V const mean = block_sum(s) / V(w);
+    V q = 0;
+    for (std::size_t i = threadIdx.x; i < w; i += row_threads) {
+      V const d = to_compute<V>(xr[i]) - mean;
+      q += d * d;
+    }
+    V const rstd = V(1) / expr::math::sqrt(block_sum(q) / V(w) + eps);
+    T* yr = y + r * w;
+    for (std::size_t i = threadIdx.x; i < w; i += row_threads)
+      yr[i] = from_compute<T>((to_compute<V>(xr[i]) - mean) * rstd * to_compute<V>(gamma[i]) + to_compute<V>(beta[i]));
+    if (threadIdx.x == 0) {
+      if (mean_out) mean_out[r] = mean;
+      if (rstd_out) rstd_out[r] = rstd;
+    }
+  }
+}
+
+template <class T, class V>
+__global__ void __launch_bounds__(row_threads)
+    layer_norm_backward_rows(T const* x, T const* gamma, V const* mean, V const* rstd, T const* dy, std::size_t rows,
+                             std::size_t w, T* dx) {
+  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T const* xr = x + r * w;
+    T const* dyr = dy + r * w;
+    V const m = mean[r], s = rstd[r];
+    V sg = 0, sgx = 0;
+    for (std::size_t i = threadIdx.x; i < w; i += row_threads) {
+      V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
+      sg += g;
+      sgx += g * ((to_compute<V>(xr[i]) - m) * s);
+    }
+    V const mg = block_sum(sg) / V(w), mgx = block_sum(sgx) / V(w);
+    T* dxr = dx + r * w;
+    for (std::size_t i = threadIdx.x; i < w; i += row_threads) {
+      V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
+      dxr[i] = from_compute<T>(s * (g - mg - (to_compute<V>(xr[i]) - m) * s * mgx));
+    }
+  }
+}
+
+template <class T, class V>
+__global__ void __launch_bounds__(row_threads)
+    rms_norm_forward_rows(T const* x, T const* gamma, std::size_t rows, std::size_t w, V eps, T* y, V* rstd_out) {
+  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T const* xr = x + r * w;
+    V q = 0;
+    for (std::size_t i = threadIdx.x; i < w; i += row_threads) {
+      V const v = to_compute<V>(xr[i]);
+      q += v * v;
+    }
+    V const rstd = V(1) / expr::math::sqrt(block_sum(q) / V(w) + eps);
+    T* yr = y + r * w;
+    for (std::size_t i = threadIdx.x; i < w; i += row_threads)
+      yr[i] = from_compute<T>(to_compute<V>(xr[i]) * rstd * to_compute<V>(gamma[i]));
+    if (threadIdx.x == 0 && rstd_out) rstd_out[r] = rstd;
+  }
+}
+
+template <class T, class V>
+__global__ void __launch_bounds__(row_threads)
+    rms_norm_backward_rows(T const* x, T const* gamma, V const* rstd, T const* dy, std::size_t rows, std::size_t w,
+                           T* dx) {
+  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T const* xr = x + r * w;
+    T const* dyr = dy + r * w;
+    V sgx = 0;
+    for (std::size_t i = threadIdx.x; i < w; i += row_threads)
+      sgx += to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * to_compute<V>(xr[i]);
+    V const s = rstd[r], k = s * s * s * block_sum(sgx) / V(w);
+    T* dxr = dx + r * w;
+    for (std::size_t i = threadIdx.x; i < w; i += row_threads)
+      dxr[i] = from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k);
+  }
+}
+
+}  // namespace detail
+#endif
 
 // y = (x - mean) * rstd * gamma + beta; saves mean and rstd per row.
 template <class T, device_tag D>
 void layer_norm_forward(D, T const* x, T const* gamma, T const* beta, std::size_t rows, std::size_t w, double eps,
                         T* y, compute_type_t<T>* mean_out, compute_type_t<T>* rstd_out) {
   using V = compute_type_t<T>;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {
+    detail::launch_rows(detail::layer_norm_forward_rows<T, V>, rows, x, gamma, beta, rows, w, V(eps), y, mean_out,
+                        rstd_out);
+    return;
+  }
+#endif
   for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
     V s = 0;
@@ -46,6 +146,18 @@ void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const*
   auto xhat = [=] REMAT_LAMBDA(std::size_t r, std::size_t i) {
     return (to_compute<V>(x[r * w + i]) - mean[r]) * rstd[r];
   };
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {  // parameter gradients first: dx may overwrite dy
+    column_sums_of(
+        cuda{}, rows, w, [=] REMAT_LAMBDA(std::size_t r, std::size_t c) { return to_compute<V>(dy[r * w + c]) * xhat(r, c); },
+        dgamma, true);
+    column_sums_of(
+        cuda{}, rows, w, [=] REMAT_LAMBDA(std::size_t r, std::size_t c) { return to_compute<V>(dy[r * w + c]); }, dbeta,
+        true);
+    detail::launch_rows(detail::layer_norm_backward_rows<T, V>, rows, x, gamma, mean, rstd, dy, rows, w, dx);
+    return;
+  }
+#endif
   // Parameter gradients first (they read dy, which dx may overwrite): columns in blocks, rows in
   // order, so the sums do not depend on the thread count.
   constexpr std::size_t block = column_block<D>;
@@ -90,6 +202,12 @@ template <class T, device_tag D>
 void rms_norm_forward(D, T const* x, T const* gamma, std::size_t rows, std::size_t w, double eps, T* y,
                       compute_type_t<T>* rstd_out) {
   using V = compute_type_t<T>;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {
+    detail::launch_rows(detail::rms_norm_forward_rows<T, V>, rows, x, gamma, rows, w, V(eps), y, rstd_out);
+    return;
+  }
+#endif
   for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
     V q = 0;
@@ -109,6 +227,18 @@ template <class T, class G, device_tag D>
 void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* rstd, T const* dy, std::size_t rows,
                        std::size_t w, T* dx, G* dgamma) {
   using V = compute_type_t<T>;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {
+    column_sums_of(
+        cuda{}, rows, w,
+        [=] REMAT_LAMBDA(std::size_t r, std::size_t c) {
+          return to_compute<V>(dy[r * w + c]) * to_compute<V>(x[r * w + c]) * rstd[r];
+        },
+        dgamma, true);
+    detail::launch_rows(detail::rms_norm_backward_rows<T, V>, rows, x, gamma, rstd, dy, rows, w, dx);
+    return;
+  }
+#endif
   constexpr std::size_t block = column_block<D>;
   std::size_t const blocks = (w + block - 1) / block;
   for_each_index(D{}, blocks, rows * w, [=] REMAT_LAMBDA(std::size_t b) {

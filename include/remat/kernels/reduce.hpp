@@ -1,11 +1,13 @@
 // Reductions of f(i) over i in [0, n): sums and maxima of fused expressions without writing the
 // expression out. Host: Thrust transform_reduce per fixed-size chunk, chunks on OpenMP threads;
 // CUDA: CUB's device reduction on the current stream, its temporary storage in the allocator's
-// workspace; the result is read back (the host waits for it).
+// workspace; the result is read back (the host waits for it), or, as a pending_scalar, read when
+// asked for (a loss read after the rest of the step is issued).
 #pragma once
 
 #include "../device.hpp"
 #include "../memory/allocator.hpp"
+#include "../memory/offload.hpp"
 #include "detail/thrust.hpp"
 
 #if REMAT_HAS_CUDA
@@ -17,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace REMAT_NAMESPACE {
@@ -63,23 +66,133 @@ Acc transform_reduce(host, std::size_t n, F const& f, Acc init, Op op) {
   return result;
 }
 
+// A sum reduced on the device and read later: get() gives value / divisor, waiting (on the GPU)
+// for the reduction and its copy to page-locked memory only, not for work issued after them.
+template <class D>
+class pending_scalar {
+ public:
+  explicit pending_scalar(double value = 0) : value_(value) {}
+  double get() const { return value_ / divisor_; }
+  void divide_by(double d) { divisor_ = d; }
+
+ private:
+  double value_;
+  double divisor_ = 1;
+};
+
 #if REMAT_HAS_CUDA
+namespace detail {
+
+// f reduced over [0, n) by CUB on the current stream, into a device scalar that lives, with CUB's
+// temporary storage, in a workspace block of the allocator (held as long as the reduction is).
+template <class Acc, class F, class Op>
+class device_reduction {
+ public:
+  device_reduction(std::size_t n, F const& f, Acc init, Op op)
+      : first_(detail::index_iterator(0), f), n_(n), init_(init), op_(op), space_(bytes()) {
+    REMAT_CUDA_CHECK(cub::DeviceReduce::Reduce(space_.get(), temp_bytes_, first_, result(), n_, op_, init_,
+                                               current_cuda_stream()));
+  }
+  Acc* result() const { return reinterpret_cast<Acc*>(space_.as<unsigned char>() + offset_); }
+
+ private:
+  std::size_t bytes() {
+    REMAT_CUDA_CHECK(cub::DeviceReduce::Reduce(nullptr, temp_bytes_, first_, static_cast<Acc*>(nullptr), n_, op_,
+                                               init_, current_cuda_stream()));
+    offset_ = (temp_bytes_ + alignof(Acc) - 1) / alignof(Acc) * alignof(Acc);
+    return offset_ + sizeof(Acc);
+  }
+  thrust::transform_iterator<F, detail::index_iterator> first_;
+  std::size_t n_;
+  Acc init_;
+  Op op_;
+  std::size_t temp_bytes_ = 0, offset_ = 0;
+  memory::scratch_buffer<cuda> space_;  // (last: sized by bytes(), after the members it reads)
+};
+
+}  // namespace detail
+
 template <class Acc, class F, class Op>
 Acc transform_reduce(cuda, std::size_t n, F const& f, Acc init, Op op) {
   if (n == 0) return init;
-  auto const first = thrust::make_transform_iterator(detail::index_iterator(0), f);
-  cudaStream_t const stream = current_cuda_stream();
-  std::size_t temp_bytes = 0;
-  REMAT_CUDA_CHECK(cub::DeviceReduce::Reduce(nullptr, temp_bytes, first, static_cast<Acc*>(nullptr), n, op, init,
-                                             stream));
-  std::size_t const result_offset = (temp_bytes + alignof(Acc) - 1) / alignof(Acc) * alignof(Acc);
-  memory::scratch_buffer<cuda> scratch(result_offset + sizeof(Acc));
-  Acc* result = reinterpret_cast<Acc*>(scratch.as<unsigned char>() + result_offset);
-  REMAT_CUDA_CHECK(cub::DeviceReduce::Reduce(scratch.get(), temp_bytes, first, result, n, op, init, stream));
+  detail::device_reduction<Acc, F, Op> const r(n, f, init, op);
   Acc out = init;
-  REMAT_CUDA_CHECK(cudaMemcpyAsync(&out, result, sizeof(Acc), cudaMemcpyDeviceToHost, stream));
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(&out, r.result(), sizeof(Acc), cudaMemcpyDeviceToHost, current_cuda_stream()));
   synchronize_current_stream();
   return out;
+}
+
+// On the GPU the sum is copied to an 8-byte page-locked slot after the reduction, and an event
+// marks the copy; get() waits for that event alone.
+template <>
+class pending_scalar<cuda> {
+ public:
+  explicit pending_scalar(double value = 0) : value_(value), read_(true) {}
+  template <class Acc>
+    requires(std::is_same_v<Acc, float> || std::is_same_v<Acc, double>)
+  explicit pending_scalar(Acc const* device_value)
+      : slot_(memory::default_offload_allocator<cuda>(), sizeof(double), memory::tag::workspace),
+        is_double_(std::is_same_v<Acc, double>) {
+    cudaStream_t const stream = current_cuda_stream();
+    REMAT_CUDA_CHECK(cudaMemcpyAsync(slot_.get(), device_value, sizeof(Acc), cudaMemcpyDeviceToHost, stream));
+    REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    REMAT_CUDA_CHECK(cudaEventRecord(ready_, stream));
+  }
+  pending_scalar(pending_scalar&& o) noexcept
+      : slot_(std::move(o.slot_)), ready_(std::exchange(o.ready_, nullptr)), is_double_(o.is_double_),
+        value_(o.value_), divisor_(o.divisor_), read_(std::exchange(o.read_, true)) {}
+  pending_scalar& operator=(pending_scalar&& o) noexcept {
+    if (this != &o) {
+      release();
+      slot_ = std::move(o.slot_);
+      ready_ = std::exchange(o.ready_, nullptr);
+      is_double_ = o.is_double_;
+      value_ = o.value_;
+      divisor_ = o.divisor_;
+      read_ = std::exchange(o.read_, true);
+    }
+    return *this;
+  }
+  ~pending_scalar() { release(); }
+
+  double get() const {
+    if (!read_) {
+      REMAT_CUDA_CHECK(cudaEventSynchronize(ready_));
+      value_ = is_double_ ? *static_cast<double const*>(slot_.get()) : double(*static_cast<float const*>(slot_.get()));
+      read_ = true;
+    }
+    return value_ / divisor_;
+  }
+  void divide_by(double d) { divisor_ = d; }
+
+ private:
+  // A copy still in flight finishes before its slot goes back (another result may reuse it).
+  void release() noexcept {
+    if (!ready_) return;
+    if (!read_) (void)cudaEventSynchronize(ready_);
+    (void)cudaEventDestroy(ready_);
+    ready_ = nullptr;
+  }
+  memory::held_block<memory::pinned_host> slot_;
+  cudaEvent_t ready_ = nullptr;
+  bool is_double_ = false;
+  mutable double value_ = 0;
+  double divisor_ = 1;
+  mutable bool read_ = false;
+};
+#endif
+
+// transform_reduce whose result is read later (see pending_scalar).
+template <class Acc, class F, class Op>
+pending_scalar<host> transform_reduce_pending(host, std::size_t n, F const& f, Acc init, Op op) {
+  return pending_scalar<host>(double(transform_reduce(host{}, n, f, init, op)));
+}
+#if REMAT_HAS_CUDA
+template <class Acc, class F, class Op>
+pending_scalar<cuda> transform_reduce_pending(cuda, std::size_t n, F const& f, Acc init, Op op) {
+  if (n == 0) return pending_scalar<cuda>(double(init));
+  detail::device_reduction<Acc, F, Op> const r(n, f, init, op);
+  return pending_scalar<cuda>(static_cast<Acc const*>(r.result()));  // (the copy is ordered after the reduction)
 }
 #endif
 

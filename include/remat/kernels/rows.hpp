@@ -64,19 +64,21 @@ void column_sums(host, T const* x, std::size_t rows, std::size_t cols, Out* out,
 }
 
 #if REMAT_HAS_CUDA
-// On the GPU the rows are cut into fixed chunks: one thread per (chunk, column) sums its chunk,
-// then one thread per column adds the chunks in order. The order depends on the shape only.
-template <class T, class Out>
-void column_sums(cuda, T const* x, std::size_t rows, std::size_t cols, Out* out, bool accumulate) {
-  using V = compute_type_t<T>;
+// out[c] = (accumulate ? out[c] : 0) + sum_r f(r, c) on the GPU: the rows are cut into fixed
+// chunks, one thread per (chunk, column) sums its chunk, then one thread per column adds the
+// chunks in order. The order depends on the shape only. (Bias and norm parameter gradients.)
+template <class Out, class F>
+void column_sums_of(cuda, std::size_t rows, std::size_t cols, F const& f, Out* out, bool accumulate) {
+  using V = std::remove_cv_t<decltype(f(std::size_t{}, std::size_t{}))>;
   constexpr std::size_t chunk = 256;
   std::size_t const chunks = (rows + chunk - 1) / chunk;
+  if (cols == 0) return;
   memory::scratch_buffer<cuda> partial(chunks * cols * sizeof(V));
   V* const part = partial.as<V>();
   for_each_index(cuda{}, chunks * cols, rows * cols, [=] REMAT_LAMBDA(std::size_t i) {
     std::size_t const c = i % cols, r0 = i / cols * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
     V acc = 0;
-    for (std::size_t r = r0; r < r1; ++r) acc += to_compute<V>(x[r * cols + c]);
+    for (std::size_t r = r0; r < r1; ++r) acc += f(r, c);
     part[i] = acc;
   });
   for_each_index(cuda{}, cols, chunks * cols, [=] REMAT_LAMBDA(std::size_t c) {
@@ -84,6 +86,14 @@ void column_sums(cuda, T const* x, std::size_t rows, std::size_t cols, Out* out,
     for (std::size_t k = 0; k < chunks; ++k) acc += part[k * cols + c];
     out[c] = from_compute<Out>(acc);
   });
+}
+
+template <class T, class Out>
+void column_sums(cuda, T const* x, std::size_t rows, std::size_t cols, Out* out, bool accumulate) {
+  using V = compute_type_t<T>;
+  column_sums_of(
+      cuda{}, rows, cols, [=] REMAT_LAMBDA(std::size_t r, std::size_t c) { return to_compute<V>(x[r * cols + c]); },
+      out, accumulate);
 }
 #endif
 

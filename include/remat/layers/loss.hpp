@@ -1,5 +1,10 @@
 // Losses: the value of the loss and its gradient with respect to the model's output in one call,
 // accumulated in the compute type (fp32 or better). Both use PyTorch's 'mean' reduction.
+//
+// A loss has forward_backward(y, target, scale, dy) returning the loss as a double. It may also
+// have forward_backward_pending, returning a kernels::pending_scalar: a training step then reads
+// the loss only after issuing its backward and the optimizer's update (on the GPU, the step does
+// not wait between forward and backward). Both built-in losses have it.
 #pragma once
 
 #include "../expr/expr.hpp"
@@ -30,11 +35,17 @@ struct MSE {
   // Returns the loss; writes scale * dloss/dy into dy (if given).
   // y may be in the compute type (16-bit) and t in the master type; the sums are fp32 or better.
   template <class T, class U, class D>
-  static double forward_backward(tensor<T, D> const& y, tensor_view<U const, D> t, double scale, tensor<T, D>* dy) {
+  static kernels::pending_scalar<D> forward_backward_pending(tensor<T, D> const& y, tensor_view<U const, D> t,
+                                                             double scale, tensor<T, D>* dy) {
     double const n = double(y.size());
-    double const loss = double(sum_squares(y - t)) / n;
+    kernels::pending_scalar<D> loss = sum_squares_pending(y - t);
+    loss.divide_by(n);
     if (dy) evaluate(*dy, (y - t) * (2.0 * scale / n));
     return loss;
+  }
+  template <class T, class U, class D>
+  static double forward_backward(tensor<T, D> const& y, tensor_view<U const, D> t, double scale, tensor<T, D>* dy) {
+    return forward_backward_pending(y, t, scale, dy).get();
   }
 };
 
@@ -60,13 +71,21 @@ struct SoftmaxCrossEntropy {
   }
 
   template <class T, class D>
-  static double forward_backward(tensor<T, D> const& y, tensor_view<std::int32_t const, D> labels, double scale,
-                                 tensor<T, D>* dy) {
+  static kernels::pending_scalar<D> forward_backward_pending(tensor<T, D> const& y,
+                                                             tensor_view<std::int32_t const, D> labels, double scale,
+                                                             tensor<T, D>* dy) {
     std::size_t const rows = y.rows(), classes = y.cols();
     tensor<compute_type_t<T>, D> row_loss(index_t(rows), 1, memory::tag::workspace, *y.allocator());
     kernels::softmax_cross_entropy(D{}, y.data(), labels.data(), rows, classes, scale / double(rows),
                                    row_loss.data(), dy ? dy->data() : static_cast<T*>(nullptr));
-    return double(sum(row_loss)) / double(rows);
+    kernels::pending_scalar<D> loss = sum_pending(row_loss);  // (row_loss may go: the sum is issued after it)
+    loss.divide_by(double(rows));
+    return loss;
+  }
+  template <class T, class D>
+  static double forward_backward(tensor<T, D> const& y, tensor_view<std::int32_t const, D> labels, double scale,
+                                 tensor<T, D>* dy) {
+    return forward_backward_pending(y, labels, scale, dy).get();
   }
 };
 

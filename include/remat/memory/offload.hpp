@@ -62,8 +62,8 @@ struct offload_space<cuda> {
 template <class Device>
 using offload_space_t = typename offload_space<Device>::type;
 
-// The allocator offloaded activations come from unless a model is given another: one per device,
-// for the whole program, apart from default_allocator (also for a host model).
+// An allocator of offload memory for the whole program (a model makes its own for its Offloaded
+// segments unless given one): small page-locked results such as a loss read after the step.
 template <class Device>
 caching_allocator<offload_space_t<Device>>& default_offload_allocator() {
   static caching_allocator<offload_space_t<Device>> instance;
@@ -109,7 +109,9 @@ class held_block {
 namespace detail {
 
 // What a pass state needs to offload: the allocator of the offloaded bytes and, on the GPU, the
-// side stream the copies run on (none: the current stream, in order with the compute).
+// side stream the copies run on (none: the current stream, in order with the compute). Blocks go
+// back to the allocator as soon as their last copy is issued, so one allocator serves one stream of
+// copies at a time.
 template <class Device>
 struct offload_channel {
   memory::caching_allocator<memory::offload_space_t<Device>>* space = &memory::default_offload_allocator<Device>();
