@@ -240,6 +240,29 @@ TEST_CASE("cuda norms: a block per row equals the host's rows, for narrow, odd a
   }
 }
 
+TEST_CASE("cuda softmax cross-entropy: a block per row equals the host's rows, for few and many classes",
+          "[cuda][kernels]") {
+  for (auto [rows, classes] : {std::array<index_t, 2>{1, 5}, {37, 1000}, {300, 4099}}) {
+    INFO("rows " << rows << ", classes " << classes);
+    std::size_t const r = std::size_t(rows), c = std::size_t(classes);
+    auto const zv = random_values<float>(r * c, unsigned(rows + classes), -4, 4);
+    std::vector<std::int32_t> lv(r);
+    for (std::size_t i = 0; i < r; ++i) lv[i] = std::int32_t((i * 31 + 7) % c);
+    auto run = [&]<class D>(D) {
+      auto z = make<float, D>(rows, classes, zv);
+      auto l = make<std::int32_t, D>(rows, 1, lv);
+      tensor<float, D> loss(rows, 1), dz(rows, classes);
+      kernels::softmax_cross_entropy(D{}, z.data(), l.data(), r, c, 0.25, loss.data(), dz.data());
+      return std::pair{loss.to_vector(), dz.to_vector()};
+    };
+    auto const got = run(gpu{}), again = run(gpu{}), want = run(host{});
+    require_close(got.first, want.first, 1e-5, "row loss");
+    require_close(got.second, want.second, 1e-5, "gradient");
+    CHECK(bitwise_equal(got.first, again.first));
+    CHECK(bitwise_equal(got.second, again.second));
+  }
+}
+
 // ---------------------------------------------------------------- models
 
 namespace {

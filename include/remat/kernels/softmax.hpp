@@ -1,21 +1,62 @@
 // Softmax cross-entropy over the last dimension with integer labels, in the compute type and
 // numerically stable (the row maximum is subtracted before exp). Writes the per-row loss and the
-// gradient of `scale * sum of row losses` with respect to the logits.
+// gradient of `scale * sum of row losses` with respect to the logits. A row per task on the host,
+// a thread block per row on the GPU.
 #pragma once
 
 #include "../expr/math.hpp"
+#include "detail/cuda_rows.hpp"
 #include "rows.hpp"
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace REMAT_NAMESPACE {
 namespace kernels {
+
+#if REMAT_HAS_CUDA
+namespace detail {
+
+// The GPU's rows: one block per row (detail/cuda_rows.hpp), the host's formulas.
+template <class T, class V>
+__global__ void __launch_bounds__(row_threads)
+    softmax_cross_entropy_rows(T const* logits, std::int32_t const* labels, std::size_t rows, std::size_t classes,
+                               V scale, V* row_loss, T* dlogits) {
+  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T const* z = logits + r * classes;
+    V m = to_compute<V>(z[0]);
+    for (std::size_t c = threadIdx.x; c < classes; c += row_threads) m = to_compute<V>(z[c]) > m ? to_compute<V>(z[c]) : m;
+    m = block_reduce(m, block_larger{});
+    V s = 0;
+    for (std::size_t c = threadIdx.x; c < classes; c += row_threads) s += expr::math::exp(to_compute<V>(z[c]) - m);
+    s = block_sum(s);
+    std::size_t const y = std::size_t(labels[r]);
+    if (threadIdx.x == 0) row_loss[r] = expr::math::log(s) - (to_compute<V>(z[y]) - m);
+    if (dlogits) {
+      T* d = dlogits + r * classes;
+      for (std::size_t c = threadIdx.x; c < classes; c += row_threads) {
+        V const p = expr::math::exp(to_compute<V>(z[c]) - m) / s;
+        d[c] = from_compute<T>((p - (c == y ? V(1) : V(0))) * scale);
+      }
+    }
+  }
+}
+
+}  // namespace detail
+#endif
 
 template <class T, device_tag D>
 void softmax_cross_entropy(D, T const* logits, std::int32_t const* labels, std::size_t rows, std::size_t classes,
                            double scale, compute_type_t<T>* row_loss, T* dlogits) {
   using V = compute_type_t<T>;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {
+    detail::launch_rows(detail::softmax_cross_entropy_rows<T, V>, rows, logits, labels, rows, classes, V(scale),
+                        row_loss, dlogits);
+    return;
+  }
+#endif
   for_each_index(D{}, rows, rows * classes, [=] REMAT_LAMBDA(std::size_t r) {
     T const* z = logits + r * classes;
     V m = to_compute<V>(z[0]);

@@ -22,19 +22,37 @@ namespace detail {
 
 inline constexpr int row_threads = 256;
 
-// The sum of every thread's v, returned to all of them. Ends synchronised, so it can be called
-// again at once.
-template <class V>
-__device__ V block_sum(V v) {
+// op folded over every thread's v, returned to all of them. Ends synchronised, so it can be
+// called again at once.
+template <class V, class Op>
+__device__ V block_reduce(V v, Op op) {
   using reduce = cub::BlockReduce<V, row_threads>;
   __shared__ typename reduce::TempStorage storage;
   __shared__ V total;
-  V const s = reduce(storage).Sum(v);
+  V const s = reduce(storage).Reduce(v, op);
   if (threadIdx.x == 0) total = s;
   __syncthreads();
   V const out = total;
   __syncthreads();
   return out;
+}
+
+struct block_plus {
+  template <class V>
+  __device__ V operator()(V a, V b) const {
+    return a + b;
+  }
+};
+struct block_larger {
+  template <class V>
+  __device__ V operator()(V a, V b) const {
+    return b > a ? b : a;
+  }
+};
+
+template <class V>
+__device__ V block_sum(V v) {
+  return block_reduce(v, block_plus{});
 }
 
 // Runs kernel(args...) with one block of row_threads per row on the current stream (a grid-stride
