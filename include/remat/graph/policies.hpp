@@ -376,7 +376,7 @@ namespace detail {
 // Offloaded<S>'s forward, after S's forward pushed its saved tensors onto slots [first, end) of the
 // saved stack: each tensor that only those slots hold (not S's output, not a tensor an earlier
 // layer also kept, not the caller's input) is copied to offloaded memory and its slots get a
-// hollow placeholder. The device copy stays held until the copy is known done: until the end of
+// hollow tensor of its shape. The device copy stays held until the copy is known done: until the end of
 // the next Offloaded forward (so the copy overlaps that compute), or until its own backward if
 // none follows (then it never needs to come back). The plan runs this same code.
 template <class St>
@@ -398,8 +398,8 @@ constexpr void offload_saved(St& s, std::size_t first) {
     for (std::size_t j = i; j < saved.size(); ++j)
       if (saved[j] == a) it.slots.push_back(j);
     it.device = a;
-    typename St::act_type const placeholder = s.hollow(it.rows, it.cols);
-    for (std::size_t j : it.slots) saved[j] = placeholder;
+    typename St::act_type const shape = s.hollow(it.rows, it.cols);
+    for (std::size_t j : it.slots) saved[j] = shape;
     rec.items.push_back(std::move(it));
   }
   if (!rec.items.empty()) rec.fence.end();

@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(row_threads)
     T const* z = logits + r * classes;
     V m = to_compute<V>(z[0]);
     for (std::size_t c = threadIdx.x; c < classes; c += row_threads) m = to_compute<V>(z[c]) > m ? to_compute<V>(z[c]) : m;
-    m = block_reduce(m, block_larger{});
+    m = block_reduce(m, max_op{});
     V s = 0;
     for (std::size_t c = threadIdx.x; c < classes; c += row_threads) s += expr::math::exp(to_compute<V>(z[c]) - m);
     s = block_sum(s);

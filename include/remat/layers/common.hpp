@@ -125,7 +125,7 @@ struct pass_stacks {
 
 // What one run of an Offloaded<S> forward moved off the device (graph/policies.hpp). Per tensor:
 // its copy in offloaded memory (H), the slots of the saved stack it fills (holding a hollow
-// placeholder meanwhile), its shape, and the device copy while it is still held (`pending`: the
+// tensor of its shape meanwhile), its shape, and the device copy while it is still held (`pending`: the
 // copies may be in flight) or once it is back (`fetched`). A is the activation handle, Fence the
 // ordering of the copies against the compute (memory/offload.hpp).
 template <class A, class H, class Fence>

@@ -10,6 +10,7 @@
 
 #if REMAT_HAS_CUDA
 #include "../../cuda/runtime.hpp"
+#include "../reduce.hpp"
 
 #include <cub/block/block_reduce.cuh>
 
@@ -37,22 +38,9 @@ __device__ V block_reduce(V v, Op op) {
   return out;
 }
 
-struct block_plus {
-  template <class V>
-  __device__ V operator()(V a, V b) const {
-    return a + b;
-  }
-};
-struct block_larger {
-  template <class V>
-  __device__ V operator()(V a, V b) const {
-    return b > a ? b : a;
-  }
-};
-
 template <class V>
 __device__ V block_sum(V v) {
-  return block_reduce(v, block_plus{});
+  return block_reduce(v, plus_op{});
 }
 
 // Runs kernel(args...) with one block of row_threads per row on the current stream (a grid-stride
