@@ -263,6 +263,92 @@ TEST_CASE("cuda softmax cross-entropy: a block per row equals the host's rows, f
   }
 }
 
+namespace {
+
+// A dropout-like mask for the softmax backward: 0 on every third element, 1.25 elsewhere.
+struct every_third_dropped {
+  REMAT_HOST_DEVICE float operator()(std::size_t i) const { return i % 3 == 0 ? 0.0f : 1.25f; }
+};
+
+// The causal softmax and its backward, a warp per row on the GPU against the host's task per row.
+template <class T>
+void check_causal_softmax(std::size_t count, std::size_t seq, double tol) {
+  std::size_t const n = count * seq * seq;
+  INFO("sequences " << count << ", length " << seq);
+  auto const zv = random_values<float>(n, unsigned(count * 1000 + seq), -3, 3);
+  auto const gv = random_values<float>(n, unsigned(count * 1000 + seq + 1));
+  auto run = [&]<class D>(D) {
+    index_t const rows = index_t(count * seq), cols = index_t(seq);
+    auto z = make<float, D>(rows, cols, zv), g = make<float, D>(rows, cols, gv);
+    tensor<T, D> p(rows, cols);
+    tensor<float, D> dz(rows, cols), dm(rows, cols);
+    kernels::causal_softmax(D{}, z.data(), p.data(), count, seq, 0.5f);
+    kernels::causal_softmax_backward(D{}, p.data(), g.data(), dz.data(), count, seq, 0.5f, kernels::no_mask<float>{});
+    kernels::causal_softmax_backward(D{}, p.data(), g.data(), dm.data(), count, seq, 0.5f, every_third_dropped{});
+    kernels::causal_softmax(D{}, z.data(), z.data(), count, seq, 0.5f);  // in place (fp32)
+    return std::array<std::vector<double>, 4>{to_doubles(p.to_vector()), to_doubles(dz.to_vector()),
+                                              to_doubles(dm.to_vector()), to_doubles(z.to_vector())};
+  };
+  auto const got = run(gpu{}), again = run(gpu{}), want = run(host{});
+  char const* names[] = {"probabilities", "score gradient", "masked score gradient", "in-place probabilities"};
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    require_close(got[k], want[k], tol, names[k]);
+    CHECK(bitwise_equal(got[k], again[k]));
+  }
+  for (std::size_t r = 0; r < count * seq; ++r)  // the masked part of each row is exactly zero
+    for (std::size_t c = r % seq + 1; c < seq; ++c) {
+      REQUIRE(got[0][r * seq + c] == 0.0);
+      REQUIRE(got[1][r * seq + c] == 0.0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("cuda attention softmax: a warp per row equals the host's rows, short and long sequences",
+          "[cuda][kernels]") {
+  for (auto [count, seq] : {std::array<std::size_t, 2>{1, 1}, {3, 5}, {8, 33}, {2, 200}, {1, 1030}}) {
+    check_causal_softmax<float>(count, seq, 2e-6);
+    check_causal_softmax<bf16>(count, seq, 1e-2);
+  }
+}
+
+TEST_CASE("cuda embeddings: gather, scatter-add and positions equal the host's bit for bit", "[cuda][kernels]") {
+  // Ids with heavy repeats (one id takes a third of the rows), for tables of 1, 7 and 50257 rows.
+  for (auto [vocab, rows, w] : {std::array<std::size_t, 3>{1, 9, 3}, {7, 300, 33}, {50257, 3000, 64}}) {
+    INFO("vocabulary " << vocab << ", ids " << rows << ", width " << w);
+    std::vector<std::int32_t> ids(rows);
+    for (std::size_t r = 0; r < rows; ++r) ids[r] = std::int32_t(r % 3 == 0 ? vocab / 2 : (r * 7919 + 11) % vocab);
+    std::size_t const seq = rows % 10 == 0 ? 10 : 3;
+    auto const tv = random_values<float>(vocab * w, unsigned(vocab)), dv = random_values<float>(rows * w, 3);
+    auto const gv = random_values<float>(vocab * w, 4), pv = random_values<float>(seq * w, 5);
+    auto run = [&]<class D>(D) {
+      auto table = make<float, D>(index_t(vocab), index_t(w), tv), dy = make<float, D>(index_t(rows), index_t(w), dv);
+      auto g = make<float, D>(index_t(vocab), index_t(w), gv), pos = make<float, D>(index_t(seq), index_t(w), pv);
+      auto id = make<std::int32_t, D>(index_t(rows), 1, ids);
+      tensor<float, D> out{index_t(rows), index_t(w)}, shifted{index_t(rows), index_t(w)};
+      kernels::gather_rows(D{}, table.data(), id.data(), rows, w, out.data());
+      kernels::scatter_add_rows(D{}, id.data(), rows, w, vocab, dy.data(), g.data());
+      kernels::add_positions(D{}, out.data(), pos.data(), rows, seq, w, shifted.data());
+      kernels::add_positions_backward(D{}, dy.data(), rows, seq, w, pos.data());
+      return std::array<std::vector<float>, 4>{out.to_vector(), g.to_vector(), shifted.to_vector(), pos.to_vector()};
+    };
+    auto const got = run(gpu{}), want = run(host{});
+    char const* names[] = {"gathered rows", "table gradient", "rows plus positions", "position gradient"};
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      INFO(names[k]);
+      CHECK(bitwise_equal(got[k], want[k]));
+    }
+    // and against a sum written here, in double: row vocab / 2 of the table's gradient
+    std::size_t const hot = vocab / 2;
+    for (std::size_t i = 0; i < w; ++i) {
+      double want_hot = gv[hot * w + i];
+      for (std::size_t r = 0; r < rows; ++r)
+        if (std::size_t(ids[r]) == hot) want_hot += dv[r * w + i];
+      REQUIRE(std::fabs(double(got[1][hot * w + i]) - want_hot) <= 1e-5 * double(rows));
+    }
+  }
+}
+
 // ---------------------------------------------------------------- models
 
 namespace {

@@ -125,6 +125,13 @@ TEST_CASE("model: bad input throws a clear error and changes neither the model n
   tensor<float> wrong_t(8, 3);
   CHECK_THROWS_WITH(m.train_step<MSE>(x, wrong_t, opt), Catch::Contains("expected 8 x 4") && Catch::Contains("found 8 x 3"));
 
+  // Input and target both bad: the input is checked first (its device check is issued first and
+  // read even when the target's check throws).
+  CHECK_THROWS_WITH(m.train_step<SoftmaxCrossEntropy>(nan_x, bad_labels, opt), Catch::Contains("model input"));
+  CHECK_THROWS_WITH(m.train_step<MSE>(nan_x, wrong_t, opt), Catch::Contains("model input: expected finite"));
+  CHECK_THROWS_WITH(m.loss<MSE>(nan_x, wrong_t), Catch::Contains("model input: expected finite"));
+  CHECK_THROWS_WITH(m.training_loss<SoftmaxCrossEntropy>(x, bad_labels), Catch::Contains("classes in [0, 4)"));
+
   CHECK(same_bits(tensor_to_host(m.parameters()), p0));
   CHECK(same_bits(tensor_to_host(m.gradients()), g0));
   CHECK(same_bits(opt.exp_avg().to_vector(), m0));

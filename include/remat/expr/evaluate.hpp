@@ -69,72 +69,72 @@ void evaluate(Out&& out, E const& e) {
   kernels::transform(D{}, n, out.data(), detail::store_fn<T, V, X>{x});
 }
 
+namespace detail {
+
+// e's elements, each through Load<V, X> (V: e's compute type, fp32 or better), folded with op from
+// init on e's device: read now, or as a kernels::pending_scalar when Later.
+template <bool Later, template <class, class> class Load, class Op, class E>
+auto reduce(E const& e, char const* what, Op op, double init) {
+  auto x = to_expr(e);
+  using X = decltype(x);
+  using V = compute_t<X, float>;
+  std::size_t const n = reduction_size(x, what);
+  if constexpr (Later)
+    return kernels::transform_reduce_pending(typename X::device{}, n, Load<V, X>{x}, V(init), op);
+  else
+    return kernels::transform_reduce(typename X::device{}, n, Load<V, X>{x}, V(init), op);
+}
+
+inline constexpr double minus_infinity = -std::numeric_limits<double>::infinity();
+
+}  // namespace detail
+
 // The sum of e's elements, accumulated in e's compute type.
 template <class E>
   requires array_operand<E>
 auto sum(E const& e) {
-  auto x = to_expr(e);
-  using X = decltype(x);
-  using V = compute_t<X, float>;
-  std::size_t const n = detail::reduction_size(x, "remat::sum");
-  return kernels::transform_reduce(typename X::device{}, n, detail::load_fn<V, X>{x}, V(0), kernels::plus_op{});
+  return detail::reduce<false, detail::load_fn>(e, "remat::sum", kernels::plus_op{}, 0.0);
 }
 
 template <class E>
   requires array_operand<E>
 auto mean(E const& e) {
-  auto x = to_expr(e);
-  using X = decltype(x);
-  using V = compute_t<X, float>;
-  std::size_t const n = detail::reduction_size(x, "remat::mean");
-  return kernels::transform_reduce(typename X::device{}, n, detail::load_fn<V, X>{x}, V(0), kernels::plus_op{}) /
-         static_cast<V>(n);
+  auto const s = detail::reduce<false, detail::load_fn>(e, "remat::mean", kernels::plus_op{}, 0.0);
+  return s / static_cast<decltype(s)>(to_expr(e).size());
 }
 
 // The largest element (NaN if any element is NaN).
 template <class E>
   requires array_operand<E>
 auto max_of(E const& e) {
-  auto x = to_expr(e);
-  using X = decltype(x);
-  using V = compute_t<X, float>;
-  std::size_t const n = detail::reduction_size(x, "remat::max_of");
-  return kernels::transform_reduce(typename X::device{}, n, detail::load_fn<V, X>{x},
-                                   -std::numeric_limits<V>::infinity(), kernels::max_op{});
+  return detail::reduce<false, detail::load_fn>(e, "remat::max_of", kernels::max_op{}, detail::minus_infinity);
 }
 
 // The sum of squares (for norms and gradient clipping).
 template <class E>
   requires array_operand<E>
 auto sum_squares(E const& e) {
-  auto x = to_expr(e);
-  using X = decltype(x);
-  using V = compute_t<X, float>;
-  std::size_t const n = detail::reduction_size(x, "remat::sum_squares");
-  return kernels::transform_reduce(typename X::device{}, n, detail::square_fn<V, X>{x}, V(0), kernels::plus_op{});
+  return detail::reduce<false, detail::square_fn>(e, "remat::sum_squares", kernels::plus_op{}, 0.0);
 }
 
-// sum and sum_squares read later: a kernels::pending_scalar, whose get() waits for the result
-// alone (on the GPU, not for the work issued after the reduction). What a loss returns.
+// sum, sum_squares and max_of read later: a kernels::pending_scalar, whose get() waits for the
+// result alone (on the GPU, not for the work issued after the reduction). What a loss returns.
 template <class E>
   requires array_operand<E>
 auto sum_pending(E const& e) {
-  auto x = to_expr(e);
-  using X = decltype(x);
-  using V = compute_t<X, float>;
-  std::size_t const n = detail::reduction_size(x, "remat::sum_pending");
-  return kernels::transform_reduce_pending(typename X::device{}, n, detail::load_fn<V, X>{x}, V(0), kernels::plus_op{});
+  return detail::reduce<true, detail::load_fn>(e, "remat::sum_pending", kernels::plus_op{}, 0.0);
 }
 
 template <class E>
   requires array_operand<E>
 auto sum_squares_pending(E const& e) {
-  auto x = to_expr(e);
-  using X = decltype(x);
-  using V = compute_t<X, float>;
-  std::size_t const n = detail::reduction_size(x, "remat::sum_squares_pending");
-  return kernels::transform_reduce_pending(typename X::device{}, n, detail::square_fn<V, X>{x}, V(0),
-                                           kernels::plus_op{});
+  return detail::reduce<true, detail::square_fn>(e, "remat::sum_squares_pending", kernels::plus_op{}, 0.0);
+}
+
+template <class E>
+  requires array_operand<E>
+auto max_of_pending(E const& e) {
+  return detail::reduce<true, detail::load_fn>(e, "remat::max_of_pending", kernels::max_op{}, detail::minus_infinity);
 }
 
 }  // namespace expr

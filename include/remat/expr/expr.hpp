@@ -21,6 +21,7 @@ using expr::leaf;
 using expr::log;
 using expr::max;
 using expr::max_of;
+using expr::max_of_pending;
 using expr::mean;
 using expr::min;
 using expr::pow;

@@ -144,8 +144,7 @@ class model {
   template <class Loss>
   double loss(input_view x, typename Loss::template target_type<T, Device> target) const {
     [[maybe_unused]] auto const on_stream = stream_.scope();
-    validate_input(x);
-    Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
+    validate<Loss>(x, target);
     tensor<T, Device> y = forward(x);
     return Loss::forward_backward(y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
   }
@@ -169,10 +168,10 @@ class model {
   template <class Loss>
   double training_loss(input_view x, typename Loss::template target_type<T, Device> target) const {
     [[maybe_unused]] auto const on_stream = stream_.scope();
-    validate_input(x);
-    Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
+    validate<Loss>(x, target);
     state_type s = make_state(true, x);
     s.step = dropout_stream();
+    s.keep = false;  // nothing is kept for a backward (nor offloaded); the values are the same
     act<C, Device> y = Net::forward(s, weights(), input_act(s, x, true));
     return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
   }
@@ -242,11 +241,19 @@ class model {
   // The optimizer slot the wrapper is read from, so an optimizer built before it still sees it.
   detail::gradient_sync* const* gradient_sync_slot() const { return &sync_; }
 
-  // Checks an input and its target as a training pass would, and throws what it would throw.
+  // Checks an input and its target as a training pass would, and throws what it would throw. On
+  // the GPU the input's device check is issued before the target's and both are read with one
+  // wait; the input's complaint comes first.
   template <class Loss>
   void validate(input_view x, typename Loss::template target_type<T, Device> target) const {
-    validate_input(x);
-    Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
+    input_verdict const verdict = check_input(x);
+    try {
+      Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
+    } catch (...) {
+      verdict.raise_if_bad();
+      throw;
+    }
+    verdict.raise_if_bad();
   }
 
   // For a sequence model reading features: its input rows are sequences of `n` consecutive rows.
@@ -313,7 +320,32 @@ class model {
   // One output row per token id (batch x seq ids give batch * seq rows), or per input row.
   static std::size_t out_rows(input_view x) { return reads_ids ? x.size() : x.rows(); }
 
-  void validate_input(input_view x) const {
+  // The device side of the input check: the first token id out of range, or the largest |x| (NaN
+  // or inf when there is one), reduced on the device and read by raise_if_bad.
+  struct input_verdict {
+    kernels::pending_scalar<Device> found;
+    input_view x;
+    void raise_if_bad() const {
+      double const v = found.get();
+      if constexpr (reads_ids) {
+        using E = typename detail::first_layer<Net>::type;
+        if (v < double(x.size()))
+          detail::raise<argument_error>("model input: expected token ids in [0, ", E::vocabulary, "), found ",
+                                        kernels::read_element(Device{}, x.data() + std::size_t(v)), " at element ",
+                                        std::size_t(v));
+      } else {
+        if (!std::isfinite(v)) detail::raise<argument_error>("model input: expected finite values, found NaN or inf");
+        if (std::is_same_v<C, half> && v > 65504.0)
+          detail::raise<argument_error>("model input: expected values within half's range (|x| <= 65504) for a "
+                                        "mixed<half> model, found ",
+                                        v);
+      }
+    }
+  };
+
+  void validate_input(input_view x) const { check_input(x).raise_if_bad(); }
+
+  input_verdict check_input(input_view x) const {
     if (x.rows() == 0) detail::raise<argument_error>("model input: expected a batch of at least one row, found 0 rows");
     if constexpr (sequence_model && reads_ids) {
       if (x.cols() == 0)
@@ -337,20 +369,9 @@ class model {
     require_device_memory<Device>(x.data(), "model input");
     if constexpr (reads_ids) {
       using E = typename detail::first_layer<Net>::type;
-      std::size_t const i = kernels::first_out_of_range(Device{}, x.data(), x.size(), 0, E::vocabulary);
-      if (i < x.size())
-        detail::raise<argument_error>("model input: expected token ids in [0, ", E::vocabulary, "), found ",
-                                      kernels::read_element(Device{}, x.data() + i), " at element ", i);
+      return {kernels::first_out_of_range_pending(Device{}, x.data(), x.size(), 0, E::vocabulary), x};
     } else {
-      if (!std::isfinite(double(sum(to_expr(x) * 0.0))))
-        detail::raise<argument_error>("model input: expected finite values, found NaN or inf");
-      if constexpr (std::is_same_v<C, half>) {
-        double const big = double(max_of(abs(to_expr(x))));
-        if (big > 65504.0)
-          detail::raise<argument_error>("model input: expected values within half's range (|x| <= 65504) for a "
-                                        "mixed<half> model, found ",
-                                        big);
-      }
+      return {max_of_pending(abs(to_expr(x))), x};  // one pass: NaN wins the maximum, inf is the largest
     }
   }
 

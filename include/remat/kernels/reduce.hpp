@@ -129,24 +129,24 @@ class pending_scalar<cuda> {
  public:
   explicit pending_scalar(double value = 0) : value_(value), read_(true) {}
   template <class Acc>
-    requires(std::is_same_v<Acc, float> || std::is_same_v<Acc, double>)
+    requires(std::is_same_v<Acc, float> || std::is_same_v<Acc, double> || std::is_same_v<Acc, std::uint64_t>)
   explicit pending_scalar(Acc const* device_value)
       : slot_(memory::default_offload_allocator<cuda>(), sizeof(double), memory::tag::workspace),
-        is_double_(std::is_same_v<Acc, double>) {
+        kind_(std::is_same_v<Acc, float> ? kind::f32 : std::is_same_v<Acc, double> ? kind::f64 : kind::u64) {
     cudaStream_t const stream = current_cuda_stream();
     REMAT_CUDA_CHECK(cudaMemcpyAsync(slot_.get(), device_value, sizeof(Acc), cudaMemcpyDeviceToHost, stream));
     REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     REMAT_CUDA_CHECK(cudaEventRecord(ready_, stream));
   }
   pending_scalar(pending_scalar&& o) noexcept
-      : slot_(std::move(o.slot_)), ready_(std::exchange(o.ready_, nullptr)), is_double_(o.is_double_),
+      : slot_(std::move(o.slot_)), ready_(std::exchange(o.ready_, nullptr)), kind_(o.kind_),
         value_(o.value_), divisor_(o.divisor_), read_(std::exchange(o.read_, true)) {}
   pending_scalar& operator=(pending_scalar&& o) noexcept {
     if (this != &o) {
       release();
       slot_ = std::move(o.slot_);
       ready_ = std::exchange(o.ready_, nullptr);
-      is_double_ = o.is_double_;
+      kind_ = o.kind_;
       value_ = o.value_;
       divisor_ = o.divisor_;
       read_ = std::exchange(o.read_, true);
@@ -158,7 +158,10 @@ class pending_scalar<cuda> {
   double get() const {
     if (!read_) {
       REMAT_CUDA_CHECK(cudaEventSynchronize(ready_));
-      value_ = is_double_ ? *static_cast<double const*>(slot_.get()) : double(*static_cast<float const*>(slot_.get()));
+      void const* p = slot_.get();
+      value_ = kind_ == kind::f64   ? *static_cast<double const*>(p)
+               : kind_ == kind::f32 ? double(*static_cast<float const*>(p))
+                                    : double(*static_cast<std::uint64_t const*>(p));
       read_ = true;
     }
     return value_ / divisor_;
@@ -175,7 +178,7 @@ class pending_scalar<cuda> {
   }
   memory::held_block<memory::pinned_host> slot_;
   cudaEvent_t ready_ = nullptr;
-  bool is_double_ = false;
+  enum class kind : std::uint8_t { f32, f64, u64 } kind_ = kind::f64;
   mutable double value_ = 0;
   double divisor_ = 1;
   mutable bool read_ = false;
@@ -204,13 +207,20 @@ struct min_op {
 };
 
 // The first i in [0, n) with v[i] outside [lo, hi), or n when there is none: the check of token
-// ids and class labels, on the device that holds them.
+// ids and class labels, on the device that holds them. The pending form is read later (an input
+// check issued together with the target's, read with one wait).
+template <class D>
+pending_scalar<D> first_out_of_range_pending(D, std::int32_t const* v, std::size_t n, std::int64_t lo,
+                                             std::int64_t hi) {
+  using index = std::uint64_t;  // (exact in the pending double up to 2^53 elements)
+  auto const outside = [=] REMAT_LAMBDA(std::size_t i) -> index {
+    return (std::int64_t(v[i]) < lo || std::int64_t(v[i]) >= hi) ? index(i) : index(n);
+  };
+  return transform_reduce_pending(D{}, n, outside, index(n), min_op{});
+}
 template <class D>
 std::size_t first_out_of_range(D, std::int32_t const* v, std::size_t n, std::int64_t lo, std::int64_t hi) {
-  auto const outside = [=] REMAT_LAMBDA(std::size_t i) -> std::size_t {
-    return (std::int64_t(v[i]) < lo || std::int64_t(v[i]) >= hi) ? i : n;
-  };
-  return transform_reduce(D{}, n, outside, n, min_op{});
+  return std::size_t(first_out_of_range_pending(D{}, v, n, lo, hi).get());
 }
 
 // One element of device memory, read on the host.

@@ -2,7 +2,7 @@
 // the first layer of a model that reads token ids; the ids of the pass are in pass_state.
 #pragma once
 
-#include "../kernels/rows.hpp"
+#include "../kernels/embedding.hpp"
 #include "common.hpp"
 
 namespace REMAT_NAMESPACE {
@@ -34,37 +34,17 @@ struct Embedding : detail::learned_table<Vocab, W> {
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type) {
     std::size_t const rows = s.id_count;
     typename S::act_type y = s.make(rows, W);
-    if constexpr (S::computes) {
-      using T = typename S::value_type;
-      T* out = y->data();
-      std::int32_t const* ids = s.ids;
-      kernels::for_each_index(typename S::device{}, rows, rows * W, [=] REMAT_LAMBDA(std::size_t r) {
-        T const* src = p + std::size_t(ids[r]) * W;
-        for (std::size_t i = 0; i < W; ++i) out[r * W + i] = src[i];
-      });
-    }
+    if constexpr (S::computes) kernels::gather_rows(typename S::device{}, p, s.ids, rows, W, y->data());
     return y;
   }
 
-  // Scatter-add of dy into the rows of the table that the ids picked (serial over rows: two rows
-  // may pick the same id, and the order of the sums is then fixed). Ids have no gradient.
+  // Scatter-add of dy into the rows of the table that the ids picked, each row's sum in batch order
+  // (two rows may pick the same id; the order is then fixed). Ids have no gradient.
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
-    if constexpr (S::computes) {
-      using T = typename S::value_type;
-      using G = typename S::grad_type;
-      using V = compute_type_t<G>;
-      std::size_t const rows = s.id_count;
-      std::int32_t const* ids = s.ids;
-      T const* d = dy->data();
-      kernels::for_each_index(typename S::device{}, W, rows * W, [=] REMAT_LAMBDA(std::size_t i) {
-        for (std::size_t r = 0; r < rows; ++r) {
-          G& gi = g[std::size_t(ids[r]) * W + i];
-          gi = from_compute<G>(to_compute<V>(gi) + to_compute<V>(d[r * W + i]));
-        }
-      });
-    }
+    if constexpr (S::computes)
+      kernels::scatter_add_rows(typename S::device{}, s.ids, s.id_count, W, Vocab, dy->data(), g);
     return {};
   }
 };
@@ -88,17 +68,7 @@ struct PositionEmbedding : detail::learned_table<MaxLen, W> {
       y = x;
     else
       y = s.make(rows, W);
-    if constexpr (S::computes) {
-      using T = typename S::value_type;
-      using V = compute_type_t<T>;
-      T const* in = x->data();
-      T* out = y->data();
-      kernels::for_each_index(typename S::device{}, rows, rows * W, [=] REMAT_LAMBDA(std::size_t r) {
-        T const* pos = p + (r % seq) * W;
-        for (std::size_t i = 0; i < W; ++i)
-          out[r * W + i] = from_compute<T>(to_compute<V>(in[r * W + i]) + to_compute<V>(pos[i]));
-      });
-    }
+    if constexpr (S::computes) kernels::add_positions(typename S::device{}, x->data(), p, rows, seq, W, y->data());
     return y;
   }
 
@@ -106,18 +76,8 @@ struct PositionEmbedding : detail::learned_table<MaxLen, W> {
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
-    if constexpr (S::computes) {
-      using T = typename S::value_type;
-      using G = typename S::grad_type;
-      using V = compute_type_t<G>;
-      std::size_t const seq = s.seq_len, batch = dy->rows() / seq;
-      T const* d = dy->data();
-      static_assert(std::is_same_v<V, G>, "gradients are fp32 or fp64");
-      kernels::for_each_index(typename S::device{}, seq, seq * batch * W, [=] REMAT_LAMBDA(std::size_t t) {
-        for (std::size_t b = 0; b < batch; ++b)
-          for (std::size_t i = 0; i < W; ++i) g[t * W + i] += to_compute<V>(d[(b * seq + t) * W + i]);
-      });
-    }
+    if constexpr (S::computes)
+      kernels::add_positions_backward(typename S::device{}, dy->data(), dy->rows(), s.seq_len, W, g);
     return dy;
   }
 };

@@ -1,6 +1,7 @@
 // Row kernels on the GPU: one thread block per row, its threads striding the row (neighbouring
-// threads read neighbouring addresses), sums combined by CUB's block reduction. What the norms use
-// on CUDA instead of one thread per row. Compiled by nvcc only.
+// threads read neighbouring addresses), sums combined by CUB's block reduction; or, for shorter
+// rows (attention's), one warp per row combined by shuffles. What the norms, the losses and the
+// attention softmax use on CUDA instead of one thread per row. Compiled by nvcc only.
 //
 // The order of every sum depends on the shape alone (the block size is fixed), so results are
 // reproducible run to run; it is not the host's order, so the two devices agree to rounding.
@@ -43,12 +44,39 @@ __device__ V block_sum(V v) {
   return block_reduce(v, plus_op{});
 }
 
+// op folded over the 32 lanes of a warp, returned to every lane. A butterfly: at each level a
+// lane and its partner combine the same two values (op commutes), so every lane ends with the same
+// bits, and the order depends on nothing but the lane count.
+template <class V, class Op>
+__device__ V warp_reduce(V v, Op op) {
+  for (int k = 16; k > 0; k /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, k));
+  return v;
+}
+
+// Rows handled by one warp each: row_threads / 32 rows per block (for rows of up to a few thousand
+// elements, where a block per row would leave most of its threads idle).
+inline constexpr int warp_rows_per_block = row_threads / 32;
+
+// The row of this warp in the first round, and the stride to its next row.
+__device__ inline std::size_t first_warp_row() { return std::size_t(blockIdx.x) * warp_rows_per_block + threadIdx.x / 32; }
+__device__ inline std::size_t warp_row_stride() { return std::size_t(gridDim.x) * warp_rows_per_block; }
+
 // Runs kernel(args...) with one block of row_threads per row on the current stream (a grid-stride
 // loop over rows past the grid's limit); checks the launch.
 template <class... P, class... A>
 void launch_rows(void (*kernel)(P...), std::size_t rows, A... args) {
   if (rows == 0) return;
   unsigned const grid = unsigned(std::min<std::size_t>(rows, std::size_t(1) << 30));
+  kernel<<<grid, row_threads, 0, current_cuda_stream()>>>(args...);
+  REMAT_CUDA_CHECK(cudaGetLastError());
+}
+
+// Runs kernel(args...) with one warp per row (a grid-stride loop over rows past the grid's limit).
+template <class... P, class... A>
+void launch_warp_rows(void (*kernel)(P...), std::size_t rows, A... args) {
+  if (rows == 0) return;
+  std::size_t const blocks = (rows + warp_rows_per_block - 1) / warp_rows_per_block;
+  unsigned const grid = unsigned(std::min<std::size_t>(blocks, std::size_t(1) << 30));
   kernel<<<grid, row_threads, 0, current_cuda_stream()>>>(args...);
   REMAT_CUDA_CHECK(cudaGetLastError());
 }

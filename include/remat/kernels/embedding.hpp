@@ -1,0 +1,107 @@
+// Table lookups by token id: the embedding's gather (a thread per element) and its backward, the
+// scatter-add of the output gradient into the rows the ids picked. The scatter-add sums each
+// table row's contributions in the order of the batch on both devices, so the GPU's result equals
+// the host's bit for bit: the host runs a task per column over every row; the GPU sorts the row
+// numbers by id (CUB's stable radix sort), then a thread per (id, column) adds its run of rows.
+#pragma once
+
+#include "../numeric/compute.hpp"
+#include "rows.hpp"
+
+#if REMAT_HAS_CUDA
+#include <cub/device/device_radix_sort.cuh>
+#endif
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+namespace REMAT_NAMESPACE {
+namespace kernels {
+
+// out[r, i] = table[ids[r], i] for r < rows, i < w. The ids are checked before (in [0, vocab)).
+template <class T, device_tag D>
+void gather_rows(D, T const* table, std::int32_t const* ids, std::size_t rows, std::size_t w, T* out) {
+  for_each_index(D{}, rows * w, rows * w,
+                 [=] REMAT_LAMBDA(std::size_t e) { out[e] = table[std::size_t(ids[e / w]) * w + e % w]; });
+}
+
+// g[ids[r], i] += dy[r, i] for every r, in the order of r, accumulated in g's compute type.
+template <class T, class G>
+void scatter_add_rows(host, std::int32_t const* ids, std::size_t rows, std::size_t w, std::size_t,
+                      T const* dy, G* g) {
+  using V = compute_type_t<G>;
+  for_each_index(host{}, w, rows * w, [=](std::size_t i) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      G& gi = g[std::size_t(ids[r]) * w + i];
+      gi = from_compute<G>(to_compute<V>(gi) + to_compute<V>(dy[r * w + i]));
+    }
+  });
+}
+
+#if REMAT_HAS_CUDA
+template <class T, class G>
+void scatter_add_rows(cuda, std::int32_t const* ids, std::size_t rows, std::size_t w, std::size_t vocab,
+                      T const* dy, G* g) {
+  using V = compute_type_t<G>;
+  if (rows == 0 || w == 0) return;
+  if (rows > std::size_t(INT32_MAX))
+    REMAT_NAMESPACE::detail::raise<argument_error>("remat embedding backward: expected at most 2^31 - 1 ids, found ",
+                                                   rows);
+  int const n = int(rows);
+  int const bits = int(std::bit_width(vocab > 1 ? vocab - 1 : std::size_t(1)));  // ids are below vocab
+  cudaStream_t const stream = current_cuda_stream();
+  // Sorted ids and the row numbers in their order, then CUB's temporary storage.
+  std::size_t temp = 0;
+  using key = std::uint32_t;  // (the ids are known to be non-negative: sorted as unsigned)
+  key const* const in = reinterpret_cast<key const*>(ids);
+  REMAT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp, static_cast<key const*>(nullptr),
+                                                   static_cast<key*>(nullptr), static_cast<std::uint32_t const*>(nullptr),
+                                                   static_cast<std::uint32_t*>(nullptr), n, 0, bits, stream));
+  std::size_t const lists = (3 * rows * sizeof(key) + 255) / 256 * 256;
+  memory::scratch_buffer<cuda> space(lists + temp);
+  auto* const order = space.as<std::uint32_t>();  // row numbers 0..rows-1
+  key* const keys = order + rows;                 // ids, sorted
+  std::uint32_t* const sorted_rows = keys + rows;  // row numbers in the order of `keys`
+  for_each_index(cuda{}, rows, rows, [=] REMAT_LAMBDA(std::size_t r) { order[r] = std::uint32_t(r); });
+  REMAT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(space.as<unsigned char>() + lists, temp, in, keys, order,
+                                                   sorted_rows, n, 0, bits, stream));
+  // A thread per (position in the sorted list, column); the first position of each id's run adds
+  // the run's rows, which the stable sort left in batch order.
+  for_each_index(cuda{}, rows * w, rows * w, [=] REMAT_LAMBDA(std::size_t e) {
+    std::size_t const k = e / w, i = e % w;
+    key const id = keys[k];
+    if (k > 0 && keys[k - 1] == id) return;
+    G& gi = g[std::size_t(id) * w + i];
+    V acc = to_compute<V>(gi);
+    for (std::size_t j = k; j < rows && keys[j] == id; ++j)
+      acc = V(acc + to_compute<V>(dy[std::size_t(sorted_rows[j]) * w + i]));
+    gi = from_compute<G>(acc);
+  });
+}
+#endif
+
+// The positional table added to a sequence batch: out[r, i] = x[r, i] + table[r % seq, i].
+template <class T, device_tag D>
+void add_positions(D, T const* x, T const* table, std::size_t rows, std::size_t seq, std::size_t w, T* out) {
+  using V = compute_type_t<T>;
+  for_each_index(D{}, rows * w, rows * w, [=] REMAT_LAMBDA(std::size_t e) {
+    out[e] = from_compute<T>(to_compute<V>(x[e]) + to_compute<V>(table[(e / w) % seq * w + e % w]));
+  });
+}
+
+// Its table's gradient: g[t, i] += sum over sequences b, in order, of dy[b * seq + t, i].
+template <class T, class G, device_tag D>
+void add_positions_backward(D, T const* dy, std::size_t rows, std::size_t seq, std::size_t w, G* g) {
+  using V = compute_type_t<G>;
+  std::size_t const batch = rows / seq;
+  for_each_index(D{}, seq * w, rows * w, [=] REMAT_LAMBDA(std::size_t e) {
+    std::size_t const t = e / w, i = e % w;
+    V acc = to_compute<V>(g[e]);
+    for (std::size_t b = 0; b < batch; ++b) acc = V(acc + to_compute<V>(dy[(b * seq + t) * w + i]));
+    g[e] = from_compute<G>(acc);
+  });
+}
+
+}  // namespace kernels
+}  // namespace REMAT_NAMESPACE
