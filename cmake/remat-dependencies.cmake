@@ -135,3 +135,23 @@ if(NOT TARGET remat::cudart)
     message(STATUS "remat: no CUDA toolkit; remat::cuda is not usable")
   endif()
 endif()
+
+# --- NCCL (optional, with the CUDA toolkit): remat::dist_cuda, data parallelism for models on the
+# GPU (gradients through NCCL, the rest through MPI). remat::nccl always exists (empty without
+# NCCL, and then a cuda model in remat::dist::data_parallel says what is missing).
+if(NOT TARGET remat::nccl)
+  add_library(remat::nccl INTERFACE IMPORTED)
+  if(TARGET CUDA::cudart)
+    find_library(REMAT_NCCL_LIBRARY nccl HINTS "${CUDAToolkit_LIBRARY_DIR}")
+    find_path(REMAT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  endif()
+  if(REMAT_NCCL_LIBRARY AND REMAT_NCCL_INCLUDE_DIR)
+    set_target_properties(remat::nccl PROPERTIES INTERFACE_LINK_LIBRARIES "${REMAT_NCCL_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${REMAT_NCCL_INCLUDE_DIR}" INTERFACE_COMPILE_DEFINITIONS "REMAT_HAS_NCCL=1")
+    if(NOT remat_FIND_QUIETLY)
+      message(STATUS "remat: NCCL for remat::dist_cuda (${REMAT_NCCL_LIBRARY})")
+    endif()
+  elseif(NOT remat_FIND_QUIETLY)
+    message(STATUS "remat: no NCCL; remat::dist_cuda serves host models only")
+  endif()
+endif()

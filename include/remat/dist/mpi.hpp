@@ -21,6 +21,11 @@
 // during a pass leaves the others waiting: every wait has a timeout (options::timeout_seconds)
 // after which dist_error is thrown, and dist::environment aborts all ranks when an exception leaves
 // its scope. remat calls MPI_Init only through dist::environment.
+//
+// A model on remat::cuda needs NCCL as well (link remat::dist_cuda, which defines REMAT_HAS_NCCL):
+// its gradients and parameters then move through NCCL on a stream of the wrapper's, overlapped with
+// backward in the same buckets, and MPI keeps the small host messages. Each rank uses the device
+// current when its model was built. See dist/nccl.hpp.
 #pragma once
 
 #include "../error.hpp"
@@ -40,6 +45,14 @@
 #error "<remat/dist/mpi.hpp> needs MPI: install an MPI (Debian: libopenmpi-dev) and link remat::dist"
 #endif
 #include <mpi.h>
+
+// (REMAT_HAS_NCCL comes from remat::dist_cuda; NCCL serves sources that nvcc compiles)
+#if defined(REMAT_HAS_NCCL) && REMAT_HAS_NCCL && REMAT_HAS_CUDA
+#define REMAT_DIST_NCCL 1
+#include "nccl.hpp"
+#else
+#define REMAT_DIST_NCCL 0
+#endif
 
 #include <algorithm>
 #include <array>
@@ -163,8 +176,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   using input_view = typename Model::input_view;
   template <class Loss>
   using target_type = typename Loss::template target_type<T, typename Model::device>;
-  static_assert(std::is_same_v<typename Model::device, host>,
-                "remat::dist::data_parallel: the MPI path serves host models; a cuda model needs the NCCL path");
+  static constexpr bool on_gpu = !std::is_same_v<typename Model::device, host>;
+  static_assert(!on_gpu || REMAT_DIST_NCCL,
+                "remat::dist::data_parallel: a cuda model's gradients go through NCCL; link remat::dist_cuda "
+                "(remat::dist with NCCL, found with the CUDA toolkit) instead of remat::dist");
   static constexpr std::size_t n = Model::parameter_count;
 
   // Duplicates `comm` (remat's messages never mix with the caller's), checks that every rank
@@ -190,6 +205,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     }
     try {
       check_signatures();
+      if constexpr (on_gpu) this->open_nccl();  // (declared with NCCL only)
       plan_buckets();
       broadcast_parameters();
     } catch (...) {
@@ -232,10 +248,20 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // Rank 0's parameters (and pass count) to every rank; done at construction.
   void broadcast_parameters() {
     T* p = model_.parameters().data();
-    for (std::size_t b = 0; b < n; b += chunk) {
-      MPI_Request r;
-      detail::check(MPI_Ibcast(p + b, int(std::min(chunk, n - b)), detail::datatype<T>(), 0, comm_, &r), "MPI_Ibcast");
-      wait(r, "the parameters' broadcast from rank 0");
+    if constexpr (on_gpu) {
+#if REMAT_DIST_NCCL
+      [[maybe_unused]] auto const on_stream = model_.stream_scope();
+      nccl_->follow(current_cuda_stream());
+      nccl_->broadcast(p, n, 0);
+      join_nccl("the parameters' broadcast from rank 0");
+#endif
+    } else {
+      for (std::size_t b = 0; b < n; b += chunk) {
+        MPI_Request r;
+        detail::check(MPI_Ibcast(p + b, int(std::min(chunk, n - b)), detail::datatype<T>(), 0, comm_, &r),
+                      "MPI_Ibcast");
+        wait(r, "the parameters' broadcast from rank 0");
+      }
     }
     k_->u = model_.passes();
     MPI_Request r;
@@ -277,7 +303,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     });
     model_.zero_grad();
     double const local = as_pass(true, [&] { return model_.template accumulate<Loss>(x, target, 1.0 / double(size_)); });
-    opt.step();
+    {
+      [[maybe_unused]] auto const on_stream = model_.stream_scope();  // (the GPU: the model's stream)
+      opt.step();
+    }
     return sum(local) / double(size_);
   }
 
@@ -354,10 +383,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   }
   void gradients_ready(std::size_t offset) override {
     if (!overlap_) return;
-    while (next_ < buckets_.size() && buckets_[next_].begin >= offset) {
-      if (offset > 0) ++traffic_.overlapped;
-      launch(buckets_[next_++]);
-    }
+    launch_ready(offset);
     if (!requests_.empty()) {  // lets the messages already started move on
       int done = 0;
       detail::check(MPI_Testall(int(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
@@ -365,14 +391,12 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     }
   }
   void zeroing_gradients() override {
-    if (!requests_.empty()) wait_all("the gradients' reduction");
+    if (in_flight()) wait_all("the gradients' reduction");
     pending_ = reduced_ = started_ = false;
     next_ = 0;
   }
   void finish() override {
-    if (pending_ && next_ < buckets_.size()) {  // passes left local (reduce::later): reduce them now
-      while (next_ < buckets_.size()) launch(buckets_[next_++]);
-    }
+    if (pending_ && next_ < buckets_.size()) launch_ready(0);  // passes left local (reduce::later): reduce them now
     wait_all("the gradients' reduction");
     if (pending_) reduced_ = true;
     pending_ = false;
@@ -392,11 +416,22 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     last_ = traffic_;
     traffic_ = {};
     if (!stepped || !o_.shard_optimizer) return;
-    MPI_Request r;
-    detail::check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, model_.parameters().data(), k_->counts.data(),
-                                  k_->displs.data(), detail::datatype<T>(), comm_, &r),
-                  "MPI_Iallgatherv");
-    wait(r, "the parameters' all-gather");
+    if constexpr (on_gpu) {
+#if REMAT_DIST_NCCL
+      T* p = model_.parameters().data();
+      nccl_->follow(current_cuda_stream());
+      detail::nccl_channel::group_start();
+      for (int q = 0; q < size_; ++q) nccl_->broadcast(p + shard_of(q).begin, shard_of(q).size(), q);
+      detail::nccl_channel::group_end();
+      join_nccl("the parameters' all-gather");
+#endif
+    } else {
+      MPI_Request r;
+      detail::check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, model_.parameters().data(),
+                                    k_->counts.data(), k_->displs.data(), detail::datatype<T>(), comm_, &r),
+                    "MPI_Iallgatherv");
+      wait(r, "the parameters' all-gather");
+    }
     last_.gathered = (n - shard().size()) * sizeof(T);
     model_.parameters_changed();
   }
@@ -430,6 +465,9 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     std::vector<std::uint64_t> sig_mine, sig_all;
     std::vector<int> counts, displs;  // the shards, for gathers
     std::vector<T> send, gathered;
+#if REMAT_DIST_NCCL
+    ncclUniqueId nccl_id{};
+#endif
   };
 
   // Every rank's signature against rank 0's: the model's type, its parameters (names and shapes),
@@ -489,9 +527,45 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     }
   }
 
+  // Starts every bucket not started yet that lies at or above `offset` (final gradients).
+  void launch_ready(std::size_t offset) {
+    std::size_t const first = next_;
+    while (next_ < buckets_.size() && buckets_[next_].begin >= offset) ++next_;
+    if (next_ == first) return;
+    if (offset > 0) traffic_.overlapped += next_ - first;
+    if constexpr (on_gpu) {
+#if REMAT_DIST_NCCL
+      // The NCCL stream starts once the model's stream has written these gradients.
+      nccl_->follow(current_cuda_stream());
+      detail::nccl_channel::group_start();
+      for (std::size_t i = first; i < next_; ++i) launch(buckets_[i]);
+      detail::nccl_channel::group_end();
+#endif
+    } else {
+      for (std::size_t i = first; i < next_; ++i) launch(buckets_[i]);
+    }
+  }
+
   void launch(bucket const& b) {
     T* g = model_.gradients().data();
     ++traffic_.buckets;
+    if constexpr (on_gpu) {
+#if REMAT_DIST_NCCL
+      if (!o_.shard_optimizer) {
+        nccl_->all_reduce(g + b.begin, b.end - b.begin);
+        traffic_.reduced += (b.end - b.begin) * sizeof(T);
+        return;
+      }
+      for (int q = 0; q < size_; ++q) {  // each part to the rank whose optimizer owns it
+        param_range const s = shard_of(q);
+        std::size_t const lo = std::max(b.begin, s.begin), hi = std::min(b.end, s.end);
+        if (lo >= hi) continue;
+        nccl_->reduce(g + lo, hi - lo, q);
+        traffic_.reduced += (hi - lo) * sizeof(T);
+      }
+      return;
+#endif
+    }
     if (!o_.shard_optimizer) {
       MPI_Request r;
       detail::check(MPI_Iallreduce(MPI_IN_PLACE, g + b.begin, int(b.end - b.begin), detail::datatype<T>(), MPI_SUM,
@@ -521,9 +595,39 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     r = MPI_REQUEST_NULL;
   }
   void wait_all(char const* what) {
+    if constexpr (on_gpu) this->join_nccl(what);
     wait_on(requests_, what);
     requests_.clear();
   }
+  bool in_flight() const {
+#if REMAT_DIST_NCCL
+    if constexpr (on_gpu) return nccl_->busy();
+#endif
+    return !requests_.empty();
+  }
+
+#if REMAT_DIST_NCCL
+  // Rank 0's NCCL id to every rank (over MPI), then the communicator.
+  void open_nccl() {
+    ncclUniqueId id{};
+    if (rank_ == 0) detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    k_->nccl_id = id;
+    MPI_Request r;
+    detail::check(MPI_Ibcast(&k_->nccl_id, int(sizeof(ncclUniqueId)), MPI_BYTE, 0, comm_, &r), "MPI_Ibcast");
+    wait(r, "the NCCL id's broadcast from rank 0");
+    nccl_ = std::make_unique<detail::nccl_channel>(k_->nccl_id, rank_, size_);
+  }
+  // The current stream waits for NCCL's work, and the host too, within the timeout.
+  void join_nccl(char const* what) {
+    if (nccl_->join(current_cuda_stream(), o_.timeout_seconds)) return;
+    timed_out_ = true;
+    REMAT_NAMESPACE::detail::raise<dist_error>("data_parallel: rank ", rank_, " of ", size_, " waited more than ",
+                                               o_.timeout_seconds, " s for ", what,
+                                               " through NCCL (timeout_seconds), or NCCL failed; another rank has "
+                                               "failed or is not running the same step; this communicator is "
+                                               "unusable now");
+  }
+#endif
   // Polls (which also moves the messages on) until done, or throws dist_error after the timeout.
   void wait_on(std::vector<MPI_Request>& rs, char const* what) {
     if (rs.empty()) return;
@@ -551,6 +655,9 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   int rank_ = 0, size_ = 1;
   std::vector<bucket> buckets_;
   std::vector<MPI_Request> requests_;
+#if REMAT_DIST_NCCL
+  std::unique_ptr<detail::nccl_channel> nccl_;  // (a cuda model's)
+#endif
   std::size_t next_ = 0;    // the next bucket to start
   bool pending_ = false;    // local gradient contributions not reduced yet
   bool reduced_ = false;    // the gradients hold the ranks' sum (since the last zero_grad)

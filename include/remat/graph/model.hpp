@@ -236,6 +236,9 @@ class model {
   }
   std::uint64_t replica() const { return replica_; }
   // What a data-parallel wrapper plugs in (remat::dist); null when training alone.
+  // Makes the model's stream current until the end of the scope (on the GPU; nothing on the host):
+  // work issued beside the model's own (a data-parallel wrapper's) is then ordered with it.
+  [[nodiscard]] auto stream_scope() const { return stream_.scope(); }
   detail::gradient_sync* gradient_sync() const { return sync_; }
   void set_gradient_sync(detail::gradient_sync* s) { sync_ = s; }
   // The optimizer slot the wrapper is read from, so an optimizer built before it still sees it.

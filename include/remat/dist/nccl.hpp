@@ -1,0 +1,136 @@
+// The GPU side of remat::dist: gradients, parameters and the sharded all-gather of a cuda model
+// move through NCCL, while MPI (dist/mpi.hpp) still carries the small host messages (agreement on
+// errors, the signatures, the gradient norm). Included by <remat/dist/mpi.hpp> when REMAT_HAS_NCCL
+// is 1 (the remat::dist_cuda target); each rank uses the CUDA device current when its model was
+// built (cudaSetDevice(local rank) first).
+//
+// NCCL's collectives run on a stream of their own: one that waits (by an event) for the model's
+// stream to reach the point where a bucket's gradients are final, so reductions overlap the rest of
+// backward. Before anything reads the reduced values, the reader's stream waits for them, and the
+// host polls (with the wrapper's timeout, aborting the communicator when it runs out: a rank that
+// died must not leave the others blocked forever inside NCCL).
+#pragma once
+
+#include "../cuda/runtime.hpp"
+#include "../error.hpp"
+
+#if REMAT_HAS_CUDA
+#if !__has_include(<nccl.h>)
+#error "<remat/dist/nccl.hpp> needs NCCL (nccl.h): install it or point CUDAToolkit_ROOT at a toolkit that has it"
+#endif
+#include <nccl.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+
+namespace REMAT_NAMESPACE {
+namespace dist {
+namespace detail {
+
+inline void nccl_check(ncclResult_t rc, char const* call) {
+  if (rc == ncclSuccess || rc == ncclInProgress) return;
+  REMAT_NAMESPACE::detail::raise<dist_error>(call, " failed: ", std::string_view(ncclGetErrorString(rc)));
+}
+
+template <class T>
+ncclDataType_t nccl_type() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else static_assert(sizeof(T) == 0, "remat::dist: no NCCL type for this type");
+}
+
+// One NCCL communicator with its stream and events.
+class nccl_channel {
+ public:
+  // Every rank calls this with the id rank 0 made (ncclGetUniqueId) and sent to all.
+  nccl_channel(ncclUniqueId const& id, int rank, int size) {
+    try {
+      REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+      nccl_check(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  nccl_channel(nccl_channel const&) = delete;
+  nccl_channel& operator=(nccl_channel const&) = delete;
+  ~nccl_channel() { release(); }
+
+  // What is issued next starts once `s` has reached this point.
+  void follow(cudaStream_t s) {
+    REMAT_CUDA_CHECK(cudaEventRecord(ready_, s));
+    REMAT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    busy_ = true;
+  }
+  template <class T>
+  void all_reduce(T* p, std::size_t count) {
+    nccl_check(ncclAllReduce(p, p, count, nccl_type<T>(), ncclSum, comm_, stream_), "ncclAllReduce");
+  }
+  // The sum over the ranks into root's p (the other ranks' p is left as it was).
+  template <class T>
+  void reduce(T* p, std::size_t count, int root) {
+    nccl_check(ncclReduce(p, p, count, nccl_type<T>(), ncclSum, root, comm_, stream_), "ncclReduce");
+  }
+  template <class T>
+  void broadcast(T* p, std::size_t count, int root) {
+    nccl_check(ncclBroadcast(p, p, count, nccl_type<T>(), root, comm_, stream_), "ncclBroadcast");
+  }
+  // Collectives between group_start and group_end are issued as one (a reduce per shard, a
+  // broadcast per shard).
+  static void group_start() { nccl_check(ncclGroupStart(), "ncclGroupStart"); }
+  static void group_end() { nccl_check(ncclGroupEnd(), "ncclGroupEnd"); }
+
+  bool busy() const { return busy_; }
+
+  // `s` waits for everything issued so far, and the host until it is done. False when
+  // `timeout_seconds` ran out or NCCL reported an asynchronous error: the communicator is aborted
+  // then (and unusable).
+  bool join(cudaStream_t s, double timeout_seconds) {
+    if (!busy_) return true;
+    REMAT_CUDA_CHECK(cudaEventRecord(done_, stream_));
+    auto const start = std::chrono::steady_clock::now();
+    for (;;) {
+      cudaError_t const q = cudaEventQuery(done_);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) REMAT_CUDA_CHECK(q);
+      ncclResult_t async = ncclSuccess;
+      nccl_check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+      double const waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (async != ncclSuccess || waited > timeout_seconds) {
+        aborted_ = true;
+        (void)ncclCommAbort(comm_);
+        comm_ = nullptr;
+        return false;
+      }
+      std::this_thread::yield();
+    }
+    REMAT_CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
+    busy_ = false;
+    return true;
+  }
+
+ private:
+  void release() noexcept {
+    if (stream_ && !aborted_) (void)cudaStreamSynchronize(stream_);
+    if (comm_) (void)ncclCommDestroy(comm_);
+    if (done_) (void)cudaEventDestroy(done_);
+    if (ready_) (void)cudaEventDestroy(ready_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+  }
+
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  bool busy_ = false;
+  bool aborted_ = false;
+};
+
+}  // namespace detail
+}  // namespace dist
+}  // namespace REMAT_NAMESPACE
+#endif

@@ -1,0 +1,142 @@
+// remat::dist on the GPU: a cuda model in data_parallel, its gradients and parameters through
+// NCCL. Each rank takes device rank % devices. Under mpirun -np P it checks, against one model
+// trained on the whole batch on one GPU:
+//   - P ranks each training on 1/P of the batch (3 AdamW steps, with and without a sharded
+//     optimizer) end with the same parameters as the single model: bit for bit with one rank
+//     (a sum over one rank is the identity), to rounding with more;
+//   - every rank holds the same parameters, bit for bit;
+//   - labels out of range on the last rank make every rank throw, and change nothing.
+// Without a GPU it exits with 77 (skipped). Built by nvcc in CI; run on a GPU by `ctest -L cuda`.
+#include <remat/dist/mpi.hpp>
+#include <remat/remat.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+using namespace remat;
+using gpu = remat::cuda;
+
+namespace {
+
+constexpr std::size_t W = 32, In = 12, Classes = 5;
+constexpr index_t batch = 48;  // divisible by 1, 2, 3, 4, 6 and 8 ranks
+using Block = Residual<Seq<LayerNorm<W>, Linear<W, 64>, GELU, Linear<64, W>>>;
+using Net = Seq<Linear<In, W>, Checkpointed<Block>, Block, Linear<W, Classes>>;
+using Model = model<Net, gpu>;
+
+int failures = 0;
+int rank = 0, ranks = 1;
+
+void check(bool ok, char const* what) {
+  if (ok) return;
+  ++failures;
+  std::printf("rank %d: FAILED: %s\n", rank, what);
+}
+
+std::vector<float> inputs() {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<double> d(-1, 1);
+  std::vector<float> v(std::size_t(batch) * In);
+  for (auto& x : v) x = float(d(rng));
+  return v;
+}
+std::vector<std::int32_t> labels() {
+  std::vector<std::int32_t> l(static_cast<std::size_t>(batch));
+  for (std::size_t i = 0; i < l.size(); ++i) l[i] = std::int32_t((i * 7 + 3) % Classes);
+  return l;
+}
+
+template <class T>
+tensor<T, gpu> on_gpu(std::vector<T> const& v, std::size_t first_row, std::size_t rows, std::size_t cols) {
+  tensor<T, gpu> t{index_t(rows), index_t(cols)};
+  t.copy_from(std::vector<T>(v.begin() + std::ptrdiff_t(first_row * cols),
+                             v.begin() + std::ptrdiff_t((first_row + rows) * cols)));
+  return t;
+}
+
+// The single model on the whole batch.
+std::vector<float> reference(int steps) {
+  Model m(seed{5});
+  AdamW opt(m, {.lr = 1e-2});
+  auto x = on_gpu(inputs(), 0, batch, In);
+  auto y = on_gpu(labels(), 0, batch, 1);
+  for (int s = 0; s < steps; ++s) m.train_step<SoftmaxCrossEntropy>(x, y, opt);
+  return tensor_to_host(m.parameters());
+}
+
+bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void check_parallel(bool shard, std::vector<float> const& want, int steps) {
+  std::size_t const rows = std::size_t(batch) / std::size_t(ranks), first = rows * std::size_t(rank);
+  Model m(seed{5});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 4096, .shard_optimizer = shard});
+  AdamW opt(m, {.lr = 1e-2});
+  auto x = on_gpu(inputs(), first, rows, In);
+  auto y = on_gpu(labels(), first, rows, 1);
+  for (int s = 0; s < steps; ++s) dp.train_step<SoftmaxCrossEntropy>(x, y, opt);
+  check(dp.last_step_traffic().buckets > 1, "the gradients went in more than one bucket");
+  std::vector<float> got = tensor_to_host(m.parameters());
+  if (ranks == 1) {
+    check(same_bits(got, want), shard ? "sharded, one rank: the single model's parameters, bit for bit"
+                                      : "one rank: the single model's parameters, bit for bit");
+  } else {
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::fabs(double(got[i]) - double(want[i])) / (1e-3 + std::fabs(double(want[i]))));
+    if (rank == 0) std::printf("%s: largest relative difference from the single model %.3g\n",
+                               shard ? "sharded" : "whole", worst);
+    check(worst < 1e-3, "P ranks: the single model's parameters, to rounding");
+  }
+  std::vector<float> first_rank = got;
+  MPI_Bcast(first_rank.data(), int(first_rank.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  check(same_bits(got, first_rank), "every rank holds rank 0's parameters, bit for bit");
+
+  // Bad labels on the last rank: every rank throws, nothing changes.
+  auto bad = labels();
+  if (rank == ranks - 1) bad[first] = std::int32_t(Classes);
+  auto yb = on_gpu(bad, first, rows, 1);
+  bool threw = false;
+  try {
+    dp.train_step<SoftmaxCrossEntropy>(x, yb, opt);
+  } catch (error const& e) {
+    threw = true;
+    if (rank != ranks - 1) check(std::strstr(e.what(), "rank") != nullptr, "the other ranks name the failing rank");
+  }
+  check(threw, "labels out of range on one rank: every rank throws");
+  check(same_bits(tensor_to_host(m.parameters()), got), "and the parameters are unchanged");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dist::environment env(argc, argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device: the NCCL data-parallel test is skipped\n");
+    return 77;
+  }
+  if (std::size_t(batch) % std::size_t(ranks) != 0) {
+    std::printf("expected a rank count dividing %ld, found %d\n", long(batch), ranks);
+    return 1;
+  }
+  if (cudaSetDevice(rank % devices) != cudaSuccess) return 1;
+  try {
+    std::vector<float> const want = reference(3);
+    check_parallel(false, want, 3);
+    check_parallel(true, want, 3);
+  } catch (std::exception const& e) {
+    std::printf("rank %d: FAILED with an exception: %s\n", rank, e.what());
+    ++failures;
+  }
+  int any = 0;
+  MPI_Allreduce(&failures, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0) std::printf(any ? "the NCCL data-parallel test FAILED\n" : "the NCCL data-parallel test passed\n");
+  return any ? 1 : 0;
+}
