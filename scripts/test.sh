@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh machine: sets up what is missing, then
 #   1. builds and runs the tests (ctest) with optimisation,
-#   2. builds and runs them again under AddressSanitizer and UndefinedBehaviorSanitizer, with line
-#      tables only (-g1: a quarter less compile time than -g, same symbolized reports) (all but
-#      the two tests labelled "long": 20-epoch runs of the digits example in emulated 16-bit),
+#   2. builds and runs them again under AddressSanitizer and UndefinedBehaviorSanitizer (all but
+#      the two tests labelled "long": 20-epoch runs of the digits example in emulated 16-bit); that
+#      build keeps line tables only (-g1: a quarter less compile time than -g, the same symbolized
+#      reports) and leaves out what it would not run (the header self-containment check, charlm),
 #   3. installs remat into a temporary prefix and builds and runs tests/consumer against it
 #      with find_package(remat CONFIG REQUIRED) (and its remat::dist program under mpirun -np 2),
 #   4. when nvcc is here, compiles and links the CUDA backend for sm_90 and sm_80 (every public
