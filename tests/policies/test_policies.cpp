@@ -31,7 +31,7 @@ struct counted {
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
     if constexpr (S::computes) {
       ++counts::forwards;
-      if (s.training && !s.recomputing) ++counts::effects;
+      if (s.training() && !s.recomputing()) ++counts::effects;
     }
     typename S::act_type y = s.make(x->rows(), x->cols());
     if constexpr (S::computes) evaluate(*y, *x * 1.5);

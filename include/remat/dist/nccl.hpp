@@ -1,8 +1,9 @@
-// The GPU side of remat::dist: gradients, parameters and the sharded all-gather of a cuda model
-// move through NCCL, while MPI (dist/mpi.hpp) still carries the small host messages (agreement on
-// errors, the signatures, the gradient norm). Included by <remat/dist/mpi.hpp> when REMAT_HAS_NCCL
-// is 1 (the remat::dist_cuda target); each rank uses the CUDA device current when its model was
-// built (cudaSetDevice(local rank) first).
+// The bulk data of data_parallel for models on the GPU: gradients, parameters and the sharded
+// all-gather of a cuda model move through NCCL, while the communicator (dist/communicator.hpp)
+// still carries the small host messages over MPI (agreement on errors, the signatures, the
+// gradient norm). Included by <remat/dist/mpi.hpp> when REMAT_HAS_NCCL is 1 (the
+// remat::dist_cuda target); each rank uses the CUDA device current when its model was built
+// (cudaSetDevice(local rank) first).
 //
 // NCCL's collectives run on a stream of their own: one that waits (by an event) for the model's
 // stream to reach the point where a bucket's gradients are final, so reductions overlap the rest of
@@ -13,6 +14,8 @@
 
 #include "../cuda/runtime.hpp"
 #include "../error.hpp"
+#include "../train/gradient_sync.hpp"
+#include "communicator.hpp"
 
 #if REMAT_HAS_CUDA
 #if !__has_include(<nccl.h>)
@@ -22,9 +25,11 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string_view>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 namespace REMAT_NAMESPACE {
 namespace dist {
@@ -131,6 +136,54 @@ class nccl_channel {
 };
 
 }  // namespace detail
+
+// What data_parallel asks of its transport, through one NCCL communicator per wrapper (rank 0's
+// NCCL id sent to every rank over the wrapper's MPI communicator). Collectives are issued on
+// NCCL's stream behind an event of the current stream (follow), so reductions overlap the rest of
+// backward; join makes the current stream and the host wait, within the communicator's timeout.
+template <class T>
+class nccl_transport {
+ public:
+  explicit nccl_transport(communicator& c) : c_(c) {
+    ncclUniqueId id{};
+    if (c.rank() == 0) detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    c.broadcast(&id, sizeof id, 0, "the NCCL id's broadcast from rank 0");
+    channel_ = std::make_unique<detail::nccl_channel>(id, c.rank(), c.size());
+  }
+  nccl_transport(nccl_transport const&) = delete;
+  nccl_transport& operator=(nccl_transport const&) = delete;
+
+  // What is issued next starts once the current stream has reached this point.
+  void follow() { channel_->follow(current_cuda_stream()); }
+  void group_start() { detail::nccl_channel::group_start(); }
+  void group_end() { detail::nccl_channel::group_end(); }
+  void all_reduce(T* p, std::size_t n) { channel_->all_reduce(p, n); }
+  void reduce(T* p, std::size_t n, int root) { channel_->reduce(p, n, root); }
+  void broadcast(T* p, std::size_t n, int root) { channel_->broadcast(p, n, root); }
+  // Every rank's part of p (rank q's: shards[q]) to every rank: one broadcast per part, issued as
+  // one group.
+  void all_gather(T* p, std::vector<param_range> const& shards) {
+    group_start();
+    for (std::size_t q = 0; q < shards.size(); ++q) channel_->broadcast(p + shards[q].begin, shards[q].size(), int(q));
+    group_end();
+  }
+  void progress() {}
+  bool busy() const { return channel_->busy(); }
+  // The current stream waits for everything issued, and the host until it is done; past the
+  // timeout (or on an asynchronous NCCL error) the NCCL communicator is aborted and dist_error
+  // thrown.
+  void join(char const* what) {
+    auto const start = std::chrono::steady_clock::now();
+    if (channel_->join(current_cuda_stream(), c_.timeout_seconds())) return;
+    c_.fail_wait(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), what,
+                 " through NCCL (or NCCL failed)");
+  }
+
+ private:
+  communicator& c_;
+  std::unique_ptr<detail::nccl_channel> channel_;
+};
+
 }  // namespace dist
 }  // namespace REMAT_NAMESPACE
 #endif

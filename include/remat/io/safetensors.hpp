@@ -5,7 +5,7 @@
 #pragma once
 
 #include "../error.hpp"
-#include "../graph/model.hpp"
+#include "../runtime/model.hpp"
 #include "../train/optimizers.hpp"
 
 #include <algorithm>

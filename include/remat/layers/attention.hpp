@@ -7,7 +7,7 @@
 //
 // It keeps its input and P (batch x H x seq x seq: the sequence-length-squared buffer); the dropout
 // mask is regenerated from its offset. Wrapped in Checkpointed (see RecomputeAttention in
-// graph/transformer.hpp) it keeps only its input, and backward recomputes S, P and the mask:
+// policy/recompute_attention.hpp) it keeps only its input, and backward recomputes S, P and the mask:
 // Megatron-LM's selective recompute of the attention core.
 #pragma once
 
@@ -31,7 +31,8 @@ struct AttentionCore {
   static constexpr std::size_t heads = H;
   static constexpr std::size_t head_width = W / H;
   static constexpr double dropout = P;
-  static constexpr bool sequence_layer = true;  // rows are positions of sequences (pass_state::seq_len)
+  static constexpr bool sequence_layer = true;  // rows are positions of sequences (s.sequence_length())
+  static constexpr bool attention_core = true;  // RecomputeAttention checkpoints it
 
   static std::vector<param_desc> params() { return {}; }
   template <class T>
@@ -40,7 +41,7 @@ struct AttentionCore {
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
     using A = typename S::act_type;
-    std::size_t const seq = s.seq_len, rows = x->rows(), count = rows / seq * H;
+    std::size_t const seq = s.sequence_length(), rows = x->rows(), count = rows / seq * H;
     // The scores, in the compute type; the probabilities overwrite them when that is the storage type.
     auto [scores, probs] = compute_and_result(s, count * seq, seq);
     if constexpr (S::computes) {
@@ -52,12 +53,11 @@ struct AttentionCore {
     }
     scores.reset();
     A dropped = probs;  // the probabilities after dropout
-    if (s.training && P > 0.0) {
-      std::uint64_t const offset = s.rng_offset;
-      s.rng_offset += count * seq * seq;
+    if (s.training() && P > 0.0) {
+      std::uint64_t const offset = s.draw(count * seq * seq);
       s.save_counter(offset);
       dropped = s.make(count * seq, seq);
-      if constexpr (S::computes) evaluate(*dropped, *probs * Dropout<P>::mask(s, offset));
+      if constexpr (S::computes) evaluate(*dropped, *probs * Dropout<P>::mask(s.random(offset)));
     }
     A y = s.make(rows, W);
     if constexpr (S::computes)
@@ -76,7 +76,7 @@ struct AttentionCore {
                                                  typename S::act_type dy) {
     using A = typename S::act_type;
     A probs = s.restore(), x = s.restore();
-    std::size_t const seq = s.seq_len, rows = x->rows(), count = rows / seq * H;
+    std::size_t const seq = s.sequence_length(), rows = x->rows(), count = rows / seq * H;
     bool const drops = P > 0.0;
     std::uint64_t const offset = drops ? s.restore_counter() : 0;
     A dx = s.make(rows, 3 * W);
@@ -86,7 +86,7 @@ struct AttentionCore {
       A dropped = probs;
       if (drops) {
         dropped = s.make(count * seq, seq);
-        if constexpr (S::computes) evaluate(*dropped, *probs * Dropout<P>::mask(s, offset));
+        if constexpr (S::computes) evaluate(*dropped, *probs * Dropout<P>::mask(s.random(offset)));
       }
       if constexpr (S::computes)
         kernels::gemm_batched(device<S>{}, count, H, kernels::trans::yes, kernels::trans::no, index_t(seq),
@@ -104,7 +104,7 @@ struct AttentionCore {
                             index_t(3 * W), qkv_stride(seq), 0, stat_data(dpd->data()), index_t(seq),
                             square_stride(seq));
       if (drops) {
-        expr::dropout_mask const m = Dropout<P>::mask(s, offset);
+        expr::dropout_mask const m = Dropout<P>::mask(s.random(offset));
         kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
                                          seq, scale<S>(), kernels::mask_values<V, expr::dropout_mask>{m});
       } else {
@@ -158,10 +158,5 @@ struct AttentionCore {
     return {index_t(H * seq * seq), index_t(seq * seq)};
   }
 };
-
-template <class L>
-inline constexpr bool is_attention_core_v = false;
-template <std::size_t W, std::size_t H, double P>
-inline constexpr bool is_attention_core_v<AttentionCore<W, H, P>> = true;
 
 }  // namespace REMAT_NAMESPACE

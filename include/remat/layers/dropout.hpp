@@ -6,7 +6,7 @@
 
 #include "../expr/expr.hpp"
 #include "../numeric/philox.hpp"
-#include "common.hpp"
+#include "layer.hpp"
 
 namespace REMAT_NAMESPACE {
 namespace expr {
@@ -15,12 +15,12 @@ namespace expr {
 struct dropout_mask : expr_base {
   using device = void;
   static constexpr bool is_double = false;
-  std::uint64_t seed, stream, offset;
+  random_draw draw;
   float p, scale;
   constexpr std::size_t size() const { return any_size; }
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
-    return philox::uniform(seed, stream, offset + i) < p ? V(0) : V(scale);
+    return philox::uniform(draw.seed, draw.stream, draw.offset + i) < p ? V(0) : V(scale);
   }
 };
 
@@ -39,22 +39,18 @@ struct Dropout {
   template <class T>
   static void init(T*, std::size_t, std::uint64_t) {}
 
-  template <class S>
-  static expr::dropout_mask mask(S const& s, std::uint64_t offset) {
-    return {{}, s.seed, s.step, offset, float(P), float(1.0 / (1.0 - P))};
-  }
+  static expr::dropout_mask mask(random_draw d) { return {{}, d, float(P), float(1.0 / (1.0 - P))}; }
 
   // The mask of a training pass is drawn from the elements [offset, offset + size) of the pass's
   // stream; the offset is all the backward needs.
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
-    if (!s.training || P == 0.0) return x;
-    std::uint64_t const offset = s.rng_offset;
-    s.rng_offset += x->size();
+    if (!s.training() || P == 0.0) return x;
+    std::uint64_t const offset = s.draw(x->size());
     s.save_counter(offset);
     if (S::is_hollow(x)) return x;  // a selective recomputation past its last needed product
     typename S::act_type y = s.make(x->rows(), x->cols());
-    if constexpr (S::computes) evaluate(*y, *x * mask(s, offset));
+    if constexpr (S::computes) evaluate(*y, *x * mask(s.random(offset)));
     return y;
   }
 
@@ -64,7 +60,7 @@ struct Dropout {
     if (P == 0.0) return dy;
     std::uint64_t const offset = s.restore_counter();
     typename S::act_type dx = s.reuse_or_make(dy, dy->cols());
-    if constexpr (S::computes) evaluate(*dx, *dy * mask(s, offset));
+    if constexpr (S::computes) evaluate(*dx, *dy * mask(s.random(offset)));
     return dx;
   }
 };

@@ -1,9 +1,9 @@
 // Embedding<Vocab, W>: integer ids in, rows of a learned table out (PyTorch init: N(0, 1)). It is
-// the first layer of a model that reads token ids; the ids of the pass are in pass_state.
+// the first layer of a model that reads token ids; the ids of the pass are in the pass state.
 #pragma once
 
 #include "../kernels/embedding.hpp"
-#include "common.hpp"
+#include "layer.hpp"
 
 namespace REMAT_NAMESPACE {
 
@@ -26,15 +26,16 @@ template <std::size_t Vocab, std::size_t W>
 struct Embedding : detail::learned_table<Vocab, W> {
   static_assert(Vocab > 0 && W > 0, "remat::Embedding<Vocab, W>: sizes must be positive");
   static constexpr std::size_t vocabulary = Vocab;
+  static constexpr bool reads_ids = true;
   static constexpr std::size_t in_width = 1;  // one id per row
   static constexpr std::size_t out_width = W;
 
   // The ids of the pass are in the pass state; the layer before (there is none) passes nothing.
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type) {
-    std::size_t const rows = s.id_count;
-    typename S::act_type y = s.make(rows, W);
-    if constexpr (S::computes) kernels::gather_rows(typename S::device{}, p, s.ids, rows, W, y->data());
+    token_ids const ids = s.ids();
+    typename S::act_type y = s.make(ids.count, W);
+    if constexpr (S::computes) kernels::gather_rows(typename S::device{}, p, ids.data, ids.count, W, y->data());
     return y;
   }
 
@@ -44,7 +45,7 @@ struct Embedding : detail::learned_table<Vocab, W> {
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
     if constexpr (S::computes)
-      kernels::scatter_add_rows(typename S::device{}, s.ids, s.id_count, W, Vocab, dy->data(), g);
+      kernels::scatter_add_rows(typename S::device{}, s.ids().data, s.ids().count, W, Vocab, dy->data(), g);
     return {};
   }
 };
@@ -62,9 +63,9 @@ struct PositionEmbedding : detail::learned_table<MaxLen, W> {
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
-    std::size_t const rows = x->rows(), seq = s.seq_len;
+    std::size_t const rows = x->rows(), seq = s.sequence_length();
     typename S::act_type y;
-    if (!s.training && x.use_count() == 1)  // inference: in place
+    if (!s.training() && x.use_count() == 1)  // inference: in place
       y = x;
     else
       y = s.make(rows, W);
@@ -77,14 +78,9 @@ struct PositionEmbedding : detail::learned_table<MaxLen, W> {
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
     if constexpr (S::computes)
-      kernels::add_positions_backward(typename S::device{}, dy->data(), dy->rows(), s.seq_len, W, g);
+      kernels::add_positions_backward(typename S::device{}, dy->data(), dy->rows(), s.sequence_length(), W, g);
     return dy;
   }
 };
-
-template <class L>
-inline constexpr bool is_embedding_v = false;
-template <std::size_t V, std::size_t W>
-inline constexpr bool is_embedding_v<Embedding<V, W>> = true;
 
 }  // namespace REMAT_NAMESPACE

@@ -5,7 +5,7 @@
 #include "../expr/expr.hpp"
 #include "../kernels/gemm.hpp"
 #include "../kernels/rows.hpp"
-#include "common.hpp"
+#include "layer.hpp"
 
 #include <cmath>
 
@@ -18,6 +18,7 @@ struct Linear {
   static constexpr std::size_t out_width = Out;
   static constexpr std::size_t param_count = In * Out + (Bias ? Out : 0);
   static constexpr bool handles_hollow = true;  // it needs its input, and says so itself
+  static constexpr bool fuses_epilogue = true;  // forward<F>: a following point-wise F in the same pass
 
   static std::vector<param_desc> params() {
     std::vector<param_desc> p{{"weight", 0, {Out, In}}};
@@ -33,58 +34,44 @@ struct Linear {
     init::uniform(p, param_count, global_offset, seed, bound);
   }
 
-  // Under a selective policy the forward captures the product's output (the pre-activation when
-  // fused) and the recomputing forward takes it back instead of multiplying again.
+  // The product goes through s.product, so a selective policy keeps it (the pre-activation when
+  // fused) and its recomputation takes it back instead of multiplying again.
   template <class F = void, class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
     using A = typename S::act_type;
     std::size_t const rows = x->rows();
-    A y, product;  // `product`: what a selective policy captures
-    bool replayed = false;
-    if (s.replay) {  // a selective recomputation: the product is already known, or not needed
-      A kept = std::move((*s.replay)[s.replay_next++]);
-      if (!kept) {  // only a plain product's output can be unneeded (a fused one's is saved)
-        s.save(std::move(x));
-        return s.hollow(rows, Out);
-      }
-      y = std::move(kept);
-      replayed = true;
-    } else {
-      y = s.make(rows, Out);
-      if constexpr (S::computes)
+    s.save(x);  // (first: it marks the products before this one needed, not this one)
+    // A plain product's output includes the bias; a fused one's is the pre-activation without it
+    // (the backward adds it back in the same pass).
+    A z = s.product(rows, Out, [&](auto& out) {
+      if constexpr (S::computes) {
         kernels::gemm(typename S::device{}, kernels::trans::no, kernels::trans::yes, index_t(rows), index_t(Out),
-                      index_t(In), 1, x->data(), index_t(In), p, index_t(In), 0, y->data(), index_t(Out));
-    }
+                      index_t(In), 1, x->data(), index_t(In), p, index_t(In), 0, out.data(), index_t(Out));
+        if constexpr (Bias && std::is_void_v<F>) evaluate(out, out + broadcast_rows(bias(s, p), rows));
+      }
+    });
     if constexpr (std::is_void_v<F>) {
-      if constexpr (Bias && S::computes)
-        if (!replayed) evaluate(*y, *y + broadcast_rows(bias(s, p), rows));
-      if (s.capture) product = y;
+      return z;
     } else {
-      // The following point-wise layer, fused: y = F(x W^T + b); keep the pre-activation (without
-      // the bias, which the backward adds back in the same pass).
-      A z = y;
-      if (s.training) y = s.make(rows, Out);  // inference keeps nothing: apply F in place
+      // The following point-wise layer, fused: y = F(x W^T + b).
+      s.save(z);
+      if (S::is_hollow(z)) return z;
+      A y = z;
+      if (s.training()) y = s.make(rows, Out);  // inference keeps nothing: apply F in place
       if constexpr (S::computes) {
         if constexpr (Bias)
           evaluate(*y, F::apply(to_expr(*z) + broadcast_rows(bias(s, p), rows)));
         else
           evaluate(*y, F::apply(to_expr(*z)));
       }
-      if (s.capture) product = z;
-      s.save(std::move(z));
+      return y;
     }
-    s.save(std::move(x));  // (before capturing: it marks earlier captures needed, not this one)
-    // A fused product is the pre-activation this layer's backward needs; a plain one is needed
-    // only if a later layer needs its input.
-    if (s.capture) s.capture->push_back({std::move(product), !std::is_void_v<F>});
-    return y;
   }
 
   template <class F = void, class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
     using A = typename S::act_type;
-    A x = s.restore();
     std::size_t const rows = dy->rows();
     if constexpr (!std::is_void_v<F>) {
       A z = s.restore();
@@ -98,6 +85,7 @@ struct Linear {
       }
       dy = std::move(dz);
     }
+    A x = s.restore();
     A dx = s.make(rows, In);
     if constexpr (S::computes) {
       // dW += dy^T x, db += column sums of dy, dx = dy W.

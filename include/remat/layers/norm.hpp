@@ -3,7 +3,7 @@
 #pragma once
 
 #include "../kernels/norms.hpp"
-#include "common.hpp"
+#include "layer.hpp"
 
 namespace REMAT_NAMESPACE {
 

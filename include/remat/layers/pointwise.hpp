@@ -6,13 +6,13 @@
 #pragma once
 
 #include "../expr/expr.hpp"
-#include "common.hpp"
+#include "layer.hpp"
 
 namespace REMAT_NAMESPACE {
 
 template <class F>
 struct Pointwise {
-  using function = F;
+  using pointwise_function = F;  // a fusing layer before it (Linear) may apply F in its own pass
   static constexpr std::size_t in_width = any_width;
   static constexpr std::size_t out_width = any_width;
   static constexpr std::size_t param_count = 0;
@@ -26,7 +26,7 @@ struct Pointwise {
     // In inference nobody needs x afterwards, so F runs in place when x is ours alone.
     // (No conditional operator on handles here: GCC 12 miscounts them in constant evaluation.)
     typename S::act_type y;
-    if (!s.training && x.use_count() == 1)
+    if (!s.training() && x.use_count() == 1)
       y = x;
     else
       y = s.make(x->rows(), x->cols());
@@ -75,10 +75,5 @@ using GELUTanh = Pointwise<fn::gelu_tanh>;
 using SiLU = Pointwise<fn::silu>;
 using Tanh = Pointwise<fn::tanh>;
 using Sigmoid = Pointwise<fn::sigmoid>;
-
-template <class L>
-inline constexpr bool is_pointwise_v = false;
-template <class F>
-inline constexpr bool is_pointwise_v<Pointwise<F>> = true;
 
 }  // namespace REMAT_NAMESPACE

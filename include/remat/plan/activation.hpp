@@ -1,8 +1,8 @@
 // remat::activation_plan<Net, Precision>(batch): the peak bytes of activations during a training
 // step of model<Net, Device, Precision>, known at compile time.
 //
-// It runs the model's training pass (detail::training_pass, the code model::accumulate runs) on a
-// plan::state, which makes, shares and drops the same tensors in the same order and adds up what
+// It runs the model's training pass (runtime/training_pass.hpp, the code model::accumulate runs)
+// on a plan::state, which makes, shares and drops the same tensors in the same order and adds up what
 // the caching allocator would count: each tensor rounded up to 256 bytes. Everything a step
 // allocates as activations is in it: what the forward keeps, the output and
 // its gradient, the gradients flowing back, and the scratch of every recomputation. Workspace
@@ -12,9 +12,10 @@
 //   static_assert(plan.peak_bytes <= (std::size_t(64) << 20), "the model's activations must fit in 64 MiB");
 #pragma once
 
+#include "../graph/walk.hpp"
 #include "../numeric/precision.hpp"
-#include "model.hpp"
-#include "plan_state.hpp"
+#include "../runtime/training_pass.hpp"
+#include "state.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -40,23 +41,16 @@ constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t 
   plan::counter mem, offloaded;
   activation_plan_result r;
   {
-    plan::state<T> s;
-    s.mem = &mem;
-    s.offloaded = &offloaded;
-    plan::ref x;
-    s.seq_len = sequence;
     std::size_t const rows = batch * sequence;
-    if constexpr (reads_ids_v<Net>)
-      s.id_count = rows;
-    else if constexpr (is_mixed_v<Precision>)
-      x = s.make(rows, features);  // the caller's input converted to the compute type
-    else
-      x = s.mem->borrow(rows, features);  // the caller's input, read in place
+    pass_options o{.training = true, .sequence_length = sequence};
+    if constexpr (reads_ids_v<Net>) o.ids.count = rows;
+    plan::state<T> s(mem, offloaded, o);
+    plan::ref x = detail::input_activation<Net, Precision>(s, plan::input_shape{rows, features}, true);
     plan::ref g = detail::training_pass<Net>(s, plan::no_params{}, plan::no_params{}, std::move(x),
                                              [](plan::ref const&, plan::ref const&) {});
     g.reset();
-    r.saved_bytes = s.saved_bytes;
-    r.recomputed = s.recomputed;
+    r.saved_bytes = s.saved_bytes();
+    r.recomputed = s.recomputed();
   }
   r.peak_bytes = mem.peak;
   r.offloaded_bytes = offloaded.peak;

@@ -1,12 +1,12 @@
 // plan::state: a pass state that computes nothing and only counts. The layers' forward and
-// backward are written once against the pass-state interface; run against this state at compile
-// time, they make, share and drop the same tensors in the same order as a real training step, and
-// the state adds up the bytes the caching allocator would hand out (each request rounded up to
-// its 256-byte granularity). That is the activation plan (graph/plan.hpp).
+// backward are written once against the pass-state vocabulary (pass/vocabulary.hpp); run against
+// this state at compile time, they make, share and drop the same tensors in the same order as a
+// real training step, and the state adds up the bytes the caching allocator would hand out (each
+// request rounded up as the allocator rounds it). That is the activation plan (plan/activation.hpp).
 #pragma once
 
-#include "../config.hpp"
-#include "../layers/common.hpp"
+#include "../memory/allocator.hpp"
+#include "../pass/vocabulary.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -14,9 +14,6 @@
 
 namespace REMAT_NAMESPACE {
 namespace plan {
-
-inline constexpr std::size_t granularity = memory::caching_allocator<host>::granularity;
-constexpr std::size_t rounded(std::size_t bytes) { return (bytes + granularity - 1) / granularity * granularity; }
 
 // What a planned tensor has: a shape and a byte count (zero for a hollow one).
 struct buffer {
@@ -90,7 +87,7 @@ class counter {
   std::vector<buffer> buffers;
 
   constexpr ref make(std::size_t rows, std::size_t cols, std::size_t element_bytes) {
-    std::size_t const bytes = rounded(rows * cols * element_bytes);
+    std::size_t const bytes = memory::caching_allocator<host>::rounded(rows * cols * element_bytes);
     buffers.push_back(buffer{rows, cols, bytes, 1});
     live += bytes;
     if (live > peak) peak = live;
@@ -126,10 +123,21 @@ struct no_fence {
   constexpr void wait() const {}
 };
 
-// The pass-state interface of layers/common.hpp, counting instead of computing. T is the type
-// activations are stored in.
+// The caller's input, as a plan sees it: a shape.
+struct input_shape {
+  std::size_t rows_ = 0, cols_ = 0;
+  constexpr std::size_t rows() const { return rows_; }
+  constexpr std::size_t cols() const { return cols_; }
+};
+
+// The pass-state vocabulary, counting instead of computing. T is the type activations are stored
+// in.
 template <class T>
-struct state : pass_stacks<ref, state<T>> {
+class state : public pass_stacks<ref, state<T>, offload_record<ref, ref, no_fence>> {
+  using record = offload_record<ref, ref, no_fence>;
+  using base = pass_stacks<ref, state<T>, record>;
+
+ public:
   using value_type = T;
   using grad_type = T;
   using device = void;
@@ -138,20 +146,25 @@ struct state : pass_stacks<ref, state<T>> {
   using grad_ptr = no_params;
   static constexpr bool computes = false;
 
-  counter* mem = nullptr;
-  counter* offloaded = nullptr;  // what Offloaded<S> moves off the device (memory/offload.hpp)
-  using offload_record_type = offload_record<ref, ref, no_fence>;
-  std::vector<offload_record_type> offloads;
+  // `offloaded` counts what Offloaded<S> moves off the device (memory/offload.hpp).
+  constexpr state(counter& mem, counter& offloaded, pass_options const& o)
+      : base(o), mem_(&mem), offloaded_(&offloaded) {}
 
-  constexpr state() { this->training = true; }
-  constexpr void forward_done(ref const& y) { this->saved_bytes = mem->live - y->bytes; }
-  constexpr ref make(std::size_t rows, std::size_t cols) { return mem->make(rows, cols, sizeof(T)); }
-  constexpr ref hollow(std::size_t rows, std::size_t cols) { return mem->hollow(rows, cols); }
+  constexpr void grads_ready(no_params) const {}
+  constexpr void forward_done(ref const& y) { this->set_saved_bytes(mem_->live - y->bytes); }
+  constexpr ref make(std::size_t rows, std::size_t cols) { return mem_->make(rows, cols, sizeof(T)); }
+  constexpr ref hollow(std::size_t rows, std::size_t cols) { return mem_->hollow(rows, cols); }
   static constexpr bool is_hollow(ref const& a) { return a && a->hollow; }
   static constexpr bool owns(ref const& a) { return a->bytes > 0; }
-  constexpr ref copy_off(ref const& a, no_fence&) { return offloaded->make(a->rows(), a->cols(), sizeof(T)); }
-  constexpr ref copy_back(typename offload_record_type::item const& it, no_fence&) { return make(it.rows, it.cols); }
+  constexpr ref borrow(input_shape x) { return mem_->borrow(x.rows(), x.cols()); }
+  constexpr ref convert(input_shape x) { return make(x.rows(), x.cols()); }
+  constexpr ref copy_off(ref const& a, no_fence&) { return offloaded_->make(a->rows(), a->cols(), sizeof(T)); }
+  constexpr ref copy_back(typename record::item const& it, no_fence&) { return make(it.rows, it.cols); }
   static constexpr int offload_target() { return 0; }
+
+ private:
+  counter* mem_;
+  counter* offloaded_;
 };
 
 }  // namespace plan

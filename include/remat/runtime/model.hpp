@@ -3,11 +3,13 @@
 // accumulates gradients, and a training step. Every input is checked before anything changes.
 #pragma once
 
-#include "../layers/loss.hpp"
+#include "../graph/walk.hpp"
+#include "../kernels/reduce.hpp"
 #include "../numeric/precision.hpp"
+#include "../pass/step.hpp"
+#include "../train/gradient_sync.hpp"
 #include "../train/loss_scale.hpp"
-#include "graph.hpp"
-#include "policies.hpp"
+#include "training_pass.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -31,20 +33,6 @@ struct named_param {
 };
 
 namespace detail {
-
-// One training pass, shared by model::accumulate and the activation plan: forward keeping what
-// backward needs, the loss's gradient with respect to the output, backward. Returns the gradient
-// with respect to the input (null for a model that reads token ids).
-template <class Net, class S, class LossGrad>
-constexpr typename S::act_type training_pass(S& s, typename S::param_ptr p, typename S::grad_ptr g,
-                                             typename S::act_type x, LossGrad&& loss_grad) {
-  typename S::act_type y = Net::forward(s, p, std::move(x));
-  s.forward_done(y);
-  typename S::act_type dy = s.make(y->rows(), y->cols());
-  loss_grad(y, dy);
-  y.reset();
-  return Net::backward(s, p, g, std::move(dy));
-}
 
 // The stream a model's work goes to: none on the host; on the GPU one stream per model, current
 // while the model runs (so a step issues everything without waiting, and two models on two host
@@ -101,7 +89,7 @@ class model {
   // batch x seq (one sequence per row); a model reading features groups its rows by
   // set_sequence_length. Sequences are at most max_sequence long (the positional table).
   static constexpr bool sequence_model = is_sequence_model_v<Net>;
-  static constexpr std::size_t max_sequence = detail::max_sequence<Net>();
+  static constexpr std::size_t max_sequence = max_sequence_v<Net>;
   using input_element = std::conditional_t<reads_ids, std::int32_t, T>;
   using input_view = tensor_view<input_element const, Device>;
   using allocator_type = memory::caching_allocator<Device>;
@@ -135,8 +123,8 @@ class model {
   tensor<T, Device> forward(input_view x) const {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     validate_input(x);
-    state_type s = make_state(false, x);
-    act<C, Device> y = Net::forward(s, weights(), input_act(s, x));
+    state_type s = make_state({.training = false}, x);
+    act<C, Device> y = Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, false));
     return take(std::move(y));
   }
 
@@ -169,10 +157,9 @@ class model {
   double training_loss(input_view x, typename Loss::template target_type<T, Device> target) const {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     validate<Loss>(x, target);
-    state_type s = make_state(true, x);
-    s.step = dropout_stream();
-    s.keep = false;  // nothing is kept for a backward (nor offloaded); the values are the same
-    act<C, Device> y = Net::forward(s, weights(), input_act(s, x, true));
+    // Nothing is kept for a backward (nor offloaded); the values are the same.
+    state_type s = make_state({.training = true, .keep = false, .stream = dropout_stream()}, x);
+    act<C, Device> y = Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, true));
     return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
   }
 
@@ -301,21 +288,22 @@ class model {
       sync_->check_pass();
       sync_->pass_starting();
     }
-    state_type s = make_state(true, x);
-    s.step = dropout_stream();
-    s.sync = sync_;
-    s.grad_base = grads_.data();
+    state_type s = make_state({.training = true, .stream = dropout_stream()}, x);
+    if (sync_)
+      s.listen_gradients(grads_.data(), {sync_, [](void* sync, std::size_t offset) {
+                                           static_cast<detail::gradient_sync*>(sync)->gradients_ready(offset);
+                                         }});
     kernels::pending_scalar<Device> l;
     // The loss's gradient is multiplied by the loss scale (gradients stay scaled until the
     // optimizer's update divides it out); the loss itself is not.
     double const scale = weight * scaler_.scale();
     act<C, Device> g = detail::training_pass<Net>(
-        s, weights(), grads_.data(), input_act(s, x, true),
+        s, weights(), grads_.data(), detail::input_activation<Net, Precision>(s, x, true),
         [&](act<C, Device> const& y, act<C, Device> const& dy) { l = loss_and_gradient<Loss>(*y, target, scale, dy.get()); });
     if (dx && g) evaluate(*dx, to_expr(*g));
     if (sync_) sync_->gradients_ready(0);
     ++passes_;
-    report_ = {s.saved_bytes, s.recomputed};
+    report_ = {s.saved_bytes(), s.recomputed()};
     return l;
   }
 
@@ -331,7 +319,7 @@ class model {
     void raise_if_bad() const {
       double const v = found.get();
       if constexpr (reads_ids) {
-        using E = typename detail::first_layer<Net>::type;
+        using E = first_layer_t<Net>;
         if (v < double(x.size()))
           detail::raise<argument_error>("model input: expected token ids in [0, ", E::vocabulary, "), found ",
                                         kernels::read_element(Device{}, x.data() + std::size_t(v)), " at element ",
@@ -371,7 +359,7 @@ class model {
                                  " per row, found ", x.cols());
     require_device_memory<Device>(x.data(), "model input");
     if constexpr (reads_ids) {
-      using E = typename detail::first_layer<Net>::type;
+      using E = first_layer_t<Net>;
       return {kernels::first_out_of_range_pending(Device{}, x.data(), x.size(), 0, E::vocabulary), x};
     } else {
       return {max_of_pending(abs(to_expr(x))), x};  // one pass: NaN wins the maximum, inf is the largest
@@ -407,36 +395,19 @@ class model {
     }
   }
 
-  state_type make_state(bool training, input_view x) const {
-    state_type s;
-    s.training = training;
-    s.seed = seed_;
-    s.alloc = alloc_;
-    s.offload.space = offload_alloc_;
-    stream_.attach(s.offload);
+  // A pass on input x: its ids and sequence length filled in from x and the model.
+  state_type make_state(pass_options o, input_view x) const {
+    o.seed = seed_;
     if constexpr (reads_ids) {
-      s.ids = x.data();
-      s.id_count = x.size();
-      if constexpr (sequence_model) s.seq_len = x.cols();
+      o.ids = {x.data(), x.size()};
+      if constexpr (sequence_model) o.sequence_length = x.cols();
     } else if constexpr (sequence_model) {
-      s.seq_len = seq_len_;
+      o.sequence_length = seq_len_;
     }
-    return s;
-  }
-
-  // Training reads the input in place (every layer's training forward writes a new tensor);
-  // inference copies it, because point-wise layers then work in place.
-  // A mixed-precision model converts it to the compute type (an activation).
-  act<C, Device> input_act(state_type& s, input_view x, bool training = false) const {
-    if constexpr (reads_ids) {
-      return nullptr;  // the embedding reads the ids from the pass state
-    } else {
-      if constexpr (!mixed_precision)
-        if (training) return s.borrow(x);
-      act<C, Device> a = s.make(x.rows(), x.cols());
-      evaluate(*a, to_expr(x));
-      return a;
-    }
+    detail::offload_channel<Device> offload;
+    offload.space = offload_alloc_;
+    stream_.attach(offload);
+    return state_type(o, *alloc_, offload);
   }
 
   static tensor<T, Device> take(act<C, Device> y) {

@@ -1,4 +1,4 @@
-// Transformer building blocks as types.
+// Ready-made transformer models as types.
 //
 //   CausalSelfAttention<W, H, P>   Seq<Linear<W, 3W>, AttentionCore<W, H, P>, Linear<W, W>>
 //   GPTBlock<W, H, P>              the pre-norm block of GPT-2:
@@ -7,22 +7,21 @@
 //   GPT<Vocab, MaxLen, W, H, N, P, Policy>
 //                                  token and position embeddings, N blocks (Repeat, optionally under
 //                                  a policy), a final LayerNorm and the language-model head
-//   RecomputeAttention<S>          S with every AttentionCore checkpointed: the forward keeps the
-//                                  projections' outputs and drops the seq x seq probabilities,
-//                                  which backward recomputes (Megatron-LM's selective recompute)
+//
+// (RecomputeAttention<S>, in policy/recompute_attention.hpp, checkpoints every AttentionCore of S.)
 //
 // A sequence model reads token ids batch x seq (or, reading features, rows grouped by
 // model::set_sequence_length); SoftmaxCrossEntropy then takes one label per position.
 #pragma once
 
+#include "../graph/graph.hpp"
 #include "../layers/attention.hpp"
 #include "../layers/dropout.hpp"
 #include "../layers/embedding.hpp"
 #include "../layers/linear.hpp"
 #include "../layers/norm.hpp"
 #include "../layers/pointwise.hpp"
-#include "graph.hpp"
-#include "policies.hpp"
+#include "../policy/recompute_attention.hpp"
 
 namespace REMAT_NAMESPACE {
 
@@ -37,54 +36,6 @@ using GPTBlock = Seq<Residual<Seq<LayerNorm<W>, Linear<W, 3 * W>, AttentionCore<
 // `using namespace remat` often names its own stored model that.)
 template <class Blocks>
 using NoPolicy = Blocks;
-
-namespace detail {
-
-template <class S>
-struct recompute_attention {
-  using type = S;
-};
-template <std::size_t W, std::size_t H, double P>
-struct recompute_attention<AttentionCore<W, H, P>> {
-  using type = Checkpointed<AttentionCore<W, H, P>>;
-};
-template <class... L>
-struct recompute_attention<Seq<L...>> {
-  using type = Seq<typename recompute_attention<L>::type...>;
-};
-template <class S>
-struct recompute_attention<Residual<S>> {
-  using type = Residual<typename recompute_attention<S>::type>;
-};
-template <std::size_t N, class B>
-struct recompute_attention<Repeat<N, B>> {
-  using type = Repeat<N, typename recompute_attention<B>::type>;
-};
-template <class S>
-struct recompute_attention<Checkpointed<S>> {
-  using type = Checkpointed<typename recompute_attention<S>::type>;
-};
-template <class S>
-struct recompute_attention<Selective<S>> {
-  using type = Selective<typename recompute_attention<S>::type>;
-};
-template <class S>
-struct recompute_attention<Offloaded<S>> {
-  using type = Offloaded<typename recompute_attention<S>::type>;
-};
-template <std::size_t C, class S>
-struct recompute_attention<Revolve<C, S>> {
-  using type = Revolve<C, typename recompute_attention<S>::type>;
-};
-template <std::size_t K, class S>
-struct recompute_attention<CheckpointSequential<K, S>> {
-  using type = CheckpointSequential<K, typename recompute_attention<S>::type>;
-};
-
-}  // namespace detail
-
-template <class S>
-using RecomputeAttention = typename detail::recompute_attention<S>::type;
 
 // A GPT language model; Policy is applied to Repeat<N, GPTBlock> (NoPolicy, or for example
 // `remat::Checkpointed`, or a template alias over Revolve/Selective/RecomputeAttention).

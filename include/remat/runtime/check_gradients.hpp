@@ -75,7 +75,7 @@ gradient_check_report check_gradients(gradient_check_options o = {}) {
   for (std::size_t i = 0; i < x.size(); ++i, ++k) {
     double const u = double(philox::uniform(o.seed, 99, k));
     if constexpr (M::reads_ids) {
-      std::size_t const v = o.vocabulary ? o.vocabulary : detail::first_layer<Net>::type::vocabulary;
+      std::size_t const v = o.vocabulary ? o.vocabulary : first_layer_t<Net>::vocabulary;
       x[i] = std::int32_t(u * double(v)) % std::int32_t(v);
     } else {
       x[i] = 4.0 * u - 2.0;

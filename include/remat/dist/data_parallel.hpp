@@ -1,0 +1,433 @@
+// remat::dist::data_parallel<Model, Transport>: data-parallel training over an MPI communicator
+// the caller owns (include <remat/dist/mpi.hpp>, which brings this).
+//
+//   remat::dist::data_parallel dp(model, MPI_COMM_WORLD);      // checks the ranks' models agree,
+//   remat::AdamW opt(model, {.lr = 1e-3});                     // broadcasts rank 0's parameters
+//   for (...) dp.train_step<remat::SoftmaxCrossEntropy>(x_local, y_local, opt);
+//
+// Each rank trains on its part of the batch. Backward reports each layer's gradients as they
+// become final, and the wrapper reduces them in buckets (from the last layer's back) while
+// backward goes on; the optimizer built from the model waits for them, agrees with the other ranks
+// on the gradient norm and on overflow (a loss scale's skip is taken by every rank together), and
+// steps. Gradients are averaged over the ranks (each rank's loss gradient is weighted 1/P).
+//
+// With options::shard_optimizer (ZeRO stage 1) each rank's optimizer keeps the moments of 1/P of
+// the parameters: buckets are reduced to the rank that owns each part, each rank updates its part
+// and the parameters are all-gathered. The fp32 master weights stay whole on every rank (the model
+// keeps them for its passes, saving and loading); the optimizer state drops by P.
+//
+// Bad input on one rank (an id out of range, a batch of the wrong shape) is found before anything
+// changes and every rank throws: the rank with the bad input its own error, the others dist_error
+// naming that rank and quoting its message; all stay consistent and may go on. A rank that fails
+// during a pass leaves the others waiting: every wait has a timeout (options::timeout_seconds)
+// after which dist_error is thrown, and dist::environment aborts all ranks when an exception leaves
+// its scope. remat calls MPI_Init only through dist::environment.
+//
+// The small messages go through the wrapper's communicator (dist/communicator.hpp); the gradients
+// and parameters through Transport: MPI for a host model (dist/mpi_transport.hpp), NCCL for a
+// model on remat::cuda (dist/nccl.hpp; link remat::dist_cuda). Each rank uses the device current
+// when its model was built.
+#pragma once
+
+#include "../error.hpp"
+#include "../io/safetensors.hpp"
+#include "../runtime/model.hpp"
+#include "../train/gradient_sync.hpp"
+#include "../train/optimizers.hpp"
+#include "communicator.hpp"
+#include "mpi_transport.hpp"
+
+// (REMAT_HAS_NCCL comes from remat::dist_cuda; NCCL serves sources that nvcc compiles)
+#if defined(REMAT_HAS_NCCL) && REMAT_HAS_NCCL && REMAT_HAS_CUDA
+#define REMAT_DIST_NCCL 1
+#include "nccl.hpp"
+#else
+#define REMAT_DIST_NCCL 0
+#endif
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+namespace dist {
+
+struct options {
+  // Gradients are reduced in messages of about this many bytes, the last layers' first.
+  std::size_t bucket_bytes = std::size_t(4) << 20;
+  // ZeRO stage 1: each rank's optimizer keeps the state of 1/P of the parameters.
+  bool shard_optimizer = false;
+  // A wait for the other ranks longer than this throws dist_error (a rank failed or diverged).
+  double timeout_seconds = 300;
+};
+
+// Whether a pass's gradients are reduced (overlapped with its backward), or left to add to (a
+// micro-batch of gradient accumulation that is not the last).
+enum class reduce { now, later };
+
+// What crossed the communicator in the last optimizer step, per rank, in bytes.
+struct traffic {
+  std::size_t reduced = 0;     // gradients sent into all-reduces (or reduces, when sharded)
+  std::size_t gathered = 0;    // parameters all-gathered (sharded)
+  std::size_t buckets = 0;     // gradient messages
+  std::size_t overlapped = 0;  // of them, started before backward finished
+};
+
+namespace detail {
+
+template <class Model>
+struct default_transport {
+  using type = mpi_transport<typename Model::value_type>;
+};
+#if REMAT_DIST_NCCL
+template <class Net, class Precision>
+struct default_transport<model<Net, cuda, Precision>> {
+  using type = nccl_transport<typename Precision::master>;
+};
+#endif
+
+}  // namespace detail
+
+// The transport a model's gradients and parameters go through: MPI on the host, NCCL on the GPU.
+template <class Model>
+using default_transport_t = typename detail::default_transport<Model>::type;
+
+template <class Model, class Transport = default_transport_t<Model>>
+class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
+ public:
+  using model_type = Model;
+  using transport_type = Transport;
+  using T = typename Model::value_type;
+  using input_view = typename Model::input_view;
+  template <class Loss>
+  using target_type = typename Loss::template target_type<T, typename Model::device>;
+  static_assert(std::is_same_v<typename Model::device, host> || !std::is_same_v<Transport, mpi_transport<T>>,
+                "remat::dist::data_parallel: a cuda model's gradients go through NCCL; link remat::dist_cuda "
+                "(remat::dist with NCCL, found with the CUDA toolkit) instead of remat::dist");
+  static constexpr std::size_t n = Model::parameter_count;
+
+  // Duplicates `comm` (remat's messages never mix with the caller's), checks that every rank
+  // holds the same model type with the same options (dist_error on every rank otherwise),
+  // broadcasts rank 0's parameters and pass count, and plugs itself into the model.
+  data_parallel(Model& m, MPI_Comm comm, options o = {})
+      : model_(m), o_(checked(m, o)), c_(comm, o.timeout_seconds) {
+    for (int q = 0; q < c_.size(); ++q) shards_.push_back(shard_of(q));
+    check_signatures();
+    transport_ = std::make_unique<Transport>(c_);
+    plan_buckets();
+    broadcast_parameters();
+    model_.set_replica(std::uint64_t(c_.rank()));
+    model_.set_gradient_sync(this);
+  }
+  data_parallel(data_parallel const&) = delete;
+  data_parallel& operator=(data_parallel const&) = delete;
+  ~data_parallel() override {
+    if (model_.gradient_sync() == this) model_.set_gradient_sync(nullptr);
+    // Messages abandoned in flight may still use the communicator and its buffers.
+    if (transport_ && transport_->busy()) c_.abandon();
+  }
+
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  options const& config() const { return o_; }
+  Model& model() { return model_; }
+  // The parameters this rank's optimizer updates: all, or its 1/P when sharded.
+  param_range shard() const override { return shard_of(c_.rank()); }
+  param_range shard_of(int r) const {
+    if (!o_.shard_optimizer) return {0, n};
+    std::size_t const p = std::size_t(c_.size());
+    return {n * std::size_t(r) / p, n * std::size_t(r + 1) / p};
+  }
+  // What the last optimizer step moved.
+  traffic const& last_step_traffic() const { return last_; }
+  std::size_t bucket_count() const { return buckets_.size(); }
+
+  // Rank 0's parameters (and pass count) to every rank; done at construction.
+  void broadcast_parameters() {
+    {
+      [[maybe_unused]] auto const on_stream = model_.stream_scope();
+      transport_->follow();
+      transport_->broadcast(model_.parameters().data(), n, 0);
+      transport_->join("the parameters' broadcast from rank 0");
+    }
+    model_.set_passes(c_.broadcast(model_.passes(), 0, "the pass count's broadcast from rank 0"));
+    model_.parameters_changed();
+  }
+
+  // A training pass on this rank's part of the batch; its gradients, weighted weight / P, are
+  // added to the model's. With reduce::now (the default) they are reduced across the ranks while
+  // backward runs; with reduce::later (all micro-batches of an accumulated step but the last) they
+  // stay local until a later pass or the optimizer's step reduces them. Returns this rank's loss.
+  template <class Loss>
+  double accumulate(input_view x, target_type<Loss> target, double weight = 1.0, reduce when = reduce::now) {
+    agree("data_parallel::accumulate", [&] {
+      model_.template validate<Loss>(x, target);
+      if (reduced_ || started_)
+        REMAT_NAMESPACE::detail::raise<argument_error>(
+            "data_parallel::accumulate: expected gradients not yet reduced, found them reduced by an earlier pass "
+            "of this step; zero them first (model.zero_grad(), or train_step), and pass reduce::later for every "
+            "micro-batch but the last");
+    });
+    return as_pass(when == reduce::now,
+                   [&] { return model_.template accumulate<Loss>(x, target, weight / double(size())); });
+  }
+
+  // zero_grad, accumulate (reduced while backward runs), the optimizer's step. Returns the loss
+  // averaged over the ranks (on every rank).
+  template <class Loss, class Optimizer>
+  double train_step(input_view x, target_type<Loss> target, Optimizer& opt) {
+    agree("data_parallel::train_step", [&] {
+      model_.template validate<Loss>(x, target);
+      if constexpr (requires { opt.range(); })
+        if (opt.range() != shard())
+          REMAT_NAMESPACE::detail::raise<argument_error>(
+              "data_parallel::train_step: the optimizer updates parameters [", opt.range().begin, ", ",
+              opt.range().end, ") but this rank's shard is [", shard().begin, ", ", shard().end,
+              "); build the optimizer after the remat::dist::data_parallel");
+    });
+    model_.zero_grad();
+    double const local = as_pass(true, [&] { return model_.template accumulate<Loss>(x, target, 1.0 / double(size())); });
+    {
+      [[maybe_unused]] auto const on_stream = model_.stream_scope();  // (the GPU: the model's stream)
+      opt.step();
+    }
+    return sum(local) / double(size());
+  }
+
+  // The sum of a value over the ranks (every rank gets it).
+  double sum(double x) { return c_.all_reduce(x, MPI_SUM, "a sum over the ranks"); }
+
+  // Runs f on every rank; if it throws on any, every rank throws: a failing rank its own
+  // exception, the others dist_error quoting the first failing rank's message.
+  template <class F>
+  void agree(char const* what, F&& f) {
+    c_.agree(what, static_cast<F&&>(f));
+  }
+
+  // Rank 0 gets every rank's shard of a per-parameter vector, in order (the whole vector when
+  // the optimizer is not sharded; other ranks get an empty vector).
+  std::vector<T> gather_shards(std::vector<T> const& mine) {
+    if (!o_.shard_optimizer) return rank() == 0 ? mine : std::vector<T>{};
+    std::vector<int> counts, displs;
+    for (param_range const& s : shards_) {
+      counts.push_back(int(s.size()));
+      displs.push_back(int(s.begin));
+    }
+    return c_.gather(mine, n, counts, displs, "the optimizer state's gather to rank 0");
+  }
+
+  // --- the model's and the optimizer's side (remat::detail::gradient_sync) ---
+  void check_pass() const override {
+    if (!inside_)
+      REMAT_NAMESPACE::detail::raise<argument_error>(
+          "model: this model is wrapped in a remat::dist::data_parallel; train it through the wrapper "
+          "(dp.accumulate or dp.train_step) so that every rank takes part");
+  }
+  void pass_starting() override {
+    pending_ = true;
+    next_ = 0;
+    if (overlap_) started_ = true;
+  }
+  void gradients_ready(std::size_t offset) override {
+    if (!overlap_) return;
+    launch_ready(offset);
+    transport_->progress();
+  }
+  void zeroing_gradients() override {
+    if (transport_->busy()) transport_->join("the gradients' reduction");
+    pending_ = reduced_ = started_ = false;
+    next_ = 0;
+  }
+  void finish() override {
+    if (pending_ && next_ < buckets_.size()) launch_ready(0);  // passes left local (reduce::later): reduce them now
+    transport_->join("the gradients' reduction");
+    if (pending_) reduced_ = true;
+    pending_ = false;
+  }
+  double agree_squares(double local) override {
+    // Sharded: the parts add up. Whole: every rank holds the same gradients; the maximum makes the
+    // decision one even if an MPI sums in different orders on different ranks.
+    return c_.all_reduce(local, o_.shard_optimizer ? MPI_SUM : MPI_MAX, "the gradient norm's agreement");
+  }
+  void after_update(bool stepped) override {
+    last_ = traffic_;
+    traffic_ = {};
+    if (!stepped || !o_.shard_optimizer) return;
+    transport_->follow();
+    transport_->all_gather(model_.parameters().data(), shards_);
+    transport_->join("the parameters' all-gather");
+    last_.gathered = (n - shard().size()) * sizeof(T);
+    model_.parameters_changed();
+  }
+
+ private:
+  static constexpr std::size_t chunk = std::size_t(1) << 30;  // elements per message, within int
+
+  struct bucket {
+    std::size_t begin, end;
+  };
+
+  static options checked(Model const& m, options o) {
+    if (m.gradient_sync())
+      REMAT_NAMESPACE::detail::raise<argument_error>(
+          "data_parallel: expected a model without a data-parallel wrapper, found one already plugged in");
+    if (!(o.timeout_seconds > 0))
+      REMAT_NAMESPACE::detail::raise<argument_error>("data_parallel: expected timeout_seconds > 0, found ",
+                                                     o.timeout_seconds);
+    if (o.bucket_bytes < sizeof(T))
+      REMAT_NAMESPACE::detail::raise<argument_error>("data_parallel: expected bucket_bytes of at least one parameter (",
+                                                     sizeof(T), "), found ", o.bucket_bytes);
+    return o;
+  }
+
+  // Runs a training pass started by this wrapper (which the model's check_pass accepts), reducing
+  // its buckets during backward when `overlap`.
+  template <class F>
+  double as_pass(bool overlap, F&& pass) {
+    struct reset {
+      data_parallel* d;
+      ~reset() { d->inside_ = d->overlap_ = false; }
+    } guard{this};
+    overlap_ = overlap;
+    inside_ = true;
+    return pass();
+  }
+
+  // Every rank's signature against rank 0's: the model's type, its parameters (names and shapes),
+  // precision and the options that shape the messages.
+  void check_signatures() {
+    std::string table;
+    for (named_param const& p : Model::parameter_table()) {
+      table += p.name;
+      for (auto d : p.shape) table += "," + std::to_string(d);
+      table += ";";
+    }
+    constexpr std::size_t K = 7;
+    std::vector<std::uint64_t> const all = c_.all_gather(
+        {n, detail::fnv1a(table), detail::fnv1a(detail::type_name<typename Model::net>()),
+         sizeof(T) * 256 + sizeof(typename Model::compute_type), o_.bucket_bytes, o_.shard_optimizer ? 1u : 0u,
+         std::uint64_t(Model::mixed_precision)},
+        "the model signatures' exchange");
+    for (int q = 1; q < size(); ++q) {
+      std::uint64_t const* a = all.data();
+      std::uint64_t const* b = all.data() + K * std::size_t(q);
+      if (a[0] != b[0] || a[1] != b[1] || a[2] != b[2])
+        REMAT_NAMESPACE::detail::raise<dist_error>(
+            "data_parallel: expected the same model on every rank, found rank 0 with ", a[0],
+            " parameters (signature ", std::hex, a[1] ^ a[2], std::dec, ") and rank ", q, " with ", b[0],
+            " parameters (signature ", std::hex, b[1] ^ b[2], std::dec, ")",
+            a[0] == b[0] ? (a[1] == b[1] ? ": the layer types differ" : ": the parameter names or shapes differ")
+                         : "");
+      if (a[3] != b[3] || a[6] != b[6])
+        REMAT_NAMESPACE::detail::raise<dist_error>(
+            "data_parallel: expected the same precision on every rank, found rank 0 with ", a[3] / 256, "-byte master / ",
+            a[3] % 256, "-byte compute values and rank ", q, " with ", b[3] / 256, " / ", b[3] % 256);
+      if (a[4] != b[4] || a[5] != b[5])
+        REMAT_NAMESPACE::detail::raise<dist_error>(
+            "data_parallel: expected the same options on every rank, found rank 0 with bucket_bytes ", a[4],
+            " and shard_optimizer ", a[5] ? "true" : "false", ", rank ", q, " with bucket_bytes ", b[4],
+            " and shard_optimizer ", b[5] ? "true" : "false");
+    }
+  }
+
+  // Buckets from the end of the buffer (backward finishes the last layers first).
+  void plan_buckets() {
+    std::size_t const per = std::max<std::size_t>(1, std::min(o_.bucket_bytes / sizeof(T), chunk));
+    for (std::size_t e = n; e > 0;) {
+      std::size_t const b = e > per ? e - per : 0;
+      buckets_.push_back({b, e});
+      e = b;
+    }
+  }
+
+  // Starts every bucket not started yet that lies at or above `offset` (final gradients).
+  void launch_ready(std::size_t offset) {
+    std::size_t const first = next_;
+    while (next_ < buckets_.size() && buckets_[next_].begin >= offset) ++next_;
+    if (next_ == first) return;
+    if (offset > 0) traffic_.overlapped += next_ - first;
+    transport_->follow();  // (on the GPU: once the model's stream has written these gradients)
+    transport_->group_start();
+    for (std::size_t i = first; i < next_; ++i) launch(buckets_[i]);
+    transport_->group_end();
+  }
+
+  void launch(bucket const& b) {
+    T* g = model_.gradients().data();
+    ++traffic_.buckets;
+    if (!o_.shard_optimizer) {
+      transport_->all_reduce(g + b.begin, b.end - b.begin);
+      traffic_.reduced += (b.end - b.begin) * sizeof(T);
+      return;
+    }
+    for (int q = 0; q < size(); ++q) {  // each part to the rank whose optimizer owns it
+      param_range const s = shards_[std::size_t(q)];
+      std::size_t const lo = std::max(b.begin, s.begin), hi = std::min(b.end, s.end);
+      if (lo >= hi) continue;
+      transport_->reduce(g + lo, hi - lo, q);
+      traffic_.reduced += (hi - lo) * sizeof(T);
+    }
+  }
+
+  Model& model_;
+  options o_;
+  communicator c_;  // (before the transport, which uses it until it goes)
+  std::unique_ptr<Transport> transport_;
+  std::vector<param_range> shards_;  // each rank's
+  std::vector<bucket> buckets_;
+  std::size_t next_ = 0;    // the next bucket to start
+  bool pending_ = false;    // local gradient contributions not reduced yet
+  bool reduced_ = false;    // the gradients hold the ranks' sum (since the last zero_grad)
+  bool started_ = false;
+  bool overlap_ = false;    // the running pass reduces its buckets as backward finishes them
+  bool inside_ = false;     // a pass started by this wrapper
+  traffic traffic_{}, last_{};
+};
+
+// Saves the model's parameters from rank 0 only (every rank calls it; an error on rank 0 is
+// thrown on every rank).
+template <class Model, class Transport>
+void save(data_parallel<Model, Transport>& dp, std::string const& path,
+          std::map<std::string, std::string> metadata = {}) {
+  dp.agree("dist::save", [&] {
+    if (dp.rank() == 0) REMAT_NAMESPACE::save(dp.model(), path, metadata);
+  });
+}
+
+// Saves an AdamW state from rank 0 in the format of remat::save(AdamW), so a sharded run's file
+// loads into an unsharded optimizer and the other way round: the shards' moments are gathered.
+template <class Model, class Transport, class T, class C>
+void save(data_parallel<Model, Transport>& dp, AdamW<T, host, C> const& opt, std::string const& path,
+          std::map<std::string, std::string> metadata = {}) {
+  std::vector<T> const m = dp.gather_shards(tensor_to_host(opt.exp_avg().view()));
+  std::vector<T> const v = dp.gather_shards(tensor_to_host(opt.exp_avg_sq().view()));
+  dp.agree("dist::save", [&] {
+    if (dp.rank() == 0) REMAT_NAMESPACE::detail::save_adamw(m, v, opt, path, std::move(metadata));
+  });
+}
+
+// Loads parameters on rank 0 and broadcasts them (an error on rank 0 is thrown on every rank and
+// changes nothing anywhere).
+template <class Model, class Transport>
+void load(data_parallel<Model, Transport>& dp, std::string const& path) {
+  dp.agree("dist::load", [&] {
+    if (dp.rank() == 0) REMAT_NAMESPACE::load(dp.model(), path);
+  });
+  dp.broadcast_parameters();
+}
+
+// Loads an AdamW state saved by either save() on every rank, each keeping its shard; all or
+// nothing on every rank.
+template <class Model, class Transport, class T, class C>
+void load(data_parallel<Model, Transport>& dp, AdamW<T, host, C>& opt, std::string const& path) {
+  dp.agree("dist::load",
+           [&] { REMAT_NAMESPACE::detail::load_adamw(opt, path, Model::parameter_count, dp.shard().begin); });
+}
+
+}  // namespace dist
+}  // namespace REMAT_NAMESPACE

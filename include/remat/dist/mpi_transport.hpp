@@ -1,0 +1,95 @@
+// The bulk data of data_parallel for models on the host: gradients reduced and parameters
+// broadcast and gathered through MPI's non-blocking collectives on the wrapper's communicator.
+// Messages start when asked and finish by join(); progress() lets started ones move on while
+// backward runs.
+#pragma once
+
+#include "../train/gradient_sync.hpp"
+#include "communicator.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+namespace dist {
+
+template <class T>
+class mpi_transport {
+ public:
+  explicit mpi_transport(communicator& c) : c_(c) {}
+  mpi_transport(mpi_transport const&) = delete;
+  mpi_transport& operator=(mpi_transport const&) = delete;
+
+  // (The host has no stream to follow, and MPI's collectives need no grouping.)
+  void follow() {}
+  void group_start() {}
+  void group_end() {}
+
+  void all_reduce(T* p, std::size_t n) {
+    for_chunks(n, [&](std::size_t b, int count, MPI_Request& r) {
+      detail::check(MPI_Iallreduce(MPI_IN_PLACE, p + b, count, detail::datatype<T>(), MPI_SUM, c_.get(), &r),
+                    "MPI_Iallreduce");
+    });
+  }
+  // The sum over the ranks into root's p (the other ranks' p is left as it was).
+  void reduce(T* p, std::size_t n, int root) {
+    for_chunks(n, [&](std::size_t b, int count, MPI_Request& r) {
+      void const* send = root == c_.rank() ? MPI_IN_PLACE : static_cast<void const*>(p + b);
+      detail::check(MPI_Ireduce(send, p + b, count, detail::datatype<T>(), MPI_SUM, root, c_.get(), &r),
+                    "MPI_Ireduce");
+    });
+  }
+  void broadcast(T* p, std::size_t n, int root) {
+    for_chunks(n, [&](std::size_t b, int count, MPI_Request& r) {
+      detail::check(MPI_Ibcast(p + b, count, detail::datatype<T>(), root, c_.get(), &r), "MPI_Ibcast");
+    });
+  }
+  // Every rank's part of p (rank q's: shards[q]) to every rank.
+  void all_gather(T* p, std::vector<param_range> const& shards) {
+    counts_.clear();
+    displs_.clear();
+    for (param_range const& s : shards) {
+      counts_.push_back(int(s.size()));
+      displs_.push_back(int(s.begin));
+    }
+    MPI_Request r;
+    detail::check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts_.data(), displs_.data(),
+                                  detail::datatype<T>(), c_.get(), &r),
+                  "MPI_Iallgatherv");
+    requests_.push_back(r);
+  }
+
+  // Lets the messages already started move on.
+  void progress() {
+    if (requests_.empty()) return;
+    int done = 0;
+    detail::check(MPI_Testall(int(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done) requests_.clear();
+  }
+  bool busy() const { return !requests_.empty(); }
+  // Waits for everything started, within the communicator's timeout.
+  void join(char const* what) {
+    c_.wait_all(requests_, what);
+    requests_.clear();
+  }
+
+ private:
+  static constexpr std::size_t chunk = std::size_t(1) << 30;  // elements per message, within int
+
+  template <class Start>
+  void for_chunks(std::size_t n, Start&& start) {
+    for (std::size_t b = 0; b < n; b += chunk) {
+      MPI_Request r;
+      start(b, int(std::min(chunk, n - b)), r);
+      requests_.push_back(r);
+    }
+  }
+
+  communicator& c_;
+  std::vector<MPI_Request> requests_;
+  std::vector<int> counts_, displs_;  // (read by a gather in flight)
+};
+
+}  // namespace dist
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,68 @@
+// Residual<S>: y = x + S(x). S must keep the width (a compile error names S and both widths).
+#pragma once
+
+#include "../expr/expr.hpp"
+#include "walk.hpp"
+
+#include <cstddef>
+#include <string>
+
+namespace REMAT_NAMESPACE {
+
+template <class Block, std::size_t In, std::size_t Out>
+struct residual_width_mismatch {
+  static_assert(In == Out, "remat::Residual<S>: S must keep the width (in residual_width_mismatch<S, in, out>)");
+  static constexpr bool ok = In == Out;
+};
+
+template <class S>
+struct Residual {
+  static_assert(layer_contract<S>::ok, "remat::Residual<S>: S must be a layer (see layer_contract above)");
+  using children = type_list<S>;
+  template <class C>
+  using rebuild = Residual<C>;
+  static constexpr bool handles_hollow = true;
+  static constexpr bool widths_ok = residual_width_mismatch<S, S::in_width, S::out_width>::ok;
+  static_assert(widths_ok, "remat::Residual: see residual_width_mismatch above");
+  static constexpr std::size_t in_width = S::in_width;
+  static constexpr std::size_t out_width = S::in_width;
+  static constexpr std::size_t param_count = S::param_count;
+
+  template <class F>
+  static void visit(std::string const& prefix, std::size_t offset, F& f) {
+    detail::visit_params<S>(prefix, offset, f);
+  }
+  template <class T>
+  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
+    S::init(p, global_offset, seed);
+  }
+
+  template <class St>
+  static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
+    static_assert(layer_pass_contract<S, St>::ok);
+    typename St::act_type y = S::forward(s, p, x);
+    if (St::is_hollow(y)) return y;  // a selective recomputation that needs no values past here
+    if (y == x || y.use_count() > 1) {  // S was the identity, or its output is kept: add out of place
+      typename St::act_type sum = s.make(x->rows(), x->cols());
+      if constexpr (St::computes) evaluate(*sum, *y + *x);
+      return sum;
+    }
+    if constexpr (St::computes) evaluate(*y, *y + *x);
+    return y;
+  }
+
+  template <class St>
+  static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
+                                                  typename St::act_type dy) {
+    typename St::act_type dx = S::backward(s, p, g, dy);  // dy stays shared here, so S does not overwrite it
+    if (dx == dy) {
+      dx = s.make(dy->rows(), dy->cols());
+      if constexpr (St::computes) evaluate(*dx, *dy + *dy);
+    } else {
+      if constexpr (St::computes) evaluate(*dx, *dx + *dy);
+    }
+    return dx;
+  }
+};
+
+}  // namespace REMAT_NAMESPACE

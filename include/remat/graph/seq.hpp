@@ -1,0 +1,183 @@
+// Seq<L...>: layers one after another, a flat type list folded with fold expressions (never
+// nested, so a deep model stays shallow for the compiler). Widths are checked at compile time; a
+// mismatch names both neighbours and both widths. A layer that fuses an epilogue followed by a
+// point-wise layer runs the pair as one (Linear then GELU: the activation in the product's pass).
+#pragma once
+
+#include "walk.hpp"
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace REMAT_NAMESPACE {
+
+// Fails to compile with both layers and both widths in the instantiation that the compiler prints.
+template <class Left, std::size_t LeftOut, class Right, std::size_t RightIn>
+struct width_mismatch {
+  static_assert(LeftOut == RightIn,
+                "remat: width mismatch between neighbouring layers: the output width of the first layer named in "
+                "width_mismatch<First, its output width, Second, its input width> differs from the second's input");
+  static constexpr bool ok = LeftOut == RightIn;
+};
+
+namespace detail {
+
+template <class... L>
+struct seq_widths {
+  static constexpr std::size_t n = sizeof...(L);
+  static constexpr std::array<std::size_t, n> ins{L::in_width...};
+  static constexpr std::array<std::size_t, n> outs{L::out_width...};
+
+  // For each layer: the index of the nearest earlier layer that fixed the width (n if none).
+  static constexpr std::array<std::size_t, n> setter = [] {
+    std::array<std::size_t, n> s{};
+    std::size_t last = n;
+    for (std::size_t i = 0; i < n; ++i) {
+      s[i] = last;
+      if (outs[i] != any_width) last = i;
+    }
+    return s;
+  }();
+  static constexpr std::size_t in_width = [] {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (ins[i] != any_width) return ins[i];
+      if (outs[i] != any_width) return any_width;
+    }
+    return any_width;
+  }();
+  static constexpr std::size_t out_width = [] {
+    for (std::size_t i = n; i-- > 0;)
+      if (outs[i] != any_width) return outs[i];
+    return in_width;
+  }();
+};
+
+template <std::size_t I, class... L>
+using nth = std::tuple_element_t<I, std::tuple<L...>>;
+
+// Checks layer I against the layer that set its input width; instantiates width_mismatch (and so
+// fails, naming both) when they disagree.
+template <std::size_t I, class... L>
+constexpr bool check_neighbour() {
+  using W = seq_widths<L...>;
+  constexpr std::size_t j = W::setter[I];
+  if constexpr (j != W::n && W::ins[I] != any_width) {
+    return width_mismatch<nth<j, L...>, W::outs[j], nth<I, L...>, W::ins[I]>::ok;
+  } else {
+    return true;
+  }
+}
+
+template <class... L, std::size_t... I>
+constexpr bool check_all(std::index_sequence<I...>) {
+  return (check_neighbour<I, L...>() && ...);
+}
+
+template <class... L>
+constexpr std::array<std::size_t, sizeof...(L) + 1> param_offsets() {
+  std::array<std::size_t, sizeof...(L)> counts{L::param_count...};
+  std::array<std::size_t, sizeof...(L) + 1> off{};
+  for (std::size_t i = 0; i < sizeof...(L); ++i) off[i + 1] = off[i] + counts[i];
+  return off;
+}
+
+}  // namespace detail
+
+template <class... L>
+struct Seq {
+  static_assert(sizeof...(L) > 0, "remat::Seq<>: a sequence needs at least one layer");
+  static_assert((layer_contract<L>::ok && ...), "remat::Seq: every element must be a layer (see layer_contract above)");
+  using children = type_list<L...>;
+  template <class... C>
+  using rebuild = Seq<C...>;
+  using widths = detail::seq_widths<L...>;
+  static constexpr bool widths_ok = detail::check_all<L...>(std::index_sequence_for<L...>{});
+  static_assert(widths_ok, "remat::Seq: layer widths do not match (see width_mismatch above)");
+  static constexpr std::size_t in_width = widths::in_width;
+  static constexpr std::size_t out_width = widths::out_width;
+  static constexpr std::array<std::size_t, sizeof...(L) + 1> offsets = detail::param_offsets<L...>();
+  static constexpr std::size_t param_count = offsets[sizeof...(L)];
+  static constexpr std::size_t size = sizeof...(L);
+  static constexpr bool handles_hollow = true;
+
+  template <class F>
+  static void visit(std::string const& prefix, std::size_t offset, F& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (detail::visit_params<detail::nth<I, L...>>(prefix + std::to_string(I) + ".", offset + offsets[I], f), ...);
+    }(std::index_sequence_for<L...>{});
+  }
+
+  template <class T>
+  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (detail::nth<I, L...>::init(p + offsets[I], global_offset + offsets[I], seed), ...);
+    }(std::index_sequence_for<L...>{});
+  }
+
+  // Layer I is run together with layer I + 1 when it fuses an epilogue and that one is point-wise.
+  template <std::size_t I>
+  static constexpr bool fused_with_next() {
+    if constexpr (I + 1 < sizeof...(L))
+      return fuses_epilogue_v<detail::nth<I, L...>> && is_pointwise_v<detail::nth<I + 1, L...>>;
+    else
+      return false;
+  }
+  template <std::size_t I>
+  static constexpr bool fused_with_previous() {
+    if constexpr (I > 0)
+      return fused_with_next<I - 1>();
+    else
+      return false;
+  }
+
+  template <std::size_t I, class S>
+  static constexpr void forward_one(S& s, typename S::param_ptr p, typename S::act_type& x) {
+    using Layer = detail::nth<I, L...>;
+    static_assert(layer_pass_contract<Layer, S>::ok);
+    if constexpr (!handles_hollow_v<Layer>) s.need_input();
+    if constexpr (layer_reads_ids_v<Layer>)
+      static_assert(I == 0, "remat: a layer that reads token ids (an Embedding) must be the first layer of the model");
+    if constexpr (fused_with_previous<I>()) {
+      // ran with the layer before it
+    } else if constexpr (fused_with_next<I>()) {
+      using F = typename detail::nth<I + 1, L...>::pointwise_function;
+      x = Layer::template forward<F>(s, p + offsets[I], std::move(x));
+    } else {
+      x = Layer::forward(s, p + offsets[I], std::move(x));
+    }
+  }
+
+  template <std::size_t I, class S>
+  static constexpr void backward_one(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                     typename S::act_type& dy) {
+    using Layer = detail::nth<I, L...>;
+    if constexpr (fused_with_previous<I>()) {
+    } else if constexpr (fused_with_next<I>()) {
+      using F = typename detail::nth<I + 1, L...>::pointwise_function;
+      dy = Layer::template backward<F>(s, p + offsets[I], g + offsets[I], std::move(dy));
+    } else {
+      dy = Layer::backward(s, p + offsets[I], g + offsets[I], std::move(dy));
+    }
+    if constexpr (Layer::param_count > 0) s.grads_ready(g + offsets[I]);
+  }
+
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) { (forward_one<I>(s, p, x), ...); }(std::index_sequence_for<L...>{});
+    return x;
+  }
+
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                 typename S::act_type dy) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (backward_one<sizeof...(L) - 1 - I>(s, p, g, dy), ...);
+    }(std::index_sequence_for<L...>{});
+    return dy;
+  }
+};
+
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,159 @@
+// Walking a graph at compile time, through any composite or storage policy, including ones
+// defined outside the library: a composite's children, rebuilding it with other children, and the
+// walks built on that (the first layer, whether rows are sequences, the longest sequence, the
+// parameters' names).
+//
+// A composite names its children with `using children = type_list<...>` and how to rebuild itself
+// with `template <class... C> using rebuild = ...` (Seq, Residual and Repeat do). A storage policy
+// derived from remat::wraps<S> has S as its one child, and a policy written `P<S>` or `P<N, S>` is
+// rebuilt as `P<C>` or `P<N, C>` without declaring anything.
+#pragma once
+
+#include "../layers/layer.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+
+template <class... T>
+struct type_list {};
+
+namespace detail {
+
+template <class L>
+struct children_of {
+  using type = type_list<>;
+};
+template <class L>
+  requires requires { typename L::segment; }
+struct children_of<L> {
+  using type = type_list<typename L::segment>;
+};
+template <class L>
+  requires requires { typename L::children; }
+struct children_of<L> {
+  using type = typename L::children;
+};
+
+template <class L, class... C>
+struct rebuild_by_template {
+  static_assert(sizeof(L*) == 0,
+                "remat: cannot rebuild this composite with other children (rebuild_by_template<L, ...> names it); "
+                "declare `template <class... C> using rebuild = ...` in it");
+};
+template <template <class> class P, class S, class C>
+struct rebuild_by_template<P<S>, C> {
+  using type = P<C>;
+};
+template <template <std::size_t, class> class P, std::size_t N, class S, class C>
+struct rebuild_by_template<P<N, S>, C> {
+  using type = P<N, C>;
+};
+
+template <class L, class... C>
+struct rebuilt : rebuild_by_template<L, C...> {};
+template <class L, class... C>
+  requires requires { typename L::template rebuild<C...>; }
+struct rebuilt<L, C...> {
+  using type = typename L::template rebuild<C...>;
+};
+
+}  // namespace detail
+
+// The segments directly inside L (a Seq's layers, a Residual's or a policy's segment, a Repeat's
+// block); none for a layer.
+template <class L>
+using children_t = typename detail::children_of<L>::type;
+
+// L with its children replaced by C...
+template <class L, class... C>
+using rebuilt_t = typename detail::rebuilt<L, C...>::type;
+
+namespace detail {
+
+template <class L, template <class> class Rule, class Children>
+struct rewrite_children;
+template <class L, template <class> class Rule>
+struct rewrite_node {
+  using type = Rule<typename rewrite_children<L, Rule, children_t<L>>::type>;
+};
+template <class L, template <class> class Rule>
+struct rewrite_children<L, Rule, type_list<>> {
+  using type = L;
+};
+template <class L, template <class> class Rule, class... C>
+struct rewrite_children<L, Rule, type_list<C...>> {
+  using type = rebuilt_t<L, typename rewrite_node<C, Rule>::type...>;
+};
+
+}  // namespace detail
+
+// The graph L with Rule applied to every node, children first: Rule<X> is X's replacement
+// (RecomputeAttention's rule wraps every attention core in Checkpointed).
+template <class L, template <class> class Rule>
+using rewrite_t = typename detail::rewrite_node<L, Rule>::type;
+
+namespace detail {
+
+template <class List>
+struct first_of;
+template <class C0, class... C>
+struct first_of<type_list<C0, C...>> {
+  using type = C0;
+};
+
+template <class L, class Children = children_t<L>>
+struct first_leaf {
+  using type = typename first_leaf<typename first_of<Children>::type>::type;
+};
+template <class L>
+struct first_leaf<L, type_list<>> {
+  using type = L;
+};
+
+template <class L, class Children = children_t<L>>
+struct sequence_walk;
+template <class L, class... C>
+struct sequence_walk<L, type_list<C...>> {
+  // Whether any layer of L reads rows as positions of sequences (attention, positions).
+  static constexpr bool uses = is_sequence_layer_v<L> || (sequence_walk<C>::uses || ... || false);
+  // The longest sequence every layer of L accepts (a positional table's length), or SIZE_MAX.
+  static constexpr std::size_t longest = std::min({own_max_sequence<L>(), sequence_walk<C>::longest...});
+};
+
+}  // namespace detail
+
+// The first layer a graph's input reaches, through any nesting.
+template <class Net>
+using first_layer_t = typename detail::first_leaf<Net>::type;
+
+// Whether a graph reads token ids (its first layer does) rather than features.
+template <class Net>
+inline constexpr bool reads_ids_v = layer_reads_ids_v<first_layer_t<Net>>;
+
+// Whether a graph is a sequence model: its rows are positions of sequences of a length fixed per
+// pass (token ids batch x seq; see model).
+template <class Net>
+inline constexpr bool is_sequence_model_v = detail::sequence_walk<Net>::uses;
+
+// The longest sequence a graph takes (SIZE_MAX: any).
+template <class Net>
+inline constexpr std::size_t max_sequence_v = detail::sequence_walk<Net>::longest;
+
+namespace detail {
+
+// A name for each parameter tensor, PyTorch-style: "0.weight", "2.1.0.bias".
+template <class L, class F>
+void visit_params(std::string const& prefix, std::size_t offset, F&& f) {
+  if constexpr (requires { L::template visit<F>; })
+    L::visit(prefix, offset, f);
+  else
+    for (param_desc const& p : L::params()) f(prefix + p.name, offset + p.offset, p.shape);
+}
+
+}  // namespace detail
+}  // namespace REMAT_NAMESPACE

@@ -1,0 +1,150 @@
+// The layer contract, as one C++20 concept, and the optional traits a layer may declare. Every
+// built-in layer, composite (Seq, Residual, Repeat) and storage policy satisfies it; a layer of
+// your own does too and then works under every composite, policy and plan.
+//
+// A layer is a type with static members only (its parameters live in the model's flat buffer):
+//
+//   static constexpr std::size_t in_width, out_width;  // remat::any_width: adapts to its neighbour
+//   static constexpr std::size_t param_count;           // its parameters' elements
+//   static std::vector<param_desc> params();            // their names, offsets and shapes
+//   template <class T> static void init(T* p, std::size_t global_offset, std::uint64_t seed);
+//   template <class S> static constexpr typename S::act_type
+//       forward(S& s, typename S::param_ptr p, typename S::act_type x);
+//   template <class S> static constexpr typename S::act_type
+//       backward(S& s, typename S::param_ptr p, typename S::grad_ptr g, typename S::act_type dy);
+//
+// forward and backward are written against the pass-state vocabulary (pass/vocabulary.hpp): new
+// tensors from s.make, what backward needs through s.save / s.restore, a matrix product through
+// s.product (so Selective can keep it), dropout through s.draw, and the arithmetic inside
+// `if constexpr (S::computes)`. The same code then runs a training step (pass_state) and, at
+// compile time, the activation plan (plan::state, which only counts). backward adds into the
+// parameter gradients `g` and returns the input's gradient. A composite may name its children's
+// parameters with `template <class F> static void visit(std::string const& prefix,
+// std::size_t offset, F& f)` instead of params().
+//
+// Optional traits (a static constexpr member, or a type, that the graph and the policies read):
+//
+//   handles_hollow = true      copes with a hollow input (a shape without values) in a selective
+//                              recomputation; before any other layer, the graph marks the products
+//                              captured so far needed, so such a layer always sees values
+//   fuses_epilogue = true      forward<F> and backward<F> take a following point-wise layer's
+//                              function F and apply it in the pass that writes the output (Seq
+//                              fuses the pair)
+//   using pointwise_function = F   a point-wise layer that a fusing layer before it may absorb
+//   sequence_layer = true      its rows are positions of sequences (s.sequence_length())
+//   max_sequence = N           the longest sequence it takes (a positional table)
+//   reads_ids = true           reads the pass's token ids (s.ids()) instead of its input; the
+//                              model then takes ids, below `vocabulary`
+//   attention_core = true      RecomputeAttention checkpoints it
+#pragma once
+
+#include "../pass/vocabulary.hpp"
+#include "common.hpp"
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+
+namespace detail {
+
+template <class L>
+concept has_widths = requires {
+  { L::in_width } -> std::convertible_to<std::size_t>;
+  { L::out_width } -> std::convertible_to<std::size_t>;
+};
+template <class L>
+concept has_param_count = requires {
+  { L::param_count } -> std::convertible_to<std::size_t>;
+};
+template <class L>
+concept has_init = requires(float* p, double* q) {
+  L::init(p, std::size_t{}, std::uint64_t{});
+  L::init(q, std::size_t{}, std::uint64_t{});
+};
+using param_visitor = void (*)(std::string const&, std::size_t, std::vector<std::size_t> const&);
+template <class L>
+concept names_params = requires(std::string const& prefix, param_visitor& f) {
+  { L::params() } -> std::convertible_to<std::vector<param_desc>>;
+} || requires(std::string const& prefix, param_visitor& f) { L::visit(prefix, std::size_t{}, f); };
+
+template <class L, class S>
+concept has_forward = requires(S& s, typename S::param_ptr p, typename S::act_type x) {
+  { L::forward(s, p, x) } -> std::same_as<typename S::act_type>;
+};
+template <class L, class S>
+concept has_backward = requires(S& s, typename S::param_ptr p, typename S::grad_ptr g, typename S::act_type dy) {
+  { L::backward(s, p, g, dy) } -> std::same_as<typename S::act_type>;
+};
+
+}  // namespace detail
+
+// What every layer, composite and policy is.
+template <class L>
+concept layer = detail::has_widths<L> && detail::has_param_count<L> && detail::has_init<L> && detail::names_params<L>;
+
+// A layer that runs on the pass state S.
+template <class L, class S>
+concept layer_for = layer<L> && detail::has_forward<L, S> && detail::has_backward<L, S>;
+
+// Fails to compile, naming the type and what it lacks, when L is not a layer. Composites check
+// each child with it.
+template <class L>
+struct layer_contract {
+  static_assert(detail::has_widths<L>,
+                "remat: not a layer: layer_contract<L> names a type without `static constexpr std::size_t in_width, "
+                "out_width` (see remat/layers/layer.hpp)");
+  static_assert(detail::has_param_count<L>,
+                "remat: not a layer: layer_contract<L> names a type without `static constexpr std::size_t "
+                "param_count` (see remat/layers/layer.hpp)");
+  static_assert(detail::has_init<L>,
+                "remat: not a layer: layer_contract<L> names a type without `template <class T> static void "
+                "init(T* p, std::size_t global_offset, std::uint64_t seed)` (see remat/layers/layer.hpp)");
+  static_assert(detail::names_params<L>,
+                "remat: not a layer: layer_contract<L> names a type without `static std::vector<param_desc> "
+                "params()` (see remat/layers/layer.hpp)");
+  static constexpr bool ok = layer<L>;
+};
+
+// Fails to compile, naming the layer and the pass state, when L cannot run on S.
+template <class L, class S>
+struct layer_pass_contract {
+  static_assert(detail::has_forward<L, S>,
+                "remat: layer_pass_contract<L, S> names a layer without `template <class S> static constexpr "
+                "typename S::act_type forward(S&, typename S::param_ptr, typename S::act_type)` for the pass "
+                "state S (see remat/layers/layer.hpp)");
+  static_assert(detail::has_backward<L, S>,
+                "remat: layer_pass_contract<L, S> names a layer without `template <class S> static constexpr "
+                "typename S::act_type backward(S&, typename S::param_ptr, typename S::grad_ptr, typename "
+                "S::act_type)` for the pass state S (see remat/layers/layer.hpp)");
+  static constexpr bool ok = detail::has_forward<L, S> && detail::has_backward<L, S>;
+};
+
+// ---- the optional traits
+
+template <class L>
+inline constexpr bool handles_hollow_v = requires { requires L::handles_hollow; };
+template <class L>
+inline constexpr bool fuses_epilogue_v = requires { requires L::fuses_epilogue; };
+template <class L>
+inline constexpr bool is_pointwise_v = requires { typename L::pointwise_function; };
+template <class L>
+inline constexpr bool is_sequence_layer_v = requires { requires L::sequence_layer; };
+template <class L>
+inline constexpr bool layer_reads_ids_v = requires { requires L::reads_ids; };
+template <class L>
+inline constexpr bool is_attention_core_v = requires { requires L::attention_core; };
+
+// The longest sequence L itself takes (SIZE_MAX: any).
+template <class L>
+constexpr std::size_t own_max_sequence() {
+  if constexpr (requires { L::max_sequence; })
+    return L::max_sequence;
+  else
+    return std::size_t(-1);
+}
+
+}  // namespace REMAT_NAMESPACE

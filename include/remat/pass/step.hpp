@@ -1,0 +1,112 @@
+// pass_state<T, D, G>: the pass state of a training step (or an inference forward) on device D,
+// which computes. Activations of type T are tensors from the model's caching allocator, shared
+// as in PyTorch's autograd: a tensor lives exactly as long as someone (the next layer, or a layer
+// that saved it for backward) still needs it. G is the type of the gradients layers accumulate
+// into (the fp32 master gradients in mixed precision).
+#pragma once
+
+#include "../expr/expr.hpp"
+#include "../memory/allocator.hpp"
+#include "../memory/offload.hpp"
+#include "../tensor/tensor.hpp"
+#include "vocabulary.hpp"
+
+#include <memory>
+
+namespace REMAT_NAMESPACE {
+
+template <class T, class D>
+using act = std::shared_ptr<tensor<T, D>>;
+
+// Told by backward as a layer's gradients become final: those from `offset` (in elements from the
+// start of the model's gradient buffer) to its end. A data-parallel wrapper starts reducing them.
+struct gradient_listener {
+  void* context = nullptr;
+  void (*ready)(void* context, std::size_t offset) = nullptr;
+  void operator()(std::size_t offset) const {
+    if (ready) ready(context, offset);
+  }
+};
+
+template <class T, class D, class G = T>
+class pass_state
+    : public pass_stacks<act<T, D>, pass_state<T, D, G>,
+                         offload_record<act<T, D>, memory::held_block<memory::offload_space_t<D>>,
+                                        detail::copy_fence<D>>> {
+  using host_copy = memory::held_block<memory::offload_space_t<D>>;
+  using record = offload_record<act<T, D>, host_copy, detail::copy_fence<D>>;
+  using base = pass_stacks<act<T, D>, pass_state, record>;
+
+ public:
+  using value_type = T;
+  using grad_type = G;
+  using device = D;
+  using act_type = act<T, D>;
+  using param_ptr = T const*;
+  using grad_ptr = G*;
+  static constexpr bool computes = true;
+
+  explicit pass_state(pass_options const& o = {},
+                      memory::caching_allocator<D>& alloc = memory::default_allocator<D>(),
+                      detail::offload_channel<D> offload = {})
+      : base(o), alloc_(&alloc), offload_(offload) {}
+
+  // Backward reports each layer's gradients as final (from `grad_base` on) to `listener`.
+  void listen_gradients(G const* grad_base, gradient_listener listener) {
+    grad_base_ = grad_base;
+    listener_ = listener;
+  }
+  void grads_ready(G const* g) const { listener_(std::size_t(g - grad_base_)); }
+
+  act_type make(std::size_t rows, std::size_t cols) {
+    return std::make_shared<tensor<T, D>>(index_t(rows), index_t(cols), memory::tag::activations, *alloc_);
+  }
+  // A shape without memory (what a selective recomputation passes on past its last product).
+  act_type hollow(std::size_t rows, std::size_t cols) {
+    return std::make_shared<tensor<T, D>>(tensor<T, D>::shape_only, rows, cols);
+  }
+  static bool is_hollow(act_type const& a) { return a && a->data() == nullptr; }
+  // Whether the pass made `a` (not the caller's input, read in place).
+  static bool owns(act_type const& a) { return a->allocator() != nullptr; }
+
+  // The caller's input as the first activation: read in place (never written: training makes
+  // every output anew), or converted into a new tensor of T.
+  template <class U>
+  act_type borrow(tensor_view<U const, D> v) {
+    static_assert(std::is_same_v<U, T>, "pass_state::borrow: only an input of the activation type is read in place");
+    return std::make_shared<tensor<T, D>>(tensor<T, D>::borrowed, const_cast<T*>(v.data()), v.rows(), v.cols());
+  }
+  template <class U>
+  act_type convert(tensor_view<U const, D> v) {
+    act_type a = make(v.rows(), v.cols());
+    evaluate(*a, expr::to_expr(v));
+    return a;
+  }
+
+  // After the forward: what it kept (the activations in use, its output excluded).
+  void forward_done(act_type const& y) {
+    this->set_saved_bytes(alloc_->stats()[memory::tag::activations].in_use -
+                          memory::caching_allocator<D>::rounded(y->bytes()));
+  }
+
+  // Offloaded<S>: a copy of `a` in offloaded memory, issued through `f`; and back.
+  host_copy copy_off(act_type const& a, detail::copy_fence<D>& f) {
+    host_copy h(*offload_.space, a->bytes(), memory::tag::activations);
+    f.to_host(h.get(), a->data(), a->bytes());
+    return h;
+  }
+  act_type copy_back(typename record::item const& it, detail::copy_fence<D>& f) {
+    act_type a = make(it.rows, it.cols);
+    f.to_device(a->data(), it.host.get(), a->bytes());
+    return a;
+  }
+  detail::offload_channel<D> const& offload_target() const { return offload_; }
+
+ private:
+  memory::caching_allocator<D>* alloc_;
+  detail::offload_channel<D> offload_;
+  G const* grad_base_ = nullptr;
+  gradient_listener listener_{};
+};
+
+}  // namespace REMAT_NAMESPACE

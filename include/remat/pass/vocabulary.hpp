@@ -1,0 +1,327 @@
+// The pass-state vocabulary: everything a layer, a composite or a storage policy may ask of the
+// state of one forward/backward pass, and nothing else. Two states implement it on one base, so
+// the activation plan follows exactly the rules a training step follows: pass_state (pass/step.hpp)
+// computes, plan::state (plan/state.hpp) only counts bytes at compile time.
+//
+// What a layer may call (see layers/layer.hpp for the contract):
+//   s.make(rows, cols)               a new activation
+//   s.save(a) / s.restore()          keep a tensor for backward / take it back (last in, first out)
+//   s.save_counter(v) / restore_counter()   the same for a number (a dropout offset)
+//   s.reuse_or_make(dy, cols)        dy's own memory for dx when nobody else holds it
+//   s.draw(n), s.random(offset)      n elements of the pass's dropout stream, and that stream
+//   s.product(rows, cols, compute)   a matrix product's output (captured and replayed by Selective)
+//   s.training(), s.keeps(), s.recomputing(), s.sequence_length(), s.token_ids()
+//   s.hollow(rows, cols), S::is_hollow(a), S::computes
+// What composites and policies use besides:
+//   s.need_input(), s.keep_nothing(), s.recompute_from(offset), s.capture_products(list),
+//   s.replay_products(list), s.count_recomputed(n), s.rng_offset(), s.peek(), s.peek_counter(),
+//   s.saved_mark(), s.offload_since(mark), s.bring_back_offloaded(), s.grads_ready(g)
+#pragma once
+
+#include "../config.hpp"
+#include "offload.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+
+// One matrix-product output that a selective policy keeps, and whether its recomputation needs it.
+template <class A>
+struct captured_product {
+  A value;
+  bool needed;
+};
+
+// Where a pass's dropout masks come from: element i of a draw at `offset` is
+// philox(seed, stream, offset + i). A pure function of these, so a mask is never stored.
+struct random_draw {
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;
+  std::uint64_t offset = 0;
+};
+
+// The token ids of a pass (for a model whose first layer reads ids).
+struct token_ids {
+  std::int32_t const* data = nullptr;
+  std::size_t count = 0;
+};
+
+// How a pass starts.
+struct pass_options {
+  bool training = false;
+  // False: a training-mode forward that keeps nothing for a backward (a loss without gradients).
+  bool keep = true;
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;  // the dropout stream of this pass
+  // Rows of a sequence batch: row r is position r % length of sequence r / length (1: no sequences).
+  std::size_t sequence_length = 1;
+  token_ids ids{};
+};
+
+// The vocabulary, written once for every pass state. A is the activation handle (shared_ptr-like:
+// copies share, the last one frees). Self supplies make, hollow, is_hollow, owns, copy_off,
+// copy_back and offload_target; Record is what one Offloaded forward moved (pass/offload.hpp).
+template <class A, class Self, class Record>
+class pass_stacks {
+ public:
+  constexpr explicit pass_stacks(pass_options const& o = {})
+      : training_(o.training),
+        keep_(o.keep),
+        seed_(o.seed),
+        stream_(o.stream),
+        seq_len_(o.sequence_length),
+        ids_(o.ids) {}
+
+  // ---- what a layer may ask
+
+  constexpr bool training() const { return training_; }
+  // Whether layers keep what their backward needs (false in inference, and inside a forward whose
+  // policy keeps nothing).
+  constexpr bool keeps() const { return training_ && keep_; }
+  // A forward whose side effects already happened once (a policy recomputing): a layer that
+  // updates state in forward (a counter, a running statistic) does so only when this is false.
+  constexpr bool recomputing() const { return recomputing_; }
+  constexpr std::size_t sequence_length() const { return seq_len_; }
+  constexpr token_ids ids() const { return ids_; }
+
+  // Keeps `a` for backward; a forward that keeps nothing drops it (and, when capturing products,
+  // notes that every product captured so far is needed to recompute it).
+  constexpr void save(A a) {
+    if (keeps())
+      saved_.push_back(static_cast<A&&>(a));
+    else
+      need_input();
+  }
+  constexpr A restore() {
+    A a = static_cast<A&&>(saved_.back());
+    saved_.pop_back();
+    return a;
+  }
+  constexpr void save_counter(std::uint64_t v) {
+    if (keeps()) counters_.push_back(v);
+  }
+  constexpr std::uint64_t restore_counter() {
+    std::uint64_t const v = counters_.back();
+    counters_.pop_back();
+    return v;
+  }
+  // A tensor for dx: dy's own memory if nobody else holds it.
+  constexpr A reuse_or_make(A& dy, std::size_t cols) {
+    if (dy.use_count() == 1 && dy->cols() == cols) return dy;
+    return self().make(dy->rows(), cols);
+  }
+
+  // The offset of n new elements of the pass's dropout stream (a recomputation draws the same).
+  constexpr std::uint64_t draw(std::size_t n) {
+    std::uint64_t const offset = rng_offset_;
+    rng_offset_ += n;
+    return offset;
+  }
+  constexpr random_draw random(std::uint64_t offset) const { return {seed_, stream_, offset}; }
+
+  // A matrix product's rows x cols output. `compute(out)` fills it: the product and whatever the
+  // layer folds in before anyone reads it (a bias); only a state that computes calls it (its body
+  // still compiles for every state: put it under `if constexpr (S::computes)`). Under
+  // Selective the first forward captures the output and the recomputation takes it back instead
+  // of multiplying again; one the recomputation does not need comes back hollow (a shape without
+  // values). Call it after saving the layer's input (saving marks the products before it needed);
+  // saving the product itself for backward marks it needed.
+  template <class Compute>
+  constexpr A product(std::size_t rows, std::size_t cols, Compute&& compute) {
+    if (replay_) {
+      A kept = static_cast<A&&>((*replay_)[replay_next_++]);
+      if (!kept) return self().hollow(rows, cols);
+      return kept;
+    }
+    A y = self().make(rows, cols);
+    if constexpr (Self::computes) compute(*y);
+    if (capture_) capture_->push_back({y, false});
+    return y;
+  }
+
+  // ---- what composites and storage policies use
+
+  // Under a selective forward: everything captured so far is needed to recompute what follows
+  // (called before a layer that cannot take a hollow input).
+  constexpr void need_input() {
+    if (capture_)
+      for (auto& c : *capture_) c.needed = true;
+  }
+
+  // Until the end of the returned scope, nothing is kept for backward.
+  [[nodiscard]] constexpr auto keep_nothing() { return restorer<bool>(keep_, false); }
+
+  // Until the end of the returned scope the pass is a recomputation: from dropout offset `offset`,
+  // with side effects off. restart_at(o) moves it to another offset (a schedule with many starts).
+  class recomputation {
+   public:
+    constexpr recomputation(pass_stacks& s, std::uint64_t offset)
+        : s_(s), offset_(s.rng_offset_), was_(s.recomputing_) {
+      s.rng_offset_ = offset;
+      s.recomputing_ = true;
+    }
+    recomputation(recomputation const&) = delete;
+    recomputation& operator=(recomputation const&) = delete;
+    constexpr ~recomputation() {
+      s_.rng_offset_ = offset_;
+      s_.recomputing_ = was_;
+    }
+    constexpr void restart_at(std::uint64_t offset) { s_.rng_offset_ = offset; }
+
+   private:
+    pass_stacks& s_;
+    std::uint64_t offset_;
+    bool was_;
+  };
+  [[nodiscard]] constexpr recomputation recompute_from(std::uint64_t offset) { return recomputation(*this, offset); }
+
+  // Until the end of the returned scope, products are captured into `list` (Selective's forward).
+  [[nodiscard]] constexpr auto capture_products(std::vector<captured_product<A>>& list) {
+    return restorer<std::vector<captured_product<A>>*>(capture_, &list);
+  }
+  // Until the end of the returned scope, products are taken from `list`, in order (Selective's
+  // recomputation).
+  class replay_scope {
+   public:
+    constexpr replay_scope(pass_stacks& s, std::vector<A>& list) : s_(s), list_(s.replay_), next_(s.replay_next_) {
+      s.replay_ = &list;
+      s.replay_next_ = 0;
+    }
+    replay_scope(replay_scope const&) = delete;
+    replay_scope& operator=(replay_scope const&) = delete;
+    constexpr ~replay_scope() {
+      s_.replay_ = list_;
+      s_.replay_next_ = next_;
+    }
+
+   private:
+    pass_stacks& s_;
+    std::vector<A>* list_;
+    std::size_t next_;
+  };
+  [[nodiscard]] constexpr replay_scope replay_products(std::vector<A>& list) { return replay_scope(*this, list); }
+
+  // Where the dropout stream stands (what a policy keeps to recompute a segment).
+  constexpr std::uint64_t rng_offset() const { return rng_offset_; }
+  // The newest kept tensor and number, left in place (a schedule that restores a slot many times).
+  constexpr A peek() const { return saved_.back(); }
+  constexpr std::uint64_t peek_counter() const { return counters_.back(); }
+  // Block forwards run again by storage policies in this pass.
+  constexpr void count_recomputed(std::uint64_t n) { recomputed_ += n; }
+  constexpr std::uint64_t recomputed() const { return recomputed_; }
+  // Activation bytes in use when the forward ended, its output excluded (set by forward_done).
+  constexpr std::size_t saved_bytes() const { return saved_bytes_; }
+
+  // Offloaded<S>: what S's forward saved since `mark` goes to offloaded memory, and comes back for
+  // its backward (pass/offload.hpp).
+  constexpr std::size_t saved_mark() const { return saved_.size(); }
+
+  // After S's forward pushed its saved tensors onto slots [mark, end): each tensor that only those
+  // slots hold (not S's output, not a tensor an earlier layer also kept, not the caller's input)
+  // is copied to offloaded memory and its slots get a hollow tensor of its shape. The device copy
+  // stays held until the copy is known done: until the end of the next Offloaded forward (so the
+  // copy overlaps that compute), or until its own backward if none follows (then it never needs
+  // to come back).
+  constexpr void offload_since(std::size_t mark) {
+    Record rec;
+    for (std::size_t i = mark; i < saved_.size(); ++i) {
+      A& a = saved_[i];
+      if (!a || Self::is_hollow(a) || !Self::owns(a)) continue;
+      long holders = 0;
+      for (std::size_t j = i; j < saved_.size(); ++j) holders += saved_[j] == a ? 1 : 0;
+      if (holders != a.use_count()) continue;  // held outside S's slots too: moving it frees nothing
+      if (rec.items.empty()) rec.fence.begin(self().offload_target());
+      typename Record::item it;
+      it.rows = a->rows();
+      it.cols = a->cols();
+      it.host = self().copy_off(a, rec.fence);
+      for (std::size_t j = i; j < saved_.size(); ++j)
+        if (saved_[j] == a) it.slots.push_back(j);
+      it.device = a;
+      A const shape = self().hollow(it.rows, it.cols);
+      for (std::size_t j : it.slots) saved_[j] = shape;
+      rec.items.push_back(static_cast<typename Record::item&&>(it));
+    }
+    if (!rec.items.empty()) rec.fence.end();
+    // Earlier segments' copies are done before anything that follows uses their device memory.
+    for (Record& r : offloads_) {
+      if (!r.pending) continue;
+      r.fence.wait();
+      for (auto& it : r.items) it.device = nullptr;
+      r.pending = false;
+    }
+    offloads_.push_back(static_cast<Record&&>(rec));
+  }
+
+  // Before the newest Offloaded segment's backward: its tensors back in their slots, and the
+  // next one's on their way (copied under this backward); waits for the newest only.
+  constexpr void bring_back_offloaded() {
+    std::size_t const n = offloads_.size();
+    fetch(offloads_[n - 1]);
+    if (n >= 2) fetch(offloads_[n - 2]);
+    offloads_[n - 1].fence.wait();
+    offloads_.pop_back();
+  }
+
+ protected:
+  constexpr void set_saved_bytes(std::size_t b) { saved_bytes_ = b; }
+
+ private:
+  // Sets `slot` to `value` until the end of the scope.
+  template <class V>
+  class restorer {
+   public:
+    constexpr restorer(V& slot, V value) : slot_(slot), was_(slot) { slot = value; }
+    restorer(restorer const&) = delete;
+    restorer& operator=(restorer const&) = delete;
+    constexpr ~restorer() { slot_ = was_; }
+
+   private:
+    V& slot_;
+    V was_;
+  };
+
+  constexpr Self& self() { return static_cast<Self&>(*this); }
+
+  // Puts a record's tensors back into their slots: the device copies if still held, else copies
+  // from offloaded memory into new device memory (issued now, waited for by the record's backward).
+  constexpr void fetch(Record& r) {
+    if (r.fetched) return;
+    r.fetched = true;
+    if (!r.pending && !r.items.empty()) r.fence.begin(self().offload_target());
+    for (auto& it : r.items) {
+      A a;  // (not `pending ? device : copy_back(...)`: GCC 12 miscounts that at compile time)
+      if (r.pending)
+        a = static_cast<A&&>(it.device);
+      else
+        a = self().copy_back(it, r.fence);
+      it.device = nullptr;
+      it.host = {};
+      for (std::size_t j : it.slots) saved_[j] = a;
+    }
+    if (!r.pending && !r.items.empty()) r.fence.end();
+    r.pending = false;
+  }
+
+  bool training_ = false;
+  bool keep_ = true;
+  bool recomputing_ = false;
+  std::uint64_t seed_ = 0;
+  std::uint64_t stream_ = 0;
+  std::uint64_t rng_offset_ = 0;  // elements of the stream drawn so far
+  std::uint64_t recomputed_ = 0;
+  std::size_t saved_bytes_ = 0;
+  std::size_t seq_len_ = 1;
+  token_ids ids_{};
+  std::vector<A> saved_;                 // tensors the forward kept, popped in reverse by backward
+  std::vector<std::uint64_t> counters_;  // the same for numbers (dropout offsets, RNG states)
+  std::vector<captured_product<A>>* capture_ = nullptr;
+  std::vector<A>* replay_ = nullptr;
+  std::size_t replay_next_ = 0;
+  std::vector<Record> offloads_;  // Offloaded<S>: the records of what went (last, first restored)
+};
+
+}  // namespace REMAT_NAMESPACE

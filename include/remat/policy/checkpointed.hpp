@@ -1,0 +1,61 @@
+// Checkpointed<S>: keeps S's input and the dropout offset S started at; backward runs S's forward
+// again from them (same masks, same precision), then S's backward: gradients are bit for bit those
+// of the stored model. Inside a forward that keeps nothing (another policy's), it just runs S.
+#pragma once
+
+#include "wraps.hpp"
+
+#include <cstdint>
+#include <utility>
+
+namespace REMAT_NAMESPACE {
+
+namespace detail {
+
+// A checkpointed run: `run(x)` keeping nothing, with x and the dropout offset kept to run it again.
+template <class St, class Run>
+constexpr typename St::act_type checkpoint_forward(St& s, typename St::act_type x, Run&& run) {
+  std::uint64_t const offset = s.rng_offset();
+  typename St::act_type y;
+  {
+    auto const none = s.keep_nothing();
+    y = run(x);
+  }
+  s.save(std::move(x));
+  s.save_counter(offset);
+  return y;
+}
+
+// Its backward's first half: the run again, from the kept input and offset, keeping what the
+// backward needs.
+template <class St, class Run>
+constexpr void checkpoint_recompute(St& s, Run&& run) {
+  std::uint64_t const offset = s.restore_counter();
+  typename St::act_type x = s.restore();
+  auto again = s.recompute_from(offset);
+  run(std::move(x)).reset();
+}
+
+}  // namespace detail
+
+template <class S>
+struct Checkpointed : wraps<S> {
+  static_assert(not_a_segment<Checkpointed, S>::ok);
+
+  template <class St>
+  static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
+    static_assert(layer_pass_contract<S, St>::ok);
+    if (!s.keeps()) return S::forward(s, p, std::move(x));
+    return detail::checkpoint_forward(s, std::move(x), [&](typename St::act_type in) { return S::forward(s, p, std::move(in)); });
+  }
+
+  template <class St>
+  static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
+                                                  typename St::act_type dy) {
+    detail::checkpoint_recompute(s, [&](typename St::act_type in) { return S::forward(s, p, std::move(in)); });
+    s.count_recomputed(detail::blocks_in<S>());
+    return S::backward(s, p, g, std::move(dy));
+  }
+};
+
+}  // namespace REMAT_NAMESPACE

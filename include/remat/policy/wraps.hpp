@@ -1,0 +1,60 @@
+// What every storage policy shares: remat::wraps<S>, the base that forwards S's widths,
+// parameters, names and initialisation unchanged (so a checkpointed model reads a stored model's
+// file), and the compile-time errors a policy gives for a wrong argument.
+//
+// A storage policy of your own is a type derived from wraps<S> with forward and backward written
+// against the pass-state vocabulary (pass/vocabulary.hpp); written `P<S>` or `P<N, S>`, every walk
+// over the graph (RecomputeAttention, the plan) goes through it without anything else declared.
+#pragma once
+
+#include "../graph/graph.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace REMAT_NAMESPACE {
+
+template <class L>
+inline constexpr bool is_segment_v = layer<L>;
+
+// Fails to compile, naming the type a policy was given, when it is not a layer or segment.
+template <class Policy, class Given>
+struct not_a_segment {
+  static constexpr bool ok = is_segment_v<Given>;
+  static_assert(ok, "remat: a storage policy wraps a layer or a segment (Seq, Residual, Repeat, a layer); "
+                    "not_a_segment<Policy, Given> names the type given instead");
+};
+
+template <class S>
+struct wraps {
+  using segment = S;
+  static constexpr bool handles_hollow = handles_hollow_v<S>;
+  static constexpr std::size_t in_width = S::in_width;
+  static constexpr std::size_t out_width = S::out_width;
+  static constexpr std::size_t param_count = S::param_count;
+  template <class F>
+  static void visit(std::string const& prefix, std::size_t offset, F& f) {
+    detail::visit_params<S>(prefix, offset, f);
+  }
+  template <class T>
+  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
+    S::init(p, global_offset, seed);
+  }
+};
+
+namespace detail {
+
+// Block forwards in one run of S (what a policy's recomputation counts).
+template <class S>
+constexpr std::uint64_t blocks_in() {
+  if constexpr (requires { S::count; typename S::block; })
+    return S::count;
+  else if constexpr (requires { typename S::segment; })
+    return blocks_in<typename S::segment>();
+  else
+    return 1;
+}
+
+}  // namespace detail
+}  // namespace REMAT_NAMESPACE
