@@ -244,8 +244,9 @@ void gemm_peak_of(int reps, char const* precision, char const* path) {
   std::vector<double> times;
   for (int r = 0; r < reps + 2; ++r) {
     double const t0 = now();
-    kernels::gemm(host{}, kernels::trans::no, kernels::trans::yes, index_t(n), index_t(n), index_t(n), 1.0f, a.data(),
-                  index_t(n), b.data(), index_t(n), 0.0f, c.data(), index_t(n));
+    kernels::gemm(host{}, kernels::lhs(a.data(), index_t(n), index_t(n)),
+                  kernels::rhs(b.data(), index_t(n), index_t(n)).transposed(),
+                  kernels::result(c.data(), index_t(n), index_t(n)));
     double const t1 = now();
     if (r >= 2) times.push_back(t1 - t0);
   }
@@ -268,8 +269,9 @@ void gpu_gemm_peak_of(int reps, std::size_t batch, char const* precision) {
   for (int r = 0; r < reps + 2; ++r) {
     wait_for_device();
     double const t0 = now();
-    kernels::gemm(Dev{}, kernels::trans::no, kernels::trans::yes, index_t(m), index_t(n), index_t(k), 1.0f, a.data(),
-                  index_t(k), b.data(), index_t(k), 0.0f, c.data(), index_t(n));
+    kernels::gemm(Dev{}, kernels::lhs(a.data(), index_t(m), index_t(k)),
+                  kernels::rhs(b.data(), index_t(n), index_t(k)).transposed(),
+                  kernels::result(c.data(), index_t(m), index_t(n)));
     wait_for_device();
     double const t1 = now();
     if (r >= 2) times.push_back(t1 - t0);

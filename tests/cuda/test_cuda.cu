@@ -127,7 +127,7 @@ TEST_CASE("cuda gemm: a product at an odd offset (2-byte aligned operands) still
   auto const av = random_values<bf16>(1 + 6 * 10, 3), bv = random_values<bf16>(1 + 10 * 4, 4);
   auto a = make<bf16>(1 + 6 * 10, 1, av), b = make<bf16>(1 + 10 * 4, 1, bv);
   tensor<float, gpu> c(6, 4);
-  kernels::gemm(gpu{}, trans::no, trans::no, 6, 4, 10, 1.0f, a.data() + 1, 10, b.data() + 1, 4, 0.0f, c.data(), 4);
+  kernels::gemm(gpu{}, kernels::lhs(a.data() + 1, 6, 10), kernels::rhs(b.data() + 1, 10, 4), kernels::result(c.data(), 6, 4));
   auto const got = c.to_vector();
   for (int i = 0; i < 6; ++i)
     for (int j = 0; j < 4; ++j) {
@@ -145,12 +145,14 @@ TEST_CASE("cuda gemm_batched: the attention layout (heads inside sequences) equa
   kernels::batch_stride const s_in{m * ld, k}, s_out{2 * m * n, m * n};
   auto a = make<float>(3 * m, ld, av), b = make<float>(3 * n, ld, bv);
   tensor<float, gpu> c(index_t(count) * m, n);
-  kernels::gemm_batched(gpu{}, count, group, trans::no, trans::yes, m, n, k, 1.0f, a.data(), ld, s_in, b.data(), ld,
-                        s_in, 0.0f, c.data(), n, s_out);
+  kernels::gemm_batched(gpu{}, {count, group}, kernels::lhs(a.data(), m, k, ld).batched(s_in),
+                        kernels::rhs(b.data(), n, k, ld).transposed().batched(s_in),
+                        kernels::result(c.data(), m, n).batched(s_out));
   auto ah = make<float, host>(3 * m, ld, av), bh = make<float, host>(3 * n, ld, bv);
   tensor<float, host> ch(index_t(count) * m, n);
-  kernels::gemm_batched(host{}, count, group, trans::no, trans::yes, m, n, k, 1.0f, ah.data(), ld, s_in, bh.data(), ld,
-                        s_in, 0.0f, ch.data(), n, s_out);
+  kernels::gemm_batched(host{}, {count, group}, kernels::lhs(ah.data(), m, k, ld).batched(s_in),
+                        kernels::rhs(bh.data(), n, k, ld).transposed().batched(s_in),
+                        kernels::result(ch.data(), m, n).batched(s_out));
   require_close(c.to_vector(), ch.to_vector(), 1e-5, "batched product");
 }
 

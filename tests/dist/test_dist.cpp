@@ -201,6 +201,44 @@ TEST_CASE("gradient accumulation reduces once per optimizer step", "[dist]") {
     }
 }
 
+TEST_CASE("chains under CheckpointSequential and Revolve start their buckets block by block, as Repeat does",
+          "[dist]") {
+  // Blocks that are single layers: only the chain's own loop can report them final. Buckets of 64
+  // parameters, a block 272: each block's report starts the buckets it completes.
+  using B = Residual<Linear<W, W>>;
+  auto run = []<class NetT>(NetT*) {
+    dist::traffic tr;
+    std::vector<float> const p = data_parallel_run<NetT>(2, opts, {.bucket_bytes = 256}, nullptr, &tr);
+    return std::make_pair(p, tr);
+  };
+  auto const [repeat, tr] = run(static_cast<NetWith<Repeat<6, B>>*>(nullptr));
+  // Reports in backward: the last Linear, the LayerNorm, then each block's start (offset 0, the
+  // first Linear's, ends backward). A report that completes a bucket not yet started is a launch.
+  constexpr std::size_t n = model<NetWith<Repeat<6, B>>>::parameter_count, first = In * W + W, block = W * W + W;
+  std::vector<std::size_t> reports{n - (W * Out + Out), n - (W * Out + Out) - 2 * W};
+  for (std::size_t k = 6; k-- > 0;) reports.push_back(first + k * block);
+  std::size_t launches = 0, next_begin = n;  // buckets of 64 parameters from the end
+  for (std::size_t r : reports) {
+    bool started = false;
+    while (next_begin > 0 && (next_begin > 64 ? next_begin - 64 : 0) >= r) {
+      next_begin = next_begin > 64 ? next_begin - 64 : 0;
+      started = true;
+    }
+    launches += started;
+  }
+  REQUIRE(launches >= 6);
+  CHECK(tr.launches == launches);
+  for (auto const& [params, t] : {run(static_cast<NetWith<CheckpointSequential<2, Repeat<6, B>>>*>(nullptr)),
+                                  run(static_cast<NetWith<CheckpointSequential<6, Repeat<6, B>>>*>(nullptr)),
+                                  run(static_cast<NetWith<Revolve<2, Repeat<6, B>>>*>(nullptr)),
+                                  run(static_cast<NetWith<Revolve<3, Repeat<6, Checkpointed<B>>>>*>(nullptr))}) {
+    CHECK(t.launches == tr.launches);
+    CHECK(t.overlapped == tr.overlapped);
+    CHECK(t.buckets == tr.buckets);
+    CHECK(std::memcmp(params.data(), repeat.data(), repeat.size() * sizeof(float)) == 0);
+  }
+}
+
 TEST_CASE("a pass after the step's reduction is refused on every rank", "[dist][errors]") {
   model<Net> m(seed{7});
   dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512});

@@ -93,7 +93,8 @@ TEST_CASE("gemm: mismatched shapes are shape errors naming the shapes, and C is 
 
 TEST_CASE("gemm: negative sizes and short leading dimensions are argument errors", "[kernels][gemm][errors]") {
   float a[6] = {}, b[6] = {}, c[4] = {};
-  CHECK_THROWS_AS(kernels::gemm(host{}, trans::no, trans::no, -1, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2), argument_error);
-  CHECK_THROWS_WITH(kernels::gemm(host{}, trans::no, trans::no, 2, 2, 3, 1.0f, a, 2, b, 2, 0.0f, c, 2),
+  using kernels::lhs, kernels::rhs, kernels::result;
+  CHECK_THROWS_AS(kernels::gemm(host{}, lhs(a, -1, 3), rhs(b, 3, 2), result(c, -1, 2)), argument_error);
+  CHECK_THROWS_WITH(kernels::gemm(host{}, lhs(a, 2, 3, 2), rhs(b, 3, 2), result(c, 2, 2)),
                     Catch::Contains("leading dimension of A must be at least 3, found 2"));
 }

@@ -76,6 +76,7 @@ struct traffic {
   std::size_t gathered = 0;    // parameters all-gathered (sharded)
   std::size_t buckets = 0;     // gradient messages
   std::size_t overlapped = 0;  // of them, started before backward finished
+  std::size_t launches = 0;    // points in backward that started some (a block's gradients final)
 };
 
 namespace detail {
@@ -191,7 +192,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
               "); build the optimizer after the remat::dist::data_parallel");
     });
     model_.zero_grad();
-    double const local = as_pass(true, [&] { return model_.template accumulate<Loss>(x, target, 1.0 / double(size())); });
+    double const local =
+        as_pass(true, [&] { return model_.template accumulate<Loss>(x, target, 1.0 / double(size())); });
     {
       [[maybe_unused]] auto const on_stream = model_.stream_scope();  // (the GPU: the model's stream)
       opt.step();
@@ -325,8 +327,9 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
                          : "");
       if (a[3] != b[3] || a[6] != b[6])
         REMAT_NAMESPACE::detail::raise<dist_error>(
-            "data_parallel: expected the same precision on every rank, found rank 0 with ", a[3] / 256, "-byte master / ",
-            a[3] % 256, "-byte compute values and rank ", q, " with ", b[3] / 256, " / ", b[3] % 256);
+            "data_parallel: expected the same precision on every rank, found rank 0 with ", a[3] / 256,
+            "-byte master / ", a[3] % 256, "-byte compute values and rank ", q, " with ", b[3] / 256, " / ",
+            b[3] % 256);
       if (a[4] != b[4] || a[5] != b[5])
         REMAT_NAMESPACE::detail::raise<dist_error>(
             "data_parallel: expected the same options on every rank, found rank 0 with bucket_bytes ", a[4],
@@ -350,7 +353,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     std::size_t const first = next_;
     while (next_ < buckets_.size() && buckets_[next_].begin >= offset) ++next_;
     if (next_ == first) return;
-    if (offset > 0) traffic_.overlapped += next_ - first;
+    if (offset > 0) {
+      traffic_.overlapped += next_ - first;
+      ++traffic_.launches;
+    }
     transport_->follow();  // (on the GPU: once the model's stream has written these gradients)
     transport_->group_start();
     for (std::size_t i = first; i < next_; ++i) launch(buckets_[i]);

@@ -41,6 +41,98 @@ namespace kernels {
 
 enum class trans : bool { no = false, yes = true };
 
+// Where matrix i of a batch starts: base + (i / group) * outer + (i % group) * inner, with
+// `group` matrices per outer step (the heads of one sequence in attention).
+struct batch_stride {
+  index_t outer = 0;
+  index_t inner = 0;
+  constexpr index_t at(std::size_t i, std::size_t group) const {
+    return index_t(i / group) * outer + index_t(i % group) * inner;
+  }
+};
+
+// The operands of C = alpha * op(A) * op(B) + beta * C, named: a row-major matrix stored `rows` x
+// `cols` with row stride `ld` (its leading dimension), whether the product reads it transposed,
+// and in a batch where matrix i starts. Which operand it is (A, B or C) is part of its type, so a
+// product given its operands in the wrong places does not compile; the shapes of op(A), op(B) and
+// C are checked against each other before anything is read.
+enum class operand_role { a, b, c };
+
+template <class T, operand_role Role>
+struct operand {
+  T* data = nullptr;
+  index_t rows = 0, cols = 0, ld = 0;
+  trans op = trans::no;
+  batch_stride stride{};
+
+  // Read transposed (when `yes`).
+  constexpr operand transposed(bool yes = true) const {
+    operand o = *this;
+    if (yes) o.op = op == trans::no ? trans::yes : trans::no;
+    return o;
+  }
+  // Matrix i of a batch at data + s.at(i, group).
+  constexpr operand batched(batch_stride s) const {
+    operand o = *this;
+    o.stride = s;
+    return o;
+  }
+  constexpr index_t op_rows() const { return op == trans::no ? rows : cols; }
+  constexpr index_t op_cols() const { return op == trans::no ? cols : rows; }
+};
+
+template <class T>
+using lhs_operand = operand<T const, operand_role::a>;
+template <class T>
+using rhs_operand = operand<T const, operand_role::b>;
+template <class T>
+using result_operand = operand<T, operand_role::c>;
+
+// A (left), B (right) and C: `rows` x `cols` at `data`, row stride `ld` (`cols` when 0).
+template <class T>
+constexpr lhs_operand<T> lhs(T const* data, index_t rows, index_t cols, index_t ld = 0) {
+  return {data, rows, cols, ld ? ld : cols};
+}
+template <class T>
+constexpr rhs_operand<T> rhs(T const* data, index_t rows, index_t cols, index_t ld = 0) {
+  return {data, rows, cols, ld ? ld : cols};
+}
+template <class T>
+constexpr result_operand<T> result(T* data, index_t rows, index_t cols, index_t ld = 0) {
+  return {data, rows, cols, ld ? ld : cols};
+}
+
+// Where an operand's matrices lie: rows x cols with row stride ld (cols when 0), and in a batch
+// matrix i at stride.at(i, group).
+struct matrix_layout {
+  index_t rows = 0, cols = 0, ld = 0;
+  batch_stride stride{};
+};
+template <class T>
+constexpr lhs_operand<T> lhs(T const* data, matrix_layout l) {
+  return {data, l.rows, l.cols, l.ld ? l.ld : l.cols, trans::no, l.stride};
+}
+template <class T>
+constexpr rhs_operand<T> rhs(T const* data, matrix_layout l) {
+  return {data, l.rows, l.cols, l.ld ? l.ld : l.cols, trans::no, l.stride};
+}
+template <class T>
+constexpr result_operand<T> result(T* data, matrix_layout l) {
+  return {data, l.rows, l.cols, l.ld ? l.ld : l.cols, trans::no, l.stride};
+}
+
+// alpha and beta of C = alpha * op(A) * op(B) + beta * C (beta = 1: add into C).
+struct scale {
+  double alpha = 1;
+  double beta = 0;
+};
+
+// `count` products of one shape: product i reads and writes its operands' matrix i.
+struct batch {
+  std::size_t count = 1;
+  std::size_t group = 1;
+};
+
 namespace detail {
 
 inline int blas_int(index_t v, char const* what) {
@@ -48,20 +140,33 @@ inline int blas_int(index_t v, char const* what) {
   return static_cast<int>(v);
 }
 
-inline void check_ld(index_t ld, index_t rows, index_t cols, trans t, char const* name) {
-  // Row-major: a stored matrix is `rows` x `cols` with row stride ld >= cols.
-  index_t const stored_cols = t == trans::no ? cols : rows;
+inline void check_ld(index_t ld, index_t stored_cols, char const* name) {
   if (ld < (stored_cols > 1 ? stored_cols : 1))
     REMAT_NAMESPACE::detail::raise<argument_error>("gemm: leading dimension of ", name, " must be at least ",
                                                    stored_cols, ", found ", ld);
 }
 
-// The checks every product makes before it touches memory.
-inline void check_product(trans ta, trans tb, index_t m, index_t n, index_t k, index_t lda, index_t ldb, index_t ldc) {
-  (void)blas_int(m, "m"), (void)blas_int(n, "n"), (void)blas_int(k, "k");
-  check_ld(lda, m, k, ta, "A");
-  check_ld(ldb, k, n, tb, "B");
-  check_ld(ldc, m, n, trans::no, "C");
+struct product_shape {
+  index_t m, n, k;
+};
+
+// The checks every product makes before it touches memory: sizes, shapes that agree, leading
+// dimensions. Returns m, n and k (op(A) is m x k, op(B) k x n, C m x n).
+template <class TA, class TB, class TC>
+product_shape check_product(operand<TA, operand_role::a> const& a, operand<TB, operand_role::b> const& b,
+                            operand<TC, operand_role::c> const& c) {
+  index_t const m = a.op_rows(), k = a.op_cols(), kb = b.op_rows(), n = b.op_cols();
+  (void)blas_int(m, "m"), (void)blas_int(n, "n"), (void)blas_int(k, "k"), (void)blas_int(kb, "k of B");
+  if (k != kb)
+    REMAT_NAMESPACE::detail::raise<shape_error>("gemm: op(A) is ", m, " x ", k, ", so op(B) must have ", k,
+                                                " rows; found ", kb, " x ", n);
+  if (c.rows != m || c.cols != n)
+    REMAT_NAMESPACE::detail::raise<shape_error>("gemm: op(A) * op(B) is ", m, " x ", n, ", but C is ", c.rows,
+                                                " x ", c.cols);
+  check_ld(a.ld, a.cols, "A");
+  check_ld(b.ld, b.cols, "B");
+  check_ld(c.ld, c.cols, "C");
+  return {m, n, k};
 }
 
 inline CBLAS_TRANSPOSE cblas_trans(trans t) { return t == trans::no ? CblasNoTrans : CblasTrans; }
@@ -101,17 +206,6 @@ gemm16_path gemm16_path_for() {
 }
 
 namespace detail {
-
-// Scratch for a converting product, tagged workspace in the host allocator.
-struct scratch {
-  void* p;
-  explicit scratch(std::size_t bytes)
-      : p(memory::default_allocator<host>().allocate(bytes ? bytes : 1, memory::tag::workspace)) {}
-  ~scratch() { memory::default_allocator<host>().deallocate(p); }
-  scratch(scratch const&) = delete;
-  scratch& operator=(scratch const&) = delete;
-  float* f() const { return static_cast<float*>(p); }
-};
 
 template <class F>
 void for_rows(index_t rows, index_t cols, F const& f) {
@@ -174,9 +268,9 @@ inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, v
   dnnl::matmul const prim = it->second.first;
   std::size_t const pad_bytes = it->second.second;
   lock.unlock();
-  scratch pad(pad_bytes);
+  memory::scratch_buffer<host> pad(pad_bytes);
   dnnl::memory am(ad, ctx.eng, const_cast<void*>(a)), bm(bd, ctx.eng, const_cast<void*>(b)), cm(cd, ctx.eng, c);
-  dnnl::memory pm(dnnl::memory::desc({index_t(pad_bytes)}, dt::u8, dims{1}), ctx.eng, pad.p);
+  dnnl::memory pm(dnnl::memory::desc({index_t(pad_bytes)}, dt::u8, dims{1}), ctx.eng, pad.get());
   thread_local dnnl::stream stream{ctx.eng};  // a stream is not to be shared between threads
   prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, pm}});
   stream.wait();
@@ -191,22 +285,20 @@ template <class T, class Out>
 concept gemm_types = ((std::is_same_v<T, float> || std::is_same_v<T, double>) && std::is_same_v<Out, T>) ||
                      (is_small_float_v<T> && (std::is_same_v<Out, T> || std::is_same_v<Out, float>));
 
-// Row-major C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C.
+namespace detail {
+
+// Row-major C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C on checked arguments: the
+// BLAS call (or oneDNN's, or the converting path) in its own positional terms.
 template <class T, class Out>
-  requires gemm_types<T, Out>
-void gemm(host, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_identity_t<compute_type_t<T>> alpha,
-          T const* a, index_t lda, T const* b, index_t ldb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
-          index_t ldc) {
-  detail::check_product(ta, tb, m, n, k, lda, ldb, ldc);
+void host_gemm(trans ta, trans tb, index_t m, index_t n, index_t k, compute_type_t<T> alpha, T const* a, index_t lda,
+               T const* b, index_t ldb, compute_type_t<T> beta, Out* c, index_t ldc) {
   int const M = int(m), N = int(n), K = int(k);
   if (M == 0 || N == 0) return;
-  int const LDA = detail::blas_int(lda, "lda"), LDB = detail::blas_int(ldb, "ldb"), LDC = detail::blas_int(ldc, "ldc");
+  int const LDA = blas_int(lda, "lda"), LDB = blas_int(ldb, "ldb"), LDC = blas_int(ldc, "ldc");
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, detail::cblas_trans(ta), detail::cblas_trans(tb), M, N, K, alpha, a, LDA, b, LDB,
-                beta, c, LDC);
+    cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, a, LDA, b, LDB, beta, c, LDC);
   } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasRowMajor, detail::cblas_trans(ta), detail::cblas_trans(tb), M, N, K, alpha, a, LDA, b, LDB,
-                beta, c, LDC);
+    cblas_dgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, a, LDA, b, LDB, beta, c, LDC);
   } else {
     constexpr bool out32 = std::is_same_v<Out, float>;
 #if defined(REMAT_GEMM_ONEDNN)
@@ -219,8 +311,7 @@ void gemm(host, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_i
           return;
         }
         try {
-          detail::onednn_matmul({m, n, k, lda, ldb, ldc, ta == trans::yes, tb == trans::yes, out32, alpha, beta}, a, b,
-                                c);
+          onednn_matmul({m, n, k, lda, ldb, ldc, ta == trans::yes, tb == trans::yes, out32, alpha, beta}, a, b, c);
         } catch (dnnl::error const& e) {
           REMAT_NAMESPACE::detail::raise<error>("gemm: oneDNN matmul ", m, " x ", n, " x ", k, " failed: ", e.what());
         }
@@ -232,52 +323,55 @@ void gemm(host, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_i
     // Convert: A and B to dense fp32, the BLAS, then C rounded once to the 16-bit type.
     index_t const ar = ta == trans::no ? m : k, ac = ta == trans::no ? k : m;
     index_t const br = tb == trans::no ? k : n, bc = tb == trans::no ? n : k;
-    detail::scratch fa(std::size_t(ar * ac) * sizeof(float)), fb(std::size_t(br * bc) * sizeof(float));
-    detail::widen(a, ar, ac, lda, fa.f());
-    detail::widen(b, br, bc, ldb, fb.f());
+    memory::scratch_buffer<host> fa(std::size_t(ar * ac) * sizeof(float)), fb(std::size_t(br * bc) * sizeof(float));
+    widen(a, ar, ac, lda, fa.as<float>());
+    widen(b, br, bc, ldb, fb.as<float>());
     if constexpr (out32) {
-      cblas_sgemm(CblasRowMajor, detail::cblas_trans(ta), detail::cblas_trans(tb), M, N, K, alpha, fa.f(),
-                  std::max(1, int(ac)), fb.f(), std::max(1, int(bc)), beta, c, LDC);
+      cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, fa.as<float>(), std::max(1, int(ac)),
+                  fb.as<float>(), std::max(1, int(bc)), beta, c, LDC);
     } else {
-      detail::scratch fc(std::size_t(m * n) * sizeof(float));
-      if (beta != 0.0f) detail::widen(c, m, n, ldc, fc.f());
-      cblas_sgemm(CblasRowMajor, detail::cblas_trans(ta), detail::cblas_trans(tb), M, N, K, alpha, fa.f(),
-                  std::max(1, int(ac)), fb.f(), std::max(1, int(bc)), beta, fc.f(), N);
-      float const* src = fc.f();
-      detail::for_rows(m, n, [=](index_t r) {
+      memory::scratch_buffer<host> fc(std::size_t(m * n) * sizeof(float));
+      if (beta != 0.0f) widen(c, m, n, ldc, fc.as<float>());
+      cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, fa.as<float>(), std::max(1, int(ac)),
+                  fb.as<float>(), std::max(1, int(bc)), beta, fc.as<float>(), N);
+      float const* src = fc.as<float>();
+      for_rows(m, n, [=](index_t r) {
         for (index_t j = 0; j < n; ++j) c[r * ldc + j] = from_compute<Out>(src[r * n + j]);
       });
     }
   }
 }
 
-// Where matrix i of a batch starts: base + (i / group) * outer + (i % group) * inner, with
-// `group` matrices per outer step (the heads of one sequence in attention).
-struct batch_stride {
-  index_t outer = 0;
-  index_t inner = 0;
-  constexpr index_t at(std::size_t i, std::size_t group) const {
-    return index_t(i / group) * outer + index_t(i % group) * inner;
-  }
-};
+}  // namespace detail
+
+// Row-major C = alpha * op(A) * op(B) + beta * C, with op(A) m x k, op(B) k x n and C m x n.
+template <class T, class Out>
+  requires gemm_types<T, Out>
+void gemm(host, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale s = {}) {
+  auto const [m, n, k] = detail::check_product(a, b, c);
+  if (m == 0 || n == 0) return;
+  detail::host_gemm(a.op, b.op, m, n, k, compute_type_t<T>(s.alpha), a.data, a.ld, b.data, b.ld,
+                    compute_type_t<T>(s.beta), c.data, c.ld);
+}
 
 // `count` products C_i = alpha * op(A_i) * op(B_i) + beta * C_i of one shape. On the host the
 // products run in parallel, each on one thread (the BLAS runs single-threaded inside a parallel
 // region), so every C_i is the same whatever the thread count.
 template <class T, class Out>
-void gemm_batched(host, std::size_t count, std::size_t group, trans ta, trans tb, index_t m, index_t n, index_t k,
-                  std::type_identity_t<compute_type_t<T>> alpha, T const* a, index_t lda, batch_stride sa,
-                  T const* b, index_t ldb, batch_stride sb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
-                  index_t ldc, batch_stride sc) {
-  if (count == 0) return;
-  if (group == 0) REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: group must be at least 1");
-  detail::check_product(ta, tb, m, n, k, lda, ldb, ldc);
+  requires gemm_types<T, Out>
+void gemm_batched(host, batch n, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale s = {}) {
+  if (n.count == 0) return;
+  if (n.group == 0) REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: group must be at least 1");
+  auto const [m, cols, k] = detail::check_product(a, b, c);
   if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) (void)gemm16_path_for<T>();
+  if (m == 0 || cols == 0) return;
   // (the checks above are the ones each product would make: none can throw inside the loop)
-  for_each_index(host{}, count, std::size_t(count) * std::size_t(m * n) * std::size_t(k > 0 ? k : 1) / 8,
+  compute_type_t<T> const alpha(s.alpha), beta(s.beta);
+  for_each_index(host{}, n.count, n.count * std::size_t(m * cols) * std::size_t(k > 0 ? k : 1) / 8,
                  [=](std::size_t i) {
-                   gemm(host{}, ta, tb, m, n, k, alpha, a + sa.at(i, group), lda, b + sb.at(i, group), ldb, beta,
-                        c + sc.at(i, group), ldc);
+                   detail::host_gemm(a.op, b.op, m, cols, k, alpha, a.data + a.stride.at(i, n.group), a.ld,
+                                     b.data + b.stride.at(i, n.group), b.ld, beta, c.data + c.stride.at(i, n.group),
+                                     c.ld);
                  });
 }
 
@@ -314,32 +408,31 @@ void cuda_gemm(std::size_t batch, trans ta, trans tb, index_t m, index_t n, inde
 
 template <class T, class Out>
   requires gemm_types<T, Out>
-void gemm(cuda, trans ta, trans tb, index_t m, index_t n, index_t k, std::type_identity_t<compute_type_t<T>> alpha,
-          T const* a, index_t lda, T const* b, index_t ldb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
-          index_t ldc) {
-  detail::check_product(ta, tb, m, n, k, lda, ldb, ldc);
+void gemm(cuda, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale s = {}) {
+  auto const [m, n, k] = detail::check_product(a, b, c);
   if (m == 0 || n == 0) return;
-  detail::cuda_gemm<T, Out>(1, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0);
+  detail::cuda_gemm<T, Out>(1, a.op, b.op, m, n, k, compute_type_t<T>(s.alpha), a.data, a.ld, 0, b.data, b.ld, 0,
+                            compute_type_t<T>(s.beta), c.data, c.ld, 0);
 }
 
 // On the GPU a batch is one strided-batched product when the matrices are evenly spaced, and one
 // per outer step (`group` products each) otherwise.
 template <class T, class Out>
-void gemm_batched(cuda, std::size_t count, std::size_t group, trans ta, trans tb, index_t m, index_t n, index_t k,
-                  std::type_identity_t<compute_type_t<T>> alpha, T const* a, index_t lda, batch_stride sa,
-                  T const* b, index_t ldb, batch_stride sb, std::type_identity_t<compute_type_t<T>> beta, Out* c,
-                  index_t ldc, batch_stride sc) {
-  if (count == 0) return;
-  if (group == 0) REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: group must be at least 1");
-  detail::check_product(ta, tb, m, n, k, lda, ldb, ldc);
-  if (m == 0 || n == 0) return;
-  index_t const g = index_t(group);
-  bool const even = count <= group || (sa.outer == g * sa.inner && sb.outer == g * sb.inner && sc.outer == g * sc.inner);
-  std::size_t const step = even ? count : group;
-  for (std::size_t i = 0; i < count; i += step) {
-    std::size_t const n_i = count - i < step ? count - i : step;
-    detail::cuda_gemm<T, Out>(n_i, ta, tb, m, n, k, alpha, a + sa.at(i, group), lda, sa.inner, b + sb.at(i, group),
-                              ldb, sb.inner, beta, c + sc.at(i, group), ldc, sc.inner);
+  requires gemm_types<T, Out>
+void gemm_batched(cuda, batch n, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale s = {}) {
+  if (n.count == 0) return;
+  if (n.group == 0) REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: group must be at least 1");
+  auto const [m, cols, k] = detail::check_product(a, b, c);
+  if (m == 0 || cols == 0) return;
+  index_t const g = index_t(n.group);
+  auto const even = [g](batch_stride st) { return st.outer == g * st.inner; };
+  bool const one = n.count <= n.group || (even(a.stride) && even(b.stride) && even(c.stride));
+  std::size_t const step = one ? n.count : n.group;
+  for (std::size_t i = 0; i < n.count; i += step) {
+    std::size_t const n_i = n.count - i < step ? n.count - i : step;
+    detail::cuda_gemm<T, Out>(n_i, a.op, b.op, m, cols, k, compute_type_t<T>(s.alpha), a.data + a.stride.at(i, n.group),
+                              a.ld, a.stride.inner, b.data + b.stride.at(i, n.group), b.ld, b.stride.inner,
+                              compute_type_t<T>(s.beta), c.data + c.stride.at(i, n.group), c.ld, c.stride.inner);
   }
 }
 #endif
@@ -357,18 +450,9 @@ void gemm(A const& a, trans ta, B const& b, trans tb, C const& c,
                     (std::is_same_v<TA, typename C::value_type> ||
                      (is_small_float_v<TA> && std::is_same_v<typename C::value_type, float>)),
                 "gemm: A and B must have one element type, and C the same (or fp32 for 16-bit A and B)");
-  index_t const m = index_t(ta == trans::no ? a.rows() : a.cols());
-  index_t const k = index_t(ta == trans::no ? a.cols() : a.rows());
-  index_t const kb = index_t(tb == trans::no ? b.rows() : b.cols());
-  index_t const n = index_t(tb == trans::no ? b.cols() : b.rows());
-  if (k != kb)
-    REMAT_NAMESPACE::detail::raise<shape_error>("gemm: op(A) is ", m, " x ", k, ", so op(B) must have ", k,
-                                                " rows; found ", kb, " x ", n);
-  if (index_t(c.rows()) != m || index_t(c.cols()) != n)
-    REMAT_NAMESPACE::detail::raise<shape_error>("gemm: op(A) * op(B) is ", m, " x ", n, ", but C is ", c.rows(),
-                                                " x ", c.cols());
-  gemm(D{}, ta, tb, m, n, k, alpha, a.data(), index_t(a.cols()), b.data(), index_t(b.cols()), beta, c.data(),
-       index_t(c.cols()));
+  gemm(D{}, lhs(a.data(), index_t(a.rows()), index_t(a.cols())).transposed(ta == trans::yes),
+       rhs(b.data(), index_t(b.rows()), index_t(b.cols())).transposed(tb == trans::yes),
+       result(c.data(), index_t(c.rows()), index_t(c.cols())), scale{double(alpha), double(beta)});
 }
 
 }  // namespace kernels

@@ -46,9 +46,9 @@ struct AttentionCore {
     auto [scores, probs] = compute_and_result(s, count * seq, seq);
     if constexpr (S::computes) {
       auto const* q = x->data();
-      kernels::gemm_batched(device<S>{}, count, H, kernels::trans::no, kernels::trans::yes, index_t(seq), index_t(seq),
-                            index_t(head_width), 1, q, index_t(3 * W), qkv_stride(seq), q + W, index_t(3 * W),
-                            qkv_stride(seq), 0, stat_data(scores->data()), index_t(seq), square_stride(seq));
+      kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(q, qkv_blocks(seq)),
+                            kernels::rhs(q + W, qkv_blocks(seq)).transposed(),
+                            kernels::result(stat_data(scores->data()), square_blocks(seq)));  // S = Q K^T
       kernels::causal_softmax(device<S>{}, stat_data(scores->data()), probs->data(), count, seq, scale<S>());
     }
     scores.reset();
@@ -61,10 +61,9 @@ struct AttentionCore {
     }
     A y = s.make(rows, W);
     if constexpr (S::computes)
-      kernels::gemm_batched(device<S>{}, count, H, kernels::trans::no, kernels::trans::no, index_t(seq),
-                            index_t(head_width), index_t(seq), 1, dropped->data(), index_t(seq), square_stride(seq),
-                            x->data() + 2 * W, index_t(3 * W), qkv_stride(seq), 0, y->data(), index_t(W),
-                            out_stride(seq));
+      kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dropped->data(), square_blocks(seq)),
+                            kernels::rhs(x->data() + 2 * W, qkv_blocks(seq)),
+                            kernels::result(y->data(), out_blocks(seq)));  // Y = dropout(P) V
     dropped.reset();
     s.save(std::move(x));
     s.save(std::move(probs));
@@ -89,20 +88,18 @@ struct AttentionCore {
         if constexpr (S::computes) evaluate(*dropped, *probs * Dropout<P>::mask(s.random(offset)));
       }
       if constexpr (S::computes)
-        kernels::gemm_batched(device<S>{}, count, H, kernels::trans::yes, kernels::trans::no, index_t(seq),
-                              index_t(head_width), index_t(seq), 1, dropped->data(), index_t(seq), square_stride(seq),
-                              dy->data(), index_t(W), out_stride(seq), 0, dx->data() + 2 * W, index_t(3 * W),
-                              qkv_stride(seq));
+        kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dropped->data(), square_blocks(seq)).transposed(),
+                              kernels::rhs(dy->data(), out_blocks(seq)),
+                              kernels::result(dx->data() + 2 * W, qkv_blocks(seq)));
     }
     // dP (after dropout) = dY V^T in the compute type, then the softmax's backward into dS.
     auto [dpd, dscores] = compute_and_result(s, count * seq, seq);
     if constexpr (S::computes) {
       using V = compute_type_t<T>;
       T const* xd = x->data();
-      kernels::gemm_batched(device<S>{}, count, H, kernels::trans::no, kernels::trans::yes, index_t(seq), index_t(seq),
-                            index_t(head_width), 1, dy->data(), index_t(W), out_stride(seq), xd + 2 * W,
-                            index_t(3 * W), qkv_stride(seq), 0, stat_data(dpd->data()), index_t(seq),
-                            square_stride(seq));
+      kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dy->data(), out_blocks(seq)),
+                            kernels::rhs(xd + 2 * W, qkv_blocks(seq)).transposed(),
+                            kernels::result(stat_data(dpd->data()), square_blocks(seq)));
       if (drops) {
         expr::dropout_mask const m = Dropout<P>::mask(s.random(offset));
         kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
@@ -117,14 +114,10 @@ struct AttentionCore {
     if constexpr (S::computes) {
       T const* xd = x->data();
       // dQ = dS K, dK = dS^T Q (the 1/sqrt(d) is in dS)
-      kernels::gemm_batched(device<S>{}, count, H, kernels::trans::no, kernels::trans::no, index_t(seq),
-                            index_t(head_width), index_t(seq), 1, dscores->data(), index_t(seq), square_stride(seq),
-                            xd + W, index_t(3 * W), qkv_stride(seq), 0, dx->data(), index_t(3 * W),
-                            qkv_stride(seq));
-      kernels::gemm_batched(device<S>{}, count, H, kernels::trans::yes, kernels::trans::no, index_t(seq),
-                            index_t(head_width), index_t(seq), 1, dscores->data(), index_t(seq), square_stride(seq),
-                            xd, index_t(3 * W), qkv_stride(seq), 0, dx->data() + W, index_t(3 * W),
-                            qkv_stride(seq));
+      kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dscores->data(), square_blocks(seq)),
+                            kernels::rhs(xd + W, qkv_blocks(seq)), kernels::result(dx->data(), qkv_blocks(seq)));
+      kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dscores->data(), square_blocks(seq)).transposed(),
+                            kernels::rhs(xd, qkv_blocks(seq)), kernels::result(dx->data() + W, qkv_blocks(seq)));
     }
     return dx;
   }
@@ -149,13 +142,18 @@ struct AttentionCore {
   static compute_type_t<typename S::value_type> scale() {
     return compute_type_t<typename S::value_type>(1.0 / std::sqrt(double(head_width)));
   }
-  // Head h of sequence b in the (batch * seq) x 3W input (plus a column offset the caller adds).
-  static constexpr kernels::batch_stride qkv_stride(std::size_t seq) {
-    return {index_t(seq * 3 * W), index_t(head_width)};
+  // Where the per-head matrices lie, matrix i being head i % H of sequence i / H: seq x head_width
+  // blocks of the (batch * seq) x 3W input or its gradient (q, k or v by the column offset added
+  // to the pointer); of the (batch * seq) x W output or its gradient; and seq x seq squares of the
+  // scores, probabilities or their gradients (batch x H x seq x seq).
+  static constexpr kernels::matrix_layout qkv_blocks(std::size_t seq) {
+    return {index_t(seq), index_t(head_width), index_t(3 * W), {index_t(seq * 3 * W), index_t(head_width)}};
   }
-  static constexpr kernels::batch_stride out_stride(std::size_t seq) { return {index_t(seq * W), index_t(head_width)}; }
-  static constexpr kernels::batch_stride square_stride(std::size_t seq) {
-    return {index_t(H * seq * seq), index_t(seq * seq)};
+  static constexpr kernels::matrix_layout out_blocks(std::size_t seq) {
+    return {index_t(seq), index_t(head_width), index_t(W), {index_t(seq * W), index_t(head_width)}};
+  }
+  static constexpr kernels::matrix_layout square_blocks(std::size_t seq) {
+    return {index_t(seq), index_t(seq), index_t(seq), {index_t(H * seq * seq), index_t(seq * seq)}};
   }
 };
 

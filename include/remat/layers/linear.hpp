@@ -45,8 +45,8 @@ struct Linear {
     // (the backward adds it back in the same pass).
     A z = s.product(rows, Out, [&](auto& out) {
       if constexpr (S::computes) {
-        kernels::gemm(typename S::device{}, kernels::trans::no, kernels::trans::yes, index_t(rows), index_t(Out),
-                      index_t(In), 1, x->data(), index_t(In), p, index_t(In), 0, out.data(), index_t(Out));
+        kernels::gemm(typename S::device{}, kernels::lhs(x->data(), index_t(rows), In),
+                      kernels::rhs(p, Out, In).transposed(), kernels::result(out.data(), index_t(rows), Out));
         if constexpr (Bias && std::is_void_v<F>) evaluate(out, out + broadcast_rows(bias(s, p), rows));
       }
     });
@@ -90,11 +90,12 @@ struct Linear {
     if constexpr (S::computes) {
       // dW += dy^T x, db += column sums of dy, dx = dy W.
       using D = typename S::device;
-      kernels::gemm(D{}, kernels::trans::yes, kernels::trans::no, index_t(Out), index_t(In), index_t(rows), 1,
-                    dy->data(), index_t(Out), x->data(), index_t(In), 1, g, index_t(In));
+      index_t const n = index_t(rows);
+      kernels::gemm(D{}, kernels::lhs(dy->data(), n, Out).transposed(), kernels::rhs(x->data(), n, In),
+                    kernels::result(g, Out, In), {.beta = 1});
       if constexpr (Bias) kernels::column_sums(D{}, dy->data(), rows, Out, g + In * Out, true);
-      kernels::gemm(D{}, kernels::trans::no, kernels::trans::no, index_t(rows), index_t(In), index_t(Out), 1,
-                    dy->data(), index_t(Out), p, index_t(In), 0, dx->data(), index_t(In));
+      kernels::gemm(D{}, kernels::lhs(dy->data(), n, Out), kernels::rhs(p, Out, In),
+                    kernels::result(dx->data(), n, In));
     }
     return dx;
   }

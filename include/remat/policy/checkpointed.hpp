@@ -46,7 +46,8 @@ struct Checkpointed : wraps<S> {
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     static_assert(layer_pass_contract<S, St>::ok);
     if (!s.keeps()) return S::forward(s, p, std::move(x));
-    return detail::checkpoint_forward(s, std::move(x), [&](typename St::act_type in) { return S::forward(s, p, std::move(in)); });
+    return detail::checkpoint_forward(s, std::move(x),
+                                      [&](typename St::act_type in) { return S::forward(s, p, std::move(in)); });
   }
 
   template <class St>

@@ -1,6 +1,7 @@
-// The binomial checkpointing schedule of Griewank and Walther ("revolve") that Revolve<C,
-// Repeat<N, B>> (policy/revolve.hpp) runs, computed at compile time: to run the backward of N blocks of a chain with at most C block inputs kept at once, it
-// recomputes the fewest block forwards possible.
+// The binomial checkpointing schedule of Griewank and Walther ("revolve") that
+// Revolve<C, Repeat<N, B>> (policy/revolve.hpp) runs, computed at compile time: to run the
+// backward of N blocks of a chain with at most C block inputs kept at once, it recomputes the
+// fewest block forwards possible.
 //
 // cost(l, s) is the fewest block forwards that advance the chain while reversing l blocks from a
 // kept input with s slots (that input's slot included). With s = 1 it is l(l-1)/2; otherwise, with
