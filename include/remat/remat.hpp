@@ -1,4 +1,5 @@
-// remat: train neural networks in less memory. The umbrella header: include this and go.
+// remat: train neural networks in less memory. The umbrella header: include this and go. (Each
+// folder's umbrella brings its files: graph/graph.hpp, policy/policies.hpp.)
 #pragma once
 
 #include "config.hpp"
@@ -11,10 +12,6 @@
 #include "expr/node.hpp"
 #include "expr/ops.hpp"
 #include "graph/graph.hpp"
-#include "graph/repeat.hpp"
-#include "graph/residual.hpp"
-#include "graph/seq.hpp"
-#include "graph/walk.hpp"
 #include "io/safetensors.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/gemm.hpp"
@@ -41,23 +38,11 @@
 #include "numeric/philox.hpp"
 #include "numeric/precision.hpp"
 #include "numeric/small_float.hpp"
-#include "pass/offload.hpp"
 #include "pass/step.hpp"
-#include "pass/vocabulary.hpp"
 #include "plan/activation.hpp"
-#include "plan/state.hpp"
-#include "policy/checkpoint_sequential.hpp"
-#include "policy/checkpointed.hpp"
-#include "policy/offloaded.hpp"
 #include "policy/policies.hpp"
-#include "policy/recompute_attention.hpp"
-#include "policy/revolve.hpp"
-#include "policy/revolve_schedule.hpp"
-#include "policy/selective.hpp"
-#include "policy/wraps.hpp"
 #include "runtime/check_gradients.hpp"
 #include "runtime/model.hpp"
-#include "runtime/training_pass.hpp"
 #include "tensor/tensor.hpp"
 #include "train/loss_scale.hpp"
 #include "train/optimizers.hpp"

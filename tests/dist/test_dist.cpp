@@ -155,7 +155,7 @@ TEST_CASE("storage policies train the same under data parallelism, bit for bit",
 TEST_CASE("each rank draws its own dropout masks", "[dist]") {
   model<DropNet> m(seed{3});
   dist::data_parallel dp(m, MPI_COMM_WORLD);
-  CHECK(m.replica() == std::uint64_t(dp.rank()));
+  CHECK(m.link().replica() == std::uint64_t(dp.rank()));
   // The same rows on every rank: the losses differ across ranks only through their masks.
   batch b = whole_batch(0);
   double const l = m.training_loss<SoftmaxCrossEntropy>(b.x.view(), b.y.view());
@@ -347,7 +347,7 @@ TEST_CASE("ranks with different models or options fail at the start on every ran
   // The model is left without a wrapper, and can be wrapped again.
   model<Net> m;
   dist::data_parallel dp(m, MPI_COMM_WORLD);
-  CHECK(m.gradient_sync() == &dp);
+  CHECK(m.link().gradient_sync() == &dp);
 }
 
 TEST_CASE("an optimizer built before a sharded wrapper is refused", "[dist][errors]") {

@@ -213,12 +213,12 @@ template <class NetT>
 std::vector<std::size_t> reported_offsets() {
   model<NetT> m(seed{2});
   report_recorder r;
-  m.set_gradient_sync(&r);
+  m.link().set_gradient_sync(&r);
   tensor<float> x(4, 5), t(4, 3);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(i % 7) * 0.25f;
   for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.5f;
   m.template accumulate<MSE>(x, t);
-  m.set_gradient_sync(nullptr);
+  m.link().set_gradient_sync(nullptr);
   return r.offsets;
 }
 

@@ -122,13 +122,13 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     transport_ = std::make_unique<Transport>(c_);
     plan_buckets();
     broadcast_parameters();
-    model_.set_replica(std::uint64_t(c_.rank()));
-    model_.set_gradient_sync(this);
+    model_.link().set_replica(std::uint64_t(c_.rank()));
+    model_.link().set_gradient_sync(this);
   }
   data_parallel(data_parallel const&) = delete;
   data_parallel& operator=(data_parallel const&) = delete;
   ~data_parallel() override {
-    if (model_.gradient_sync() == this) model_.set_gradient_sync(nullptr);
+    if (model_.link().gradient_sync() == this) model_.link().set_gradient_sync(nullptr);
     // Messages abandoned in flight may still use the communicator and its buffers.
     if (transport_ && transport_->busy()) c_.abandon();
   }
@@ -275,7 +275,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   };
 
   static options checked(Model const& m, options o) {
-    if (m.gradient_sync())
+    if (m.link().gradient_sync())
       REMAT_NAMESPACE::detail::raise<argument_error>(
           "data_parallel: expected a model without a data-parallel wrapper, found one already plugged in");
     if (!(o.timeout_seconds > 0))

@@ -64,6 +64,28 @@ struct pass_report {
   std::uint64_t recomputed = 0;     // block forwards that storage policies ran again
 };
 
+// What a data-parallel wrapper (remat::dist) plugs into a model, and the optimizers built from the
+// model read: the wrapper told of the passes and gradients (null when training alone), and the
+// replica, whose dropout streams are its own (replica 0, the default, draws those of a model on
+// its own; remat::dist sets it to the rank).
+class model_link {
+ public:
+  detail::gradient_sync* gradient_sync() const { return sync_; }
+  void set_gradient_sync(detail::gradient_sync* s) { sync_ = s; }
+  // The slot the wrapper is read from, so an optimizer built before it still sees it.
+  detail::gradient_sync* const* gradient_sync_slot() const { return &sync_; }
+  std::uint64_t replica() const { return replica_; }
+  void set_replica(std::uint64_t r) {
+    if (r >= (std::uint64_t(1) << 16))
+      detail::raise<argument_error>("model::link().set_replica: expected a replica below 65536, found ", r);
+    replica_ = r;
+  }
+
+ private:
+  detail::gradient_sync* sync_ = nullptr;
+  std::uint64_t replica_ = 0;
+};
+
 // Where a model's Offloaded<S> segments put their activations (memory/offload.hpp): pinned host
 // memory for a GPU model, host memory apart from the activations for a host model.
 template <class Device>
@@ -165,7 +187,7 @@ class model {
 
   void zero_grad() {
     [[maybe_unused]] auto const on_stream = stream_.scope();
-    if (sync_) sync_->zeroing_gradients();
+    if (detail::gradient_sync* sync = link_.gradient_sync()) sync->zeroing_gradients();
     evaluate(grads_, expr::to_expr(0.0));
   }
 
@@ -176,7 +198,7 @@ class model {
   double train_step(input_view x, typename Loss::template target_type<T, Device> target, Optimizer& opt) {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     validate<Loss>(x, target);  // before zero_grad: bad input changes nothing
-    if (sync_) sync_->check_pass();
+    if (detail::gradient_sync* sync = link_.gradient_sync()) sync->check_pass();
     zero_grad();
     auto const l = training_pass<Loss>(x, target, 1.0, nullptr);
     opt.step();
@@ -214,22 +236,13 @@ class model {
   // Training passes run so far; each draws its own dropout stream.
   std::uint64_t passes() const { return passes_; }
   void set_passes(std::uint64_t p) { passes_ = p; }
-  // A data-parallel replica draws dropout streams of its own (replica 0, the default, draws those
-  // of a model on its own); remat::dist sets it to the rank.
-  void set_replica(std::uint64_t r) {
-    if (r >= (std::uint64_t(1) << 16))
-      detail::raise<argument_error>("model::set_replica: expected a replica below 65536, found ", r);
-    replica_ = r;
-  }
-  std::uint64_t replica() const { return replica_; }
-  // What a data-parallel wrapper plugs in (remat::dist); null when training alone.
   // Makes the model's stream current until the end of the scope (on the GPU; nothing on the host):
   // work issued beside the model's own (a data-parallel wrapper's) is then ordered with it.
   [[nodiscard]] auto stream_scope() const { return stream_.scope(); }
-  detail::gradient_sync* gradient_sync() const { return sync_; }
-  void set_gradient_sync(detail::gradient_sync* s) { sync_ = s; }
-  // The optimizer slot the wrapper is read from, so an optimizer built before it still sees it.
-  detail::gradient_sync* const* gradient_sync_slot() const { return &sync_; }
+  // What a data-parallel wrapper (remat::dist) and the optimizers plug into; a model trained alone
+  // leaves it as it is.
+  model_link& link() { return link_; }
+  model_link const& link() const { return link_; }
 
   // Checks an input and its target as a training pass would, and throws what it would throw. On
   // the GPU the input's device check is issued before the target's and both are read with one
@@ -284,14 +297,15 @@ class model {
   kernels::pending_scalar<Device> training_pass(input_view x, typename Loss::template target_type<T, Device> target,
                                                 double weight, tensor<T, Device>* dx) {
     warn_unscaled_half();
-    if (sync_) {
-      sync_->check_pass();
-      sync_->pass_starting();
+    detail::gradient_sync* const sync = link_.gradient_sync();
+    if (sync) {
+      sync->check_pass();
+      sync->pass_starting();
     }
     state_type s = make_state({.training = true, .stream = dropout_stream()}, x);
-    if (sync_)
-      s.listen_gradients(grads_.data(), {sync_, [](void* sync, std::size_t offset) {
-                                           static_cast<detail::gradient_sync*>(sync)->gradients_ready(offset);
+    if (sync)
+      s.listen_gradients(grads_.data(), {sync, [](void* to, std::size_t offset) {
+                                           static_cast<detail::gradient_sync*>(to)->gradients_ready(offset);
                                          }});
     kernels::pending_scalar<Device> l;
     // The loss's gradient is multiplied by the loss scale (gradients stay scaled until the
@@ -301,7 +315,7 @@ class model {
         s, weights(), grads_.data(), detail::input_activation<Net, Precision>(s, x, true),
         [&](act<C, Device> const& y, act<C, Device> const& dy) { l = loss_and_gradient<Loss>(*y, target, scale, dy.get()); });
     if (dx && g) evaluate(*dx, to_expr(*g));
-    if (sync_) sync_->gradients_ready(0);
+    if (sync) sync->gradients_ready(0);
     ++passes_;
     report_ = {s.saved_bytes(), s.recomputed()};
     return l;
@@ -381,7 +395,7 @@ class model {
   }
 
   // The dropout stream of the next pass: one per pass, and per replica in data parallelism.
-  std::uint64_t dropout_stream() const { return passes_ + (replica_ << 40); }
+  std::uint64_t dropout_stream() const { return passes_ + (link_.replica() << 40); }
 
   static void warn_unscaled_half() {
     if constexpr (std::is_same_v<C, half> && Precision::loss_scale::identity) {
@@ -430,8 +444,7 @@ class model {
   std::uint64_t seed_;
   std::uint64_t passes_ = 0;
   std::size_t seq_len_ = 0;  // a sequence model reading features: rows per sequence
-  std::uint64_t replica_ = 0;
-  detail::gradient_sync* sync_ = nullptr;
+  model_link link_;
   pass_report report_{};
 };
 

@@ -71,7 +71,7 @@ tensor_view<T, D> range_of(tensor_view<T, D> v, param_range r) {
 
 template <class Model>
 param_range shard_of(Model const& m) {
-  if (gradient_sync const* s = m.gradient_sync()) return s->shard();
+  if (gradient_sync const* s = m.link().gradient_sync()) return s->shard();
   return {0, Model::parameter_count};
 }
 
@@ -101,7 +101,7 @@ class optimizer_base {
       raise<shape_error>(who, ": expected a compute copy of ", Model::parameter_count, " weights, found ", pc.size());
     pc_ = pc.data() ? pc.data() + r.begin : nullptr;
     scaler_ = &m.scaler();
-    sync_slot_ = m.gradient_sync_slot();
+    sync_slot_ = m.link().gradient_sync_slot();
     range_ = r;
     who_ = who;
   }
