@@ -30,12 +30,12 @@ struct gradient_listener {
 
 template <class T, class D, class G = T>
 class pass_state
-    : public pass_stacks<act<T, D>, pass_state<T, D, G>,
+    : public pass_vocabulary<act<T, D>, pass_state<T, D, G>,
                          offload_record<act<T, D>, memory::held_block<memory::offload_space_t<D>>,
                                         detail::copy_fence<D>>> {
   using host_copy = memory::held_block<memory::offload_space_t<D>>;
   using record = offload_record<act<T, D>, host_copy, detail::copy_fence<D>>;
-  using base = pass_stacks<act<T, D>, pass_state, record>;
+  using base = pass_vocabulary<act<T, D>, pass_state, record>;
 
  public:
   using value_type = T;

@@ -65,9 +65,9 @@ struct pass_options {
 // copies share, the last one frees). Self supplies make, hollow, is_hollow, owns, copy_off,
 // copy_back and offload_target; Record is what one Offloaded forward moved (pass/offload.hpp).
 template <class A, class Self, class Record>
-class pass_stacks {
+class pass_vocabulary {
  public:
-  constexpr explicit pass_stacks(pass_options const& o = {})
+  constexpr explicit pass_vocabulary(pass_options const& o = {})
       : training_(o.training),
         keep_(o.keep),
         seed_(o.seed),
@@ -158,7 +158,7 @@ class pass_stacks {
   // with side effects off. restart_at(o) moves it to another offset (a schedule with many starts).
   class recomputation {
    public:
-    constexpr recomputation(pass_stacks& s, std::uint64_t offset)
+    constexpr recomputation(pass_vocabulary& s, std::uint64_t offset)
         : s_(s), offset_(s.rng_offset_), was_(s.recomputing_) {
       s.rng_offset_ = offset;
       s.recomputing_ = true;
@@ -172,7 +172,7 @@ class pass_stacks {
     constexpr void restart_at(std::uint64_t offset) { s_.rng_offset_ = offset; }
 
    private:
-    pass_stacks& s_;
+    pass_vocabulary& s_;
     std::uint64_t offset_;
     bool was_;
   };
@@ -186,7 +186,7 @@ class pass_stacks {
   // recomputation).
   class replay_scope {
    public:
-    constexpr replay_scope(pass_stacks& s, std::vector<A>& list) : s_(s), list_(s.replay_), next_(s.replay_next_) {
+    constexpr replay_scope(pass_vocabulary& s, std::vector<A>& list) : s_(s), list_(s.replay_), next_(s.replay_next_) {
       s.replay_ = &list;
       s.replay_next_ = 0;
     }
@@ -198,7 +198,7 @@ class pass_stacks {
     }
 
    private:
-    pass_stacks& s_;
+    pass_vocabulary& s_;
     std::vector<A>* list_;
     std::size_t next_;
   };

@@ -133,9 +133,9 @@ struct input_shape {
 // The pass-state vocabulary, counting instead of computing. T is the type activations are stored
 // in.
 template <class T>
-class state : public pass_stacks<ref, state<T>, offload_record<ref, ref, no_fence>> {
+class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_fence>> {
   using record = offload_record<ref, ref, no_fence>;
-  using base = pass_stacks<ref, state<T>, record>;
+  using base = pass_vocabulary<ref, state<T>, record>;
 
  public:
   using value_type = T;
