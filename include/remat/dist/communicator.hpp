@@ -31,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace REMAT_NAMESPACE {
@@ -173,20 +174,17 @@ class communicator {
   // ---- small messages (through heap buffers: a message abandoned by a timeout never writes into
   // a stack frame that is gone)
 
-  // The sum (or the maximum) of a value over the ranks.
-  double all_reduce(double x, MPI_Op op, char const* what) {
-    k_->d_in = x;
+  // The sum (or the minimum, the maximum) of a double or an int over the ranks.
+  template <class V>
+    requires std::is_same_v<V, double> || std::is_same_v<V, int>
+  V all_reduce(V x, MPI_Op op, char const* what) {
+    auto& [in, out] = k_->scalars(V{});
+    in = x;
     MPI_Request r;
-    detail::check(MPI_Iallreduce(&k_->d_in, &k_->d_out, 1, MPI_DOUBLE, op, comm_, &r), "MPI_Iallreduce");
+    detail::check(MPI_Iallreduce(&in, &out, 1, std::is_same_v<V, int> ? MPI_INT : MPI_DOUBLE, op, comm_, &r),
+                  "MPI_Iallreduce");
     wait(r, what);
-    return k_->d_out;
-  }
-  int all_reduce(int x, MPI_Op op, char const* what) {
-    k_->i_in = x;
-    MPI_Request r;
-    detail::check(MPI_Iallreduce(&k_->i_in, &k_->i_out, 1, MPI_INT, op, comm_, &r), "MPI_Iallreduce");
-    wait(r, what);
-    return k_->i_out;
+    return out;
   }
   // `bytes` bytes of root's buffer to every rank's.
   void broadcast(void* data, std::size_t bytes, int root, char const* what) {
@@ -261,8 +259,10 @@ class communicator {
   static constexpr std::size_t chunk = std::size_t(1) << 30;  // elements per message, within int
 
   struct buffers {
-    int i_in = 0, i_out = 0;
-    double d_in = 0, d_out = 0;
+    std::pair<int, int> ints{};  // (in, out) of an all-reduce
+    std::pair<double, double> doubles{};
+    std::pair<int, int>& scalars(int) { return ints; }
+    std::pair<double, double>& scalars(double) { return doubles; }
     std::vector<unsigned char> bytes, send, gathered;
     std::vector<std::uint64_t> u_mine, u_all;
   };

@@ -16,7 +16,7 @@ struct residual_width_mismatch {
 };
 
 template <class S>
-struct Residual {
+struct Residual : detail::parameters_of<S> {
   static_assert(layer_contract<S>::ok, "remat::Residual<S>: S must be a layer (see layer_contract above)");
   using children = type_list<S>;
   template <class C>
@@ -26,16 +26,6 @@ struct Residual {
   static_assert(widths_ok, "remat::Residual: see residual_width_mismatch above");
   static constexpr std::size_t in_width = S::in_width;
   static constexpr std::size_t out_width = S::in_width;
-  static constexpr std::size_t param_count = S::param_count;
-
-  template <class F>
-  static void visit(std::string const& prefix, std::size_t offset, F& f) {
-    detail::visit_params<S>(prefix, offset, f);
-  }
-  template <class T>
-  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
-    S::init(p, global_offset, seed);
-  }
 
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -154,6 +155,21 @@ void visit_params(std::string const& prefix, std::size_t offset, F&& f) {
   else
     for (param_desc const& p : L::params()) f(prefix + p.name, offset + p.offset, p.shape);
 }
+
+// A composite with one child whose parameters are all it has (Residual, every storage policy):
+// their count, names and initialisation are the child's.
+template <class S>
+struct parameters_of {
+  static constexpr std::size_t param_count = S::param_count;
+  template <class F>
+  static void visit(std::string const& prefix, std::size_t offset, F& f) {
+    visit_params<S>(prefix, offset, f);
+  }
+  template <class T>
+  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
+    S::init(p, global_offset, seed);
+  }
+};
 
 }  // namespace detail
 }  // namespace REMAT_NAMESPACE

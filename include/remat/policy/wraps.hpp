@@ -27,20 +27,11 @@ struct not_a_segment {
 };
 
 template <class S>
-struct wraps {
+struct wraps : detail::parameters_of<S> {
   using segment = S;
   static constexpr bool handles_hollow = handles_hollow_v<S>;
   static constexpr std::size_t in_width = S::in_width;
   static constexpr std::size_t out_width = S::out_width;
-  static constexpr std::size_t param_count = S::param_count;
-  template <class F>
-  static void visit(std::string const& prefix, std::size_t offset, F& f) {
-    detail::visit_params<S>(prefix, offset, f);
-  }
-  template <class T>
-  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
-    S::init(p, global_offset, seed);
-  }
 };
 
 namespace detail {
