@@ -2,15 +2,16 @@
 # Builds remat with optimisation and runs the benchmarks in bench/, writing markdown tables and
 # JSON lines (one per configuration) to bench/results/:
 #   expr-host.*      fused expressions against op-by-op evaluation and copy bandwidth
+#   float-math-host.* remat's float exp/erf/tanh beside glibc, libmvec and SLEEF (AVX-512 machines)
 #   policies-host.*  the residual-MLP training step under every storage policy, interleaved with
 #                    PyTorch on the same model (bench/compare_torch.py), and a plot (.png)
 #   dist-host.*      data-parallel scaling from 1 to 2 MPI ranks beside PyTorch DDP (bench/dist_scaling.sh)
 # Arguments go to compare_torch.py (e.g. --quick for a smoke run, --steps 9).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh python3-matplotlib
+bash scripts/setup.sh python3-matplotlib libsleef-dev
 cmake --preset default >/dev/null
-cmake --build --preset default --target bench_expr bench_policies bench_dist -j"$(nproc)"
+cmake --build --preset default --target bench_expr bench_policies bench_dist bench_float_math -j"$(nproc)"
 mkdir -p bench/results
 stamp="$(date -u +%Y-%m-%d)"
 raw="$(mktemp)"
@@ -23,6 +24,12 @@ export OMP_NUM_THREADS=2
 } > bench/results/expr-host.md
 sed -n 's/^json: //p' "$raw" > bench/results/expr-host.jsonl
 echo "wrote bench/results/expr-host.md and bench/results/expr-host.jsonl"
+./build/default/bench/bench_float_math | tee "$raw"
+{
+  echo "<!-- $stamp, $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; scripts/bench.sh -->"
+  grep -v '^json: ' "$raw"
+} > bench/results/float-math-host.md
+sed -n 's/^json: //p' "$raw" > bench/results/float-math-host.jsonl
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --out bench/results/policies-host "$@"
 # Mixed precision: remat's mixed<bfloat16> against torch.autocast('cpu', dtype=torch.bfloat16).
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --precision bf16 \

@@ -1,8 +1,11 @@
 // Scalar maths for the two compute types, callable on host and device. One definition per
-// function so that fused and op-by-op evaluation call exactly the same code.
+// function so that fused and op-by-op evaluation call exactly the same code. On the host, float
+// exp, erf and tanh are remat's own (float_math.hpp: vectorisable, bit-identical in every lane);
+// on the GPU, CUDA's.
 #pragma once
 
 #include "../config.hpp"
+#include "float_math.hpp"
 
 #include <cmath>
 
@@ -10,15 +13,33 @@ namespace REMAT_NAMESPACE {
 namespace expr {
 namespace math {
 
-REMAT_HOST_DEVICE float exp(float x) { return ::expf(x); }
+REMAT_HOST_DEVICE float exp(float x) {
+#if REMAT_DEVICE_CODE
+  return ::expf(x);
+#else
+  return float_math::exp(x);
+#endif
+}
 REMAT_HOST_DEVICE double exp(double x) { return ::exp(x); }
 REMAT_HOST_DEVICE float log(float x) { return ::logf(x); }
 REMAT_HOST_DEVICE double log(double x) { return ::log(x); }
 REMAT_HOST_DEVICE float sqrt(float x) { return ::sqrtf(x); }
 REMAT_HOST_DEVICE double sqrt(double x) { return ::sqrt(x); }
-REMAT_HOST_DEVICE float tanh(float x) { return ::tanhf(x); }
+REMAT_HOST_DEVICE float tanh(float x) {
+#if REMAT_DEVICE_CODE
+  return ::tanhf(x);
+#else
+  return float_math::tanh(x);
+#endif
+}
 REMAT_HOST_DEVICE double tanh(double x) { return ::tanh(x); }
-REMAT_HOST_DEVICE float erf(float x) { return ::erff(x); }
+REMAT_HOST_DEVICE float erf(float x) {
+#if REMAT_DEVICE_CODE
+  return ::erff(x);
+#else
+  return float_math::erf(x);
+#endif
+}
 REMAT_HOST_DEVICE double erf(double x) { return ::erf(x); }
 REMAT_HOST_DEVICE float abs(float x) { return ::fabsf(x); }
 REMAT_HOST_DEVICE double abs(double x) { return ::fabs(x); }

@@ -1,0 +1,213 @@
+// remat's float exp, erf and tanh (expr/float_math.hpp) against double-precision libm, whose
+// results are within a fraction of a float ulp of the true values: every float input (the
+// exhaustive cases, labelled long), or a sample of 2^20 of them spread over every exponent (the
+// quick cases, also run under the sanitizers). Also: the vectorised pass (kernels::transform, the
+// widest clone this processor runs) gives the bits of a scalar call, for every input checked.
+#include <remat/expr/expr.hpp>
+#include <remat/expr/float_math.hpp>
+#include <remat/tensor/tensor.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+using namespace remat;
+
+namespace {
+
+// The error of y in units of the last place of the float nearest to r (ulp of the binade of |r|;
+// 2^-149 below the smallest normal).
+double ulp_error(float y, double r) {
+  int e = 0;
+  std::frexp(std::fabs(r), &e);
+  return std::fabs(double(y) - r) / std::ldexp(1.0, std::max(e - 24, -149));
+}
+
+struct report {
+  double worst = 0;
+  std::uint32_t worst_bits = 0;
+  long wrong_specials = 0;  // NaN, inf or a zero's sign not as IEEE expects
+  long lane_mismatches = 0;  // vector pass and scalar call disagree
+  std::size_t checked = 0;
+  std::string summary(char const* name) const {
+    float const x = std::bit_cast<float>(worst_bits);
+    return std::string(name) + ": " + std::to_string(checked) + " inputs, max error " + std::to_string(worst) +
+           " ulp at " + std::to_string(x) + ", " + std::to_string(wrong_specials) + " special values wrong, " +
+           std::to_string(lane_mismatches) + " vector/scalar mismatches";
+  }
+};
+
+template <class Op>
+struct apply_fn {
+  float const* x;
+  Op op;
+  float operator()(std::size_t i) const { return op(x[i]); }
+};
+
+// Checks f (vectorised through kernels::transform) against ref on the inputs whose bit patterns
+// are first, first + stride, ... below 2^32.
+template <class F, class Ref>
+report check(F f, float (*scalar)(float), Ref ref, std::uint64_t stride) {
+  report rep;
+  constexpr std::size_t chunk = std::size_t(1) << 22;
+  std::vector<float> x(chunk), y(chunk);
+  float (*volatile call)(float) = scalar;  // (through a pointer: a scalar call, never vectorised)
+  for (std::uint64_t base = 0; base < (std::uint64_t(1) << 32); base += chunk * stride) {
+    std::size_t const n =
+        std::size_t(std::min<std::uint64_t>(chunk, ((std::uint64_t(1) << 32) - base + stride - 1) / stride));
+    for (std::size_t i = 0; i < n; ++i) x[i] = std::bit_cast<float>(std::uint32_t(base + i * stride));
+    kernels::transform(host{}, n, y.data(), apply_fn<F>{x.data(), f});
+    double worst = 0;
+    std::uint32_t worst_bits = 0;
+    long specials = 0, lanes = 0;
+#if defined(_OPENMP)
+#pragma omp parallel
+#endif
+    {
+      double w = 0;
+      std::uint32_t wb = 0;
+      long sp = 0, la = 0;
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+      for (std::ptrdiff_t k = 0; k < std::ptrdiff_t(n); ++k) {
+        std::size_t const i = std::size_t(k);
+        float const yi = y[i];
+        if (std::bit_cast<std::uint32_t>(call(x[i])) != std::bit_cast<std::uint32_t>(yi) &&
+            !(std::isnan(yi) && std::isnan(call(x[i]))))
+          ++la;
+        double const r = ref(double(x[i]));
+        if (std::isnan(r)) {
+          sp += !std::isnan(yi);
+          continue;
+        }
+        float const rf = float(r);
+        if (std::isinf(rf) || rf == 0.0f) {  // overflow, an exact zero, or below half the smallest subnormal
+          sp += std::bit_cast<std::uint32_t>(yi) != std::bit_cast<std::uint32_t>(rf) &&
+                !(rf == 0.0f && ulp_error(yi, r) <= 1.0);
+          continue;
+        }
+        if (std::isnan(yi) || std::isinf(yi)) {
+          ++sp;
+          continue;
+        }
+        double const err = ulp_error(yi, r);
+        if (err > w) w = err, wb = std::bit_cast<std::uint32_t>(x[i]);
+      }
+#if defined(_OPENMP)
+#pragma omp critical
+#endif
+      {
+        if (w > worst) worst = w, worst_bits = wb;
+        specials += sp;
+        lanes += la;
+      }
+    }
+    if (worst > rep.worst) rep.worst = worst, rep.worst_bits = worst_bits;
+    rep.wrong_specials += specials;
+    rep.lane_mismatches += lanes;
+    rep.checked += n;
+  }
+  return rep;
+}
+
+struct exp_f {
+  float operator()(float x) const { return expr::float_math::exp(x); }
+};
+struct erf_f {
+  float operator()(float x) const { return expr::float_math::erf(x); }
+};
+struct tanh_f {
+  float operator()(float x) const { return expr::float_math::tanh(x); }
+};
+float exp_scalar(float x) { return expr::float_math::exp(x); }
+float erf_scalar(float x) { return expr::float_math::erf(x); }
+float tanh_scalar(float x) { return expr::float_math::tanh(x); }
+double exp_ref(double x) { return std::exp(x); }
+double erf_ref(double x) { return std::erf(x); }
+double tanh_ref(double x) { return std::tanh(x); }
+
+// The bounds the header documents.
+constexpr double exp_bound = 1.0, erf_bound = 1.5, tanh_bound = 1.5;
+
+template <class F>
+void require_within(F f, float (*scalar)(float), double (*ref)(double), double bound, std::uint64_t stride,
+                    char const* name) {
+  report const r = check(f, scalar, ref, stride);
+  INFO(r.summary(name));
+  CHECK(r.checked == ((std::uint64_t(1) << 32) + stride - 1) / stride);
+  CHECK(r.worst < bound);
+  CHECK(r.wrong_specials == 0);
+  CHECK(r.lane_mismatches == 0);
+}
+
+}  // namespace
+
+TEST_CASE("float_math: exp, erf and tanh on 2^20 inputs over every exponent, within their bounds", "[expr][math]") {
+  std::uint64_t const stride = 4096;  // (odd patterns too: stride + 1 below)
+  require_within(exp_f{}, exp_scalar, exp_ref, exp_bound, stride + 1, "exp");
+  require_within(erf_f{}, erf_scalar, erf_ref, erf_bound, stride + 1, "erf");
+  require_within(tanh_f{}, tanh_scalar, tanh_ref, tanh_bound, stride + 1, "tanh");
+}
+
+TEST_CASE("float_math: special values", "[expr][math]") {
+  namespace fm = expr::float_math;
+  float const inf = INFINITY, nan = NAN;
+  CHECK(fm::exp(inf) == inf);
+  CHECK(fm::exp(-inf) == 0.0f);
+  CHECK(fm::exp(0.0f) == 1.0f);
+  CHECK(fm::exp(-0.0f) == 1.0f);
+  CHECK(fm::exp(88.8f) == inf);
+  CHECK(fm::exp(-104.0f) == 0.0f);
+  float const subnormal = float(std::exp(-103.0));
+  CHECK(std::bit_cast<std::uint32_t>(fm::exp(-103.0f)) == std::bit_cast<std::uint32_t>(subnormal));
+  CHECK(std::isnan(fm::exp(nan)));
+  CHECK(fm::erf(inf) == 1.0f);
+  CHECK(fm::erf(-inf) == -1.0f);
+  CHECK(std::signbit(fm::erf(-0.0f)));
+  CHECK(fm::erf(-0.0f) == 0.0f);
+  CHECK(fm::erf(5.0f) == 1.0f);
+  CHECK(std::isnan(fm::erf(nan)));
+  CHECK(fm::tanh(inf) == 1.0f);
+  CHECK(fm::tanh(-inf) == -1.0f);
+  CHECK(std::signbit(fm::tanh(-0.0f)));
+  CHECK(fm::tanh(100.0f) == 1.0f);
+  CHECK(std::isnan(fm::tanh(nan)));
+  float const tiny = std::bit_cast<float>(std::uint32_t(1));  // the smallest subnormal
+  CHECK(fm::tanh(tiny) == tiny);
+  CHECK(fm::erf(tiny) == tiny);  // 2/sqrt(pi) * 2^-149 rounds to 2^-149
+}
+
+TEST_CASE("float_math: a pass gives the same bits on any number of threads", "[expr][math]") {
+  std::size_t const n = std::size_t(1) << 20;
+  tensor<float> x(index_t(n), 1), one(index_t(n), 1), two(index_t(n), 1);
+  for (std::size_t i = 0; i < n; ++i) x[i] = float(std::sin(double(i) * 0.001) * 12.0);
+#if defined(_OPENMP)
+  int const threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+#endif
+  evaluate(one, gelu(x) + tanh(x) * exp(-x * x));
+#if defined(_OPENMP)
+  omp_set_num_threads(3);
+#endif
+  evaluate(two, gelu(x) + tanh(x) * exp(-x * x));
+#if defined(_OPENMP)
+  omp_set_num_threads(threads);
+#endif
+  CHECK(std::memcmp(one.data(), two.data(), n * sizeof(float)) == 0);
+}
+
+TEST_CASE("float_math: exp, erf and tanh over all 2^32 floats, within their bounds", "[expr][math][long]") {
+  require_within(exp_f{}, exp_scalar, exp_ref, exp_bound, 1, "exp");
+  require_within(erf_f{}, erf_scalar, erf_ref, erf_bound, 1, "erf");
+  require_within(tanh_f{}, tanh_scalar, tanh_ref, tanh_bound, 1, "tanh");
+}
