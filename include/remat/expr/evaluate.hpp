@@ -21,6 +21,13 @@ struct store_fn {
   REMAT_HOST_DEVICE T operator()(std::size_t i) const { return from_compute<T>(e.template eval<V>(i)); }
 };
 
+// The same through eval_at, for a pass over rows that knows each element's column.
+template <class T, class V, class E>
+struct store_at_fn {
+  E e;
+  REMAT_HOST_DEVICE T operator()(std::size_t i, std::size_t c) const { return from_compute<T>(eval_at<V>(e, i, c)); }
+};
+
 template <class V, class E>
 struct load_fn {
   E e;
@@ -66,6 +73,14 @@ void evaluate(Out&& out, E const& e) {
     REMAT_NAMESPACE::detail::raise<shape_error>("remat::evaluate: expected an expression of ", n,
                                                 " elements to match the destination, found ", x.size());
   using V = compute_t<X, T>;
+  if constexpr (std::is_same_v<D, host>) {
+    // A bias (a row broadcast): a pass over rows, each element's column known.
+    std::size_t const w = broadcast_width(x);
+    if (w != 0 && w != any_size && n % w == 0) {
+      kernels::transform_rows(D{}, n / w, w, out.data(), detail::store_at_fn<T, V, X>{x});
+      return;
+    }
+  }
   kernels::transform(D{}, n, out.data(), detail::store_fn<T, V, X>{x});
 }
 

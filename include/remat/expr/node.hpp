@@ -163,6 +163,37 @@ inline constexpr bool is_terminal_v<ref<T, D, I>> = true;
 template <class T, class D, int I>
 inline constexpr bool is_terminal_v<row_broadcast<T, D, I>> = true;
 
+// Element i of e where i lies in column c of rows of the row broadcasts' width: a broadcast reads
+// its element c directly (a host pass over rows knows c; i % width in every element would cost an
+// integer division and keep the loop from vectorising); everything else reads element i.
+template <class V, class E>
+REMAT_HOST_DEVICE V eval_at(E const& e, std::size_t i, std::size_t c) {
+  if constexpr (requires { e.width; e.data; })  // a row_broadcast
+    return to_compute<V>(e.data[c]);
+  else if constexpr (requires { e.op; e.a; })  // a unary node
+    return e.op(eval_at<V>(e.a, i, c));
+  else if constexpr (requires { e.a; e.b; })  // a binary node (its op is stateless)
+    return [&]<class Op, class A, class B>(binary<Op, A, B> const&) {
+      return Op{}(eval_at<V>(e.a, i, c), eval_at<V>(e.b, i, c));
+    }(e);
+  else
+    return e.template eval<V>(i);
+}
+
+// The width of e's row broadcasts: 0 if it has none, any_size if they differ.
+template <class E>
+std::size_t broadcast_width(E const& e) {
+  if constexpr (requires { e.width; e.data; })
+    return e.width;
+  else if constexpr (requires { e.op; e.a; })
+    return broadcast_width(e.a);
+  else if constexpr (requires { e.a; e.b; }) {
+    std::size_t const a = broadcast_width(e.a), b = broadcast_width(e.b);
+    return a == 0 ? b : (b == 0 || a == b ? a : any_size);
+  } else
+    return 0;
+}
+
 // The type an expression computes in when written to an Out.
 template <class E, class Out>
 using compute_t = std::conditional_t<E::is_double || std::is_same_v<std::remove_cv_t<Out>, double>, double, float>;

@@ -19,22 +19,51 @@ REMAT_HOST_CLONES void host_transform(Out* out, std::size_t first, std::size_t l
   for (std::size_t i = first; i < last; ++i) out[i] = f(i);
 }
 
+template <class Out, class F>
+REMAT_HOST_CLONES void host_transform_rows(Out* out, std::size_t first, std::size_t last, std::size_t cols,
+                                           F const& f) {
+  for (std::size_t r = first; r < last; ++r) {
+    std::size_t const base = r * cols;
+    Out* const row = out + base;
+    for (std::size_t c = 0; c < cols; ++c) row[c] = f(base + c, c);
+  }
+}
+
+// Runs run(first, last) over [0, n) items of `work` elements in all: split across the OpenMP
+// threads in static chunks when that pays, on the calling thread otherwise.
+template <class Run>
+void host_split(std::size_t n, std::size_t work, Run const& run) {
+#if defined(_OPENMP)
+  if (work >= parallel_threshold && omp_get_max_threads() > 1) {
+#pragma omp parallel
+    {
+      std::size_t const t = std::size_t(omp_get_thread_num()), threads = std::size_t(omp_get_num_threads());
+      run(n * t / threads, n * (t + 1) / threads);
+    }
+    return;
+  }
+#else
+  (void)work;
+#endif
+  run(0, n);
+}
+
 }  // namespace detail
 
 template <class Out, class F>
 void transform(host, std::size_t n, Out* out, F const& f) {
   if (n == 0) return;
-#if defined(_OPENMP)
-  if (n >= detail::parallel_threshold && omp_get_max_threads() > 1) {
-#pragma omp parallel
-    {
-      std::size_t const t = std::size_t(omp_get_thread_num()), threads = std::size_t(omp_get_num_threads());
-      detail::host_transform(out, n * t / threads, n * (t + 1) / threads, f);
-    }
-    return;
-  }
-#endif
-  detail::host_transform(out, 0, n, f);
+  detail::host_split(n, n, [&](std::size_t first, std::size_t last) { detail::host_transform(out, first, last, f); });
+}
+
+// out[r * cols + c] = f(r * cols + c, c) over rows x cols (host): a pass that knows each element's
+// column (a row broadcast reads its element c).
+template <class Out, class F>
+void transform_rows(host, std::size_t rows, std::size_t cols, Out* out, F const& f) {
+  if (rows == 0 || cols == 0) return;
+  detail::host_split(rows, rows * cols, [&](std::size_t first, std::size_t last) {
+    detail::host_transform_rows(out, first, last, cols, f);
+  });
 }
 
 #if REMAT_HAS_CUDA
