@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -91,6 +92,61 @@ row run(char const* name, int inputs, E const& e, std::size_t n, int reps) {
   return r;
 }
 
+// The optimizer passes (kernels/optimizers.hpp) on n parameters: bytes that must move per
+// parameter (each array read once, each written once), median time, and the fraction of the copy
+// bandwidth for the same bytes.
+struct opt_row {
+  std::string name;
+  double bytes_per_param;
+  std::size_t n;
+  double s, copy_s;
+};
+
+std::vector<opt_row> optimizer_rows(std::size_t n, int reps) {
+  std::vector<opt_row> out;
+  ftensor p(index_t(n), 1), g(index_t(n), 1), m(index_t(n), 1), v(index_t(n), 1);
+  tensor<bfloat16> pc(index_t(n), 1);
+  evaluate(p, expr::to_expr(0.5));
+  evaluate(g, expr::to_expr(1e-3));
+  evaluate(m, expr::to_expr(0.0));
+  evaluate(v, expr::to_expr(0.0));
+  kernels::adamw_scalars const k{1.0, 1.0 - 1e-3 * 1e-2, 0.9, 0.999, 1e-3 / 0.1, std::sqrt(1 - 0.999), 1e-8};
+  // Timed interleaved with a parallel copy of the same bytes (this machine's bandwidth drifts
+  // between runs): medians of each.
+  auto add = [&](char const* name, double bytes_per_param, std::function<void()> const& f) {
+    index_t const half = index_t(bytes_per_param * double(n) / 2 / sizeof(float));
+    ftensor src(half, 1), dst(half, 1);
+    evaluate(src, expr::to_expr(1.0));
+    std::vector<double> ts, cs;
+    auto time = [](auto const& g) {
+      auto const t0 = std::chrono::steady_clock::now();
+      g();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    f();
+    evaluate(dst, src);
+    for (int r = 0; r < reps; ++r) {
+      ts.push_back(time(f));
+      cs.push_back(time([&] { evaluate(dst, src); }));
+    }
+    std::sort(ts.begin(), ts.end());
+    std::sort(cs.begin(), cs.end());
+    out.push_back({name, bytes_per_param, n, ts[ts.size() / 2], cs[cs.size() / 2]});
+  };
+  // p, g, m, v read; p, m, v written.
+  add("AdamW (fp32)", 28, [&] { kernels::adamw_update(host{}, n, p.data(), g.data(), m.data(), v.data(), k); });
+  // ... and the bf16 compute copy written.
+  add("AdamW + bf16 compute copy", 30,
+      [&] { kernels::adamw_update(host{}, n, p.data(), g.data(), m.data(), v.data(), k, pc.data()); });
+  // p, g, momentum read; p, momentum written.
+  kernels::sgd_scalars const sk{1.0, 1e-3, 0.9, 1e-4, false, false};
+  add("SGD momentum (fp32)", 20, [&] { kernels::sgd_update(host{}, n, p.data(), g.data(), m.data(), sk); });
+  // g read: the check of a loss scale / clipping's norm (a reduction, before the update).
+  volatile double sink = 0;
+  add("gradient check (sum of squares)", 4, [&] { sink = sink + kernels::grad_check(host{}, n, g.data()); });
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,5 +192,18 @@ int main(int argc, char** argv) {
                 r.name.c_str(), r.n, bytes, r.fused_s, r.stepwise_s, r.copy_s, r.stepwise_s / r.fused_s,
                 r.copy_s / r.fused_s);
   }
+  std::vector<opt_row> const opt = optimizer_rows(n, reps);
+  std::printf("optimizer passes: %zu fp32 parameters\n\n", n);
+  std::printf("| pass | bytes per parameter | ms | GB/s | copy GB/s | fraction of copy |\n|---|---|---|---|---|---|\n");
+  for (auto const& r : opt) {
+    double const bytes = r.bytes_per_param * double(r.n);
+    std::printf("| %s | %.0f | %.2f | %.1f | %.1f | %.0f%% |\n", r.name.c_str(), r.bytes_per_param, r.s * 1e3,
+                bytes / r.s / 1e9, bytes / r.copy_s / 1e9, 100 * r.copy_s / r.s);
+  }
+  std::printf("\n");
+  for (auto const& r : opt)
+    std::printf("json: {\"bench\":\"optimizer\",\"pass\":\"%s\",\"parameters\":%zu,\"bytes_per_parameter\":%.0f,"
+                "\"s\":%.6g,\"copy_s\":%.6g,\"fraction_of_copy\":%.4g}\n",
+                r.name.c_str(), r.n, r.bytes_per_param, r.s, r.copy_s, r.copy_s / r.s);
   return 0;
 }

@@ -78,24 +78,42 @@ struct sgd_scalars {
   bool nesterov, first_step;
 };
 
-template <class T, class C = T, device_tag D>
-void sgd_update(D, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C* pc = nullptr) {
+namespace detail {
+// The flags are template arguments, so each variant's loop has no branch (and vectorises).
+template <bool Momentum, bool Nesterov, bool First, class T, class C, class D>
+void sgd_update_as(D, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C* pc) {
   using V = compute_type_t<T>;
   V const gs = V(k.grad_scale), neg_lr = V(-k.lr), mom = V(k.momentum), wd = V(k.weight_decay);
-  bool const use_momentum = k.momentum != 0.0, nesterov = k.nesterov, first = k.first_step;
   auto step = [=] REMAT_LAMBDA(std::size_t i) {
     V const pi = to_compute<V>(p[i]);
     V d = to_compute<V>(g[i]) * gs + wd * pi;
-    if (use_momentum) {
-      V const b = first ? d : to_compute<V>(buf[i]) * mom + d;
+    if constexpr (Momentum) {
+      V b = d;
+      if constexpr (!First) b = to_compute<V>(buf[i]) * mom + d;
       buf[i] = from_compute<T>(b);
-      d = nesterov ? d + mom * b : b;
+      if constexpr (Nesterov)
+        d = d + mom * b;
+      else
+        d = b;
     }
     V const out = pi + neg_lr * d;
     p[i] = from_compute<T>(out);
     return out;
   };
   run_update(D{}, n, pc, step);
+}
+}  // namespace detail
+
+template <class T, class C = T, device_tag D>
+void sgd_update(D, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C* pc = nullptr) {
+  if (k.momentum == 0.0)
+    detail::sgd_update_as<false, false, false>(D{}, n, p, g, buf, k, pc);
+  else if (k.nesterov)
+    k.first_step ? detail::sgd_update_as<true, true, true>(D{}, n, p, g, buf, k, pc)
+                 : detail::sgd_update_as<true, true, false>(D{}, n, p, g, buf, k, pc);
+  else
+    k.first_step ? detail::sgd_update_as<true, false, true>(D{}, n, p, g, buf, k, pc)
+                 : detail::sgd_update_as<true, false, false>(D{}, n, p, g, buf, k, pc);
 }
 
 }  // namespace kernels

@@ -29,25 +29,6 @@ REMAT_HOST_CLONES void host_transform_rows(Out* out, std::size_t first, std::siz
   }
 }
 
-// Runs run(first, last) over [0, n) items of `work` elements in all: split across the OpenMP
-// threads in static chunks when that pays, on the calling thread otherwise.
-template <class Run>
-void host_split(std::size_t n, std::size_t work, Run const& run) {
-#if defined(_OPENMP)
-  if (work >= parallel_threshold && omp_get_max_threads() > 1) {
-#pragma omp parallel
-    {
-      std::size_t const t = std::size_t(omp_get_thread_num()), threads = std::size_t(omp_get_num_threads());
-      run(n * t / threads, n * (t + 1) / threads);
-    }
-    return;
-  }
-#else
-  (void)work;
-#endif
-  run(0, n);
-}
-
 }  // namespace detail
 
 template <class Out, class F>

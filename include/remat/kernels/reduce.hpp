@@ -1,5 +1,5 @@
 // Reductions of f(i) over i in [0, n): sums and maxima of fused expressions without writing the
-// expression out. Host: Thrust transform_reduce per fixed-size chunk, chunks on OpenMP threads;
+// expression out. Host: a fixed-order reduction in lanes per fixed-size chunk, chunks on OpenMP threads;
 // CUDA: CUB's device reduction on the current stream, its temporary storage in the allocator's
 // workspace; the result is read back (the host waits for it), or, as a pending_scalar, read when
 // asked for (a loss read after the rest of the step is issued).
@@ -42,16 +42,35 @@ struct max_op {
   }
 };
 
+namespace detail {
+// One chunk on one thread: element i goes to lane (i - lo) % lanes, and the lanes are folded in
+// order at the end. The lanes are written out, so the order of every operation is fixed by the
+// chunk's length alone; the vectoriser maps them onto registers (a plain running sum would be a
+// chain it may not reorder).
+template <class Acc, class F, class Op>
+REMAT_HOST_CLONES Acc host_reduce(std::size_t lo, std::size_t hi, F const& f, Acc init, Op op) {
+  constexpr std::size_t lanes = 16;
+  Acc lane[lanes];
+  for (std::size_t l = 0; l < lanes; ++l) lane[l] = init;
+  std::size_t i = lo;
+  for (; i + lanes <= hi; i += lanes)
+    for (std::size_t l = 0; l < lanes; ++l) lane[l] = op(lane[l], f(i + l));
+  for (std::size_t l = 0; i < hi; ++i, ++l) lane[l] = op(lane[l], f(i));
+  Acc r = init;
+  for (std::size_t l = 0; l < lanes; ++l) r = op(r, lane[l]);
+  return r;
+}
+}  // namespace detail
+
 // `init` must be the identity of `op` (0 for a sum, -inf for a maximum): each chunk starts from it.
-// The host splits [0, n) into fixed chunks of parallel_threshold elements, reduces each with
-// Thrust's serial system (on as many OpenMP threads as there are) and folds the partial results
-// in order, so the result depends on n alone, not on the thread count, and no temporary storage is
-// allocated behind the allocator's back.
+// The host splits [0, n) into fixed chunks of parallel_threshold elements, reduces each in 16
+// lanes (detail::host_reduce; on as many OpenMP threads as there are) and folds the partial
+// results in order, so the result depends on n alone, not on the thread count or the instruction
+// set, and no temporary storage is allocated behind the allocator's back.
 template <class Acc, class F, class Op>
 Acc transform_reduce(host, std::size_t n, F const& f, Acc init, Op op) {
   constexpr std::size_t chunk = detail::parallel_threshold;
-  detail::index_iterator const first(0);
-  if (n <= chunk) return thrust::transform_reduce(thrust::cpp::par, first, first + n, f, init, op);
+  if (n <= chunk) return detail::host_reduce(0, n, f, init, op);
   std::int64_t const chunks = std::int64_t((n + chunk - 1) / chunk);
   std::vector<Acc> partial(std::size_t(chunks), init);
 #if defined(_OPENMP)
@@ -59,7 +78,7 @@ Acc transform_reduce(host, std::size_t n, F const& f, Acc init, Op op) {
 #endif
   for (std::int64_t c = 0; c < chunks; ++c) {
     std::size_t const lo = std::size_t(c) * chunk, hi = std::min(n, lo + chunk);
-    partial[std::size_t(c)] = thrust::transform_reduce(thrust::cpp::par, first + lo, first + hi, f, init, op);
+    partial[std::size_t(c)] = detail::host_reduce(lo, hi, f, init, op);
   }
   Acc result = init;
   for (Acc const& p : partial) result = op(result, p);

@@ -93,9 +93,11 @@ struct bfloat16_format {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 #else
     std::uint32_t const x = float_as_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;  // NaN: canonical, sign dropped
-    // Round the low 16 bits away, ties to even; overflow carries into inf as it should.
-    return std::uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    // Round the low 16 bits away, ties to even; overflow carries into inf as it should. NaN
+    // becomes the canonical 0x7fff (sign dropped). Written as an integer select, so a loop of
+    // conversions vectorises.
+    std::uint32_t const rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    return std::uint16_t((x & 0x7fffffffu) > 0x7f800000u ? 0x7fffu : rounded);
 #endif
   }
 

@@ -34,14 +34,23 @@ namespace detail {
 // size and the thread count.
 inline constexpr std::size_t parallel_threshold = 32768;
 
-template <class F>
-decltype(auto) with_host_policy(std::size_t n, F&& f) {
+// Runs run(first, last) over [0, n) items of `work` elements in all: split across the OpenMP
+// threads in static chunks when that pays, on the calling thread otherwise.
+template <class Run>
+void host_split(std::size_t n, std::size_t work, Run const& run) {
 #if defined(_OPENMP)
-  if (n >= parallel_threshold && omp_get_max_threads() > 1) return f(thrust::omp::par);
+  if (work >= parallel_threshold && omp_get_max_threads() > 1) {
+#pragma omp parallel
+    {
+      std::size_t const t = std::size_t(omp_get_thread_num()), threads = std::size_t(omp_get_num_threads());
+      run(n * t / threads, n * (t + 1) / threads);
+    }
+    return;
+  }
 #else
-  (void)n;
+  (void)work;
 #endif
-  return f(thrust::cpp::par);
+  run(0, n);
 }
 
 #if REMAT_HAS_CUDA
