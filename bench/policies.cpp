@@ -9,6 +9,7 @@
 //                  [--steps 5] [--warmup 2]
 //     policies: stored, checkpoint, checkpoint_sequential, revolve, selective, offload
 //     (Offloaded<Block> per block), and for gpt recompute_attention
+//   --gemm32 openblas|onednn picks the host's fp32 product (default: oneDNN when remat has it).
 //   bench_policies --gemm-peak [--precision fp32|bf16]
 //                   (a plain 1024^3 product through the same path: the BLAS for fp32; for bf16
 //                    every host path remat has, oneDNN and conversion to fp32, one line each)
@@ -337,8 +338,15 @@ int gemm_peak(int reps, std::string const& precision, [[maybe_unused]] std::size
     gpu_gemm_peak_of<bfloat16>(reps, batch, "bf16");
   return 0;
 #else
-  if (precision == "fp32") {
-    gemm_peak_of<float>(reps, "fp32", "blas");
+  if (precision == "fp32") {  // every fp32 host path: the peak is the faster
+    kernels::gemm32_path const chosen = kernels::gemm32_path_now();
+    kernels::set_gemm32_path(kernels::gemm32_path::openblas);
+    gemm_peak_of<float>(reps, "fp32", "openblas");
+    if (kernels::has_onednn) {
+      kernels::set_gemm32_path(kernels::gemm32_path::onednn);
+      gemm_peak_of<float>(reps, "fp32", "onednn");
+    }
+    kernels::set_gemm32_path(chosen);
     return 0;
   }
   if (kernels::has_onednn) {
@@ -371,6 +379,16 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::stoi(next());
     else if (a == "--gemm-peak") peak = true;
     else if (a == "--optimizer-bandwidth") optimizer = true;
+#if !defined(REMAT_BENCH_CUDA)
+    else if (a == "--gemm32") {  // the fp32 host product: openblas or onednn (default: remat's choice)
+      std::string const p = next();
+      if (p != "openblas" && p != "onednn") {
+        std::fprintf(stderr, "--gemm32 takes openblas or onednn\n");
+        return 2;
+      }
+      kernels::set_gemm32_path(p == "onednn" ? kernels::gemm32_path::onednn : kernels::gemm32_path::openblas);
+    }
+#endif
     else if (a == "--list") {
       std::printf(on_gpu ? "workloads: mlp (blocks 16 32), d = 4096, on the GPU\n"
                          : "workloads: mlp (blocks 4 8 16 32 64) gpt (blocks 4 8 16)\n");
@@ -381,7 +399,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--workload mlp|gpt] [--batch B] [--blocks N] [--policy P] [--precision fp32|bf16] [--steps S]"
-                   " [--warmup W]"
+                   " [--warmup W] [--gemm32 openblas|onednn]"
                    " | --gemm-peak [--precision fp32|bf16] [--batch B] | --optimizer-bandwidth [--precision fp32|bf16]\n",
                    argv[0]);
       return 2;

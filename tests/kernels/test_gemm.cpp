@@ -63,6 +63,30 @@ TEMPLATE_TEST_CASE("gemm: odd shapes, all transposes, alpha and beta, against do
           check_gemm<TestType>(s.m, s.n, s.k, ta, tb, TestType(alpha), TestType(beta), seed++);
 }
 
+TEST_CASE("gemm: fp32 on each host path (OpenBLAS, oneDNN) against double", "[kernels][gemm]") {
+  struct restore {
+    ~restore() { kernels::set_gemm32_path(kernels::gemm32_path::automatic); }
+  } guard;
+  std::vector<kernels::gemm32_path> paths{kernels::gemm32_path::openblas};
+  if (kernels::has_onednn) paths.push_back(kernels::gemm32_path::onednn);
+  else
+    CHECK_THROWS_AS(kernels::set_gemm32_path(kernels::gemm32_path::onednn), argument_error);
+  unsigned seed = 100;
+  for (auto path : paths) {
+    kernels::set_gemm32_path(path);
+    REQUIRE(kernels::gemm32_path_now() == path);
+    for (trans ta : {trans::no, trans::yes})
+      for (trans tb : {trans::no, trans::yes}) {
+        check_gemm<float>(37, 29, 41, ta, tb, 1.0f, 0.0f, seed++);
+        check_gemm<float>(8, 33, 5, ta, tb, -0.75f, 1.5f, seed++);
+      }
+  }
+  if (kernels::has_onednn) {  // automatic takes oneDNN when remat has it
+    kernels::set_gemm32_path(kernels::gemm32_path::automatic);
+    CHECK(kernels::gemm32_path_now() == kernels::gemm32_path::onednn);
+  }
+}
+
 TEST_CASE("gemm: hand-computed 2x3 by 3x2", "[kernels][gemm]") {
   tensor<float> a(2, 3), b(3, 2), c(2, 2);
   float const av[] = {1, 2, 3, 4, 5, 6}, bv[] = {7, 8, 9, 10, 11, 12};

@@ -192,6 +192,30 @@ inline constexpr bool has_onednn =
     false;
 #endif
 
+// How an fp32 product runs on the host: OpenBLAS's sgemm, or oneDNN's f32 matmul. `automatic` takes
+// oneDNN when remat has it: it was faster on every shape of a step measured
+// (bench/results/gemm-paths-host.md, bench_gemm_paths: 1.01-1.21x OpenBLAS on a Zen 4 EPYC). The
+// batched products (attention's per-head ones, one per thread) stay on OpenBLAS.
+enum class gemm32_path { automatic, openblas, onednn };
+
+inline std::atomic<gemm32_path>& gemm32_setting() {
+  static std::atomic<gemm32_path> p{gemm32_path::automatic};
+  return p;
+}
+
+// The path fp32 products take now; asking for oneDNN without it is an argument_error.
+inline gemm32_path gemm32_path_now() {
+  gemm32_path const p = gemm32_setting().load();
+  if (p == gemm32_path::automatic) return has_onednn ? gemm32_path::onednn : gemm32_path::openblas;
+  return p;
+}
+inline void set_gemm32_path(gemm32_path p) {
+  if (p == gemm32_path::onednn && !has_onednn)
+    REMAT_NAMESPACE::detail::raise<argument_error>(
+        "gemm: the oneDNN fp32 path was asked for, but remat was built without oneDNN (libdnnl-dev)");
+  gemm32_setting().store(p);
+}
+
 // The path a product of T inputs takes now.
 template <class T>
 gemm16_path gemm16_path_for() {
@@ -229,7 +253,8 @@ struct onednn_key {
   index_t m, n, k, lda, ldb, ldc;
   bool ta, tb, out32;
   float alpha, beta;
-  auto tie() const { return std::tie(m, n, k, lda, ldb, ldc, ta, tb, out32, alpha, beta); }
+  bool in32 = false;  // fp32 inputs (else bf16)
+  auto tie() const { return std::tie(m, n, k, lda, ldb, ldc, ta, tb, out32, alpha, beta, in32); }
   bool operator<(onednn_key const& o) const { return tie() < o.tie(); }
 };
 
@@ -248,8 +273,9 @@ inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, v
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   onednn_context& ctx = onednn_context::get();
-  dnnl::memory::desc const ad({key.m, key.k}, dt::bf16, key.ta ? dims{1, key.lda} : dims{key.lda, 1});
-  dnnl::memory::desc const bd({key.k, key.n}, dt::bf16, key.tb ? dims{1, key.ldb} : dims{key.ldb, 1});
+  dt const in = key.in32 ? dt::f32 : dt::bf16;
+  dnnl::memory::desc const ad({key.m, key.k}, in, key.ta ? dims{1, key.lda} : dims{key.lda, 1});
+  dnnl::memory::desc const bd({key.k, key.n}, in, key.tb ? dims{1, key.ldb} : dims{key.ldb, 1});
   dnnl::memory::desc const cd({key.m, key.n}, key.out32 ? dt::f32 : dt::bf16, dims{key.ldc, 1});
   std::unique_lock lock(ctx.mutex);
   auto it = ctx.cache.find(key);
@@ -291,11 +317,22 @@ namespace detail {
 // BLAS call (or oneDNN's, or the converting path) in its own positional terms.
 template <class T, class Out>
 void host_gemm(trans ta, trans tb, index_t m, index_t n, index_t k, compute_type_t<T> alpha, T const* a, index_t lda,
-               T const* b, index_t ldb, compute_type_t<T> beta, Out* c, index_t ldc) {
+               T const* b, index_t ldb, compute_type_t<T> beta, Out* c, index_t ldc, bool batched = false) {
   int const M = int(m), N = int(n), K = int(k);
   if (M == 0 || N == 0) return;
   int const LDA = blas_int(lda, "lda"), LDB = blas_int(ldb, "ldb"), LDC = blas_int(ldc, "ldc");
   if constexpr (std::is_same_v<T, float>) {
+#if defined(REMAT_GEMM_ONEDNN)
+    if (!batched && K > 0 && gemm32_path_now() == gemm32_path::onednn) {
+      try {
+        onednn_matmul({m, n, k, lda, ldb, ldc, ta == trans::yes, tb == trans::yes, true, alpha, beta, true}, a, b, c);
+      } catch (dnnl::error const& e) {
+        REMAT_NAMESPACE::detail::raise<error>("gemm: oneDNN matmul ", m, " x ", n, " x ", k, " failed: ", e.what());
+      }
+      return;
+    }
+#endif
+    (void)batched;
     cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, a, LDA, b, LDB, beta, c, LDC);
   } else if constexpr (std::is_same_v<T, double>) {
     cblas_dgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, a, LDA, b, LDB, beta, c, LDC);
@@ -371,7 +408,7 @@ void gemm_batched(host, batch n, lhs_operand<T> a, rhs_operand<T> b, result_oper
                  [=](std::size_t i) {
                    detail::host_gemm(a.op, b.op, m, cols, k, alpha, a.data + a.stride.at(i, n.group), a.ld,
                                      b.data + b.stride.at(i, n.group), b.ld, beta, c.data + c.stride.at(i, n.group),
-                                     c.ld);
+                                     c.ld, true);
                  });
 }
 

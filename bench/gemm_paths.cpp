@@ -1,0 +1,124 @@
+// Which fp32 matrix product is fastest for the shapes of a training step, on this processor:
+// OpenBLAS's cblas_sgemm (remat's host path) against oneDNN's f32 matmul (which would also carry
+// fused epilogues), with the same row-major layouts and transposes. Each shape is timed interleaved
+// (one call of each per round, medians over the rounds) so drift on a shared machine hits both.
+//
+//   bench_gemm_paths [rounds]
+//
+// The shapes: the residual MLP of bench_policies (d = 1024) at batch 256 and 2048 (forward
+// y = x W^T, backward dx = dy W, dW = dy^T x), and GPTBlock<512, 8> at 8 x 256 tokens (the
+// attention projections and the 4d MLP). Prints a table and one JSON line per shape.
+#include <remat/remat.hpp>
+
+#if defined(REMAT_HAS_ONEDNN)
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct shape {
+  char const* workload;
+  char const* product;
+  int m, n, k;
+  bool ta, tb;  // C (m x n) = op(A) (m x k) op(B) (k x n), row-major
+};
+
+double seconds(auto const& f) {
+  auto const t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int const rounds = argc > 1 ? std::atoi(argv[1]) : 15;
+  std::vector<shape> shapes;
+  for (int batch : {256, 2048}) {
+    char const* w = batch == 256 ? "mlp batch 256" : "mlp batch 2048";
+    shapes.push_back({w, "forward x W^T", batch, 1024, 1024, false, true});
+    shapes.push_back({w, "input grad dy W", batch, 1024, 1024, false, false});
+    shapes.push_back({w, "weight grad dy^T x", 1024, 1024, batch, true, false});
+  }
+  int const tokens = 8 * 256;
+  shapes.push_back({"gpt 8x256", "qkv forward", tokens, 3 * 512, 512, false, true});
+  shapes.push_back({"gpt 8x256", "mlp up forward", tokens, 4 * 512, 512, false, true});
+  shapes.push_back({"gpt 8x256", "mlp down forward", tokens, 512, 4 * 512, false, true});
+  shapes.push_back({"gpt 8x256", "mlp down input grad", tokens, 4 * 512, 512, false, false});
+  shapes.push_back({"gpt 8x256", "mlp up weight grad", 4 * 512, 512, tokens, true, false});
+
+  std::printf("fp32 matrix products, OpenBLAS cblas_sgemm against oneDNN f32 matmul, median of %d interleaved "
+              "rounds, %d thread(s)\n\n",
+              rounds,
+#if defined(_OPENMP)
+              omp_get_max_threads()
+#else
+              1
+#endif
+  );
+  std::printf("| workload | product | m x n x k | OpenBLAS GFLOP/s | oneDNN GFLOP/s | oneDNN / OpenBLAS |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  std::vector<std::string> json;
+  for (shape const& s : shapes) {
+    std::vector<float> a(std::size_t(s.m) * s.k, 0.5f), b(std::size_t(s.k) * s.n, 0.25f), c(std::size_t(s.m) * s.n);
+    int const lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+    auto blas = [&] {
+      cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans, s.m, s.n, s.k,
+                  1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), s.n);
+    };
+    double const flop = 2.0 * s.m * s.n * s.k;
+    std::vector<double> tb, td;
+    double dnnl_gflops = 0;
+#if defined(REMAT_HAS_ONEDNN)
+    using dt = dnnl::memory::data_type;
+    using dims = dnnl::memory::dims;
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(eng);
+    dnnl::memory::desc const ad({s.m, s.k}, dt::f32, s.ta ? dims{1, lda} : dims{lda, 1});
+    dnnl::memory::desc const bd({s.k, s.n}, dt::f32, s.tb ? dims{1, ldb} : dims{ldb, 1});
+    dnnl::memory::desc const cd({s.m, s.n}, dt::f32, dims{s.n, 1});
+    dnnl::matmul::primitive_desc const pd(dnnl::matmul::desc(ad, bd, cd), eng);
+    dnnl::matmul const prim(pd);
+    dnnl::memory am(ad, eng, a.data()), bm(bd, eng, b.data()), cm(cd, eng, c.data());
+    auto dnn = [&] {
+      prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      stream.wait();
+    };
+    blas();
+    dnn();
+    for (int r = 0; r < rounds; ++r) {
+      tb.push_back(seconds(blas));
+      td.push_back(seconds(dnn));
+    }
+    dnnl_gflops = flop / median(td) / 1e9;
+#else
+    blas();
+    for (int r = 0; r < rounds; ++r) tb.push_back(seconds(blas));
+#endif
+    double const blas_gflops = flop / median(tb) / 1e9;
+    std::printf("| %s | %s | %d x %d x %d | %.0f | %.0f | %.2f |\n", s.workload, s.product, s.m, s.n, s.k, blas_gflops,
+                dnnl_gflops, dnnl_gflops / blas_gflops);
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "json: {\"bench\":\"gemm_paths\",\"workload\":\"%s\",\"product\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,"
+                  "\"openblas_gflops\":%.1f,\"onednn_gflops\":%.1f}",
+                  s.workload, s.product, s.m, s.n, s.k, blas_gflops, dnnl_gflops);
+    json.push_back(line);
+  }
+  std::printf("\n");
+  for (auto const& j : json) std::printf("%s\n", j.c_str());
+  return 0;
+}
