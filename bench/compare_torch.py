@@ -354,6 +354,8 @@ def main():
     ap.add_argument("--policy", default="plain")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--device", default="host", choices=["host", "cuda"])
+    ap.add_argument("--configs", default=None,
+                    help="only these batch x blocks configurations, e.g. 256x8,2048x16 (default: the full sweep)")
     args = ap.parse_args()
     cuda = args.device == "cuda"
     if cuda:
@@ -386,6 +388,8 @@ def main():
     if cuda:
         configs, settings = [(8192, 16), (8192, 32)], [("as shipped", {})]
         policies_remat, policies_torch = policies_remat + ["offload"], policies_torch + ["offload"]
+    if args.configs:
+        configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
     if args.quick:
         configs, args.steps, args.warmup = [(2 if gpt else 64, 4)] if not cuda else [(512, 16)], 1, 1
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds remat with optimisation and runs the benchmarks in bench/, writing markdown tables and
 # JSON lines (one per configuration) to bench/results/:
-#   expr-host.*      fused expressions against op-by-op evaluation and copy bandwidth
+#   expr-host.*      fused expressions against op-by-op evaluation and copy bandwidth, and the
+#                    optimizer passes' bytes per parameter and fraction of copy
+#   gemm-paths-host.* OpenBLAS against oneDNN's f32 matmul for the shapes of a step
 #   float-math-host.* remat's float exp/erf/tanh beside glibc, libmvec and SLEEF (AVX-512 machines)
 #   policies-host.*  the residual-MLP training step under every storage policy, interleaved with
 #                    PyTorch on the same model (bench/compare_torch.py), and a plot (.png)
@@ -11,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh python3-matplotlib libsleef-dev
 cmake --preset default >/dev/null
-cmake --build --preset default --target bench_expr bench_policies bench_dist bench_float_math -j"$(nproc)"
+cmake --build --preset default --target bench_expr bench_gemm_paths bench_policies bench_dist bench_float_math -j"$(nproc)"
 mkdir -p bench/results
 stamp="$(date -u +%Y-%m-%d)"
 raw="$(mktemp)"
@@ -24,6 +26,12 @@ export OMP_NUM_THREADS=2
 } > bench/results/expr-host.md
 sed -n 's/^json: //p' "$raw" > bench/results/expr-host.jsonl
 echo "wrote bench/results/expr-host.md and bench/results/expr-host.jsonl"
+./build/default/bench/bench_gemm_paths | tee "$raw"
+{
+  echo "<!-- $stamp, $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; scripts/bench.sh -->"
+  grep -v '^json: ' "$raw"
+} > bench/results/gemm-paths-host.md
+sed -n 's/^json: //p' "$raw" > bench/results/gemm-paths-host.jsonl
 ./build/default/bench/bench_float_math | tee "$raw"
 {
   echo "<!-- $stamp, $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; scripts/bench.sh -->"

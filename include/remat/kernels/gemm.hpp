@@ -71,6 +71,15 @@ struct operand {
     if (yes) o.op = op == trans::no ? trans::yes : trans::no;
     return o;
   }
+  // The rows x cols sub-matrix starting at row r0, column c0 of every matrix (as stored, before
+  // op): the same row stride and batch stride.
+  constexpr operand window(index_t r0, index_t c0, index_t r, index_t c) const {
+    operand o = *this;
+    o.data = data + r0 * ld + c0;
+    o.rows = r;
+    o.cols = c;
+    return o;
+  }
   // Matrix i of a batch at data + s.at(i, group).
   constexpr operand batched(batch_stride s) const {
     operand o = *this;

@@ -3,7 +3,13 @@
 // head h in columns h * W/H .. (h + 1) * W/H of each (as nanoGPT's c_attn); its output is
 // (batch * seq) x W, the heads side by side, ready for the output projection. Per sequence and
 // head: S = Q K^T / sqrt(W/H) with future positions masked, P = softmax(S) in the compute type
-// (fp32), dropout P on P, Y = dropout(P) V. The products are batched GEMMs through kernels::gemm.
+// (fp32), dropout P on P, Y = dropout(P) V. The products are batched GEMMs through kernels::gemm,
+// in tiles of `causal_tile` positions that skip the masked triangle: row tile i of the scores (and
+// of their gradient) is computed against keys 0 .. end of tile i only, and the products that read
+// the probabilities or their gradient sum over the unmasked columns only (the masked entries are
+// zeros, so the result is the full product's up to the order of the sums). For a sequence of
+// n tiles that is (n + 1) / (2n) of the full products' FLOPs; the softmax reads and writes only
+// the causal part of each row (and zeros the rest).
 //
 // It keeps its input and P (batch x H x seq x seq: the sequence-length-squared buffer); the dropout
 // mask is regenerated from its offset. Wrapped in Checkpointed (see RecomputeAttention in
@@ -34,6 +40,8 @@ struct AttentionCore {
   static constexpr bool sequence_layer = true;  // rows are positions of sequences (s.sequence_length())
   static constexpr bool attention_core = true;  // RecomputeAttention checkpoints it
 
+  static constexpr std::size_t causal_tile = 64;
+
   static std::vector<param_desc> params() { return {}; }
   template <class T>
   static void init(T*, std::size_t, std::uint64_t) {}
@@ -46,9 +54,11 @@ struct AttentionCore {
     auto [scores, probs] = compute_and_result(s, count * seq, seq);
     if constexpr (S::computes) {
       auto const* q = x->data();
-      kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(q, qkv_blocks(seq)),
-                            kernels::rhs(q + W, qkv_blocks(seq)).transposed(),
-                            kernels::result(stat_data(scores->data()), square_blocks(seq)));  // S = Q K^T
+      for_row_tiles(seq, [&](index_t r0, index_t rb) {  // S = Q K^T, keys up to the tile's last row
+        kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(q, qkv_blocks(seq)).window(r0, 0, rb, hw),
+                              kernels::rhs(q + W, qkv_blocks(seq)).window(0, 0, r0 + rb, hw).transposed(),
+                              kernels::result(stat_data(scores->data()), square_blocks(seq)).window(r0, 0, rb, r0 + rb));
+      });
       kernels::causal_softmax(device<S>{}, stat_data(scores->data()), probs->data(), count, seq, scale<S>());
     }
     scores.reset();
@@ -61,9 +71,12 @@ struct AttentionCore {
     }
     A y = s.make(rows, W);
     if constexpr (S::computes)
-      kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dropped->data(), square_blocks(seq)),
-                            kernels::rhs(x->data() + 2 * W, qkv_blocks(seq)),
-                            kernels::result(y->data(), out_blocks(seq)));  // Y = dropout(P) V
+      for_row_tiles(seq, [&](index_t r0, index_t rb) {  // Y = dropout(P) V over the causal columns
+        kernels::gemm_batched(device<S>{}, {count, H},
+                              kernels::lhs(dropped->data(), square_blocks(seq)).window(r0, 0, rb, r0 + rb),
+                              kernels::rhs(x->data() + 2 * W, qkv_blocks(seq)).window(0, 0, r0 + rb, hw),
+                              kernels::result(y->data(), out_blocks(seq)).window(r0, 0, rb, hw));
+      });
     dropped.reset();
     s.save(std::move(x));
     s.save(std::move(probs));
@@ -87,19 +100,25 @@ struct AttentionCore {
         dropped = s.make(count * seq, seq);
         if constexpr (S::computes) evaluate(*dropped, *probs * Dropout<P>::mask(s.random(offset)));
       }
-      if constexpr (S::computes)
-        kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dropped->data(), square_blocks(seq)).transposed(),
-                              kernels::rhs(dy->data(), out_blocks(seq)),
-                              kernels::result(dx->data() + 2 * W, qkv_blocks(seq)));
+      if constexpr (S::computes)  // key tile j is seen by positions j's first .. seq - 1
+        for_row_tiles(seq, [&](index_t c0, index_t cb) {
+          index_t const later = index_t(seq) - c0;
+          kernels::gemm_batched(device<S>{}, {count, H},
+                                kernels::lhs(dropped->data(), square_blocks(seq)).window(c0, c0, later, cb).transposed(),
+                                kernels::rhs(dy->data(), out_blocks(seq)).window(c0, 0, later, hw),
+                                kernels::result(dx->data() + 2 * W, qkv_blocks(seq)).window(c0, 0, cb, hw));
+        });
     }
     // dP (after dropout) = dY V^T in the compute type, then the softmax's backward into dS.
     auto [dpd, dscores] = compute_and_result(s, count * seq, seq);
     if constexpr (S::computes) {
       using V = compute_type_t<T>;
       T const* xd = x->data();
-      kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dy->data(), out_blocks(seq)),
-                            kernels::rhs(xd + 2 * W, qkv_blocks(seq)).transposed(),
-                            kernels::result(stat_data(dpd->data()), square_blocks(seq)));
+      for_row_tiles(seq, [&](index_t r0, index_t rb) {
+        kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dy->data(), out_blocks(seq)).window(r0, 0, rb, hw),
+                              kernels::rhs(xd + 2 * W, qkv_blocks(seq)).window(0, 0, r0 + rb, hw).transposed(),
+                              kernels::result(stat_data(dpd->data()), square_blocks(seq)).window(r0, 0, rb, r0 + rb));
+      });
       if (drops) {
         expr::dropout_mask const m = Dropout<P>::mask(s.random(offset));
         kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
@@ -114,10 +133,19 @@ struct AttentionCore {
     if constexpr (S::computes) {
       T const* xd = x->data();
       // dQ = dS K, dK = dS^T Q (the 1/sqrt(d) is in dS)
-      kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dscores->data(), square_blocks(seq)),
-                            kernels::rhs(xd + W, qkv_blocks(seq)), kernels::result(dx->data(), qkv_blocks(seq)));
-      kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dscores->data(), square_blocks(seq)).transposed(),
-                            kernels::rhs(xd, qkv_blocks(seq)), kernels::result(dx->data() + W, qkv_blocks(seq)));
+      for_row_tiles(seq, [&](index_t r0, index_t rb) {
+        kernels::gemm_batched(device<S>{}, {count, H},
+                              kernels::lhs(dscores->data(), square_blocks(seq)).window(r0, 0, rb, r0 + rb),
+                              kernels::rhs(xd + W, qkv_blocks(seq)).window(0, 0, r0 + rb, hw),
+                              kernels::result(dx->data(), qkv_blocks(seq)).window(r0, 0, rb, hw));
+      });
+      for_row_tiles(seq, [&](index_t c0, index_t cb) {
+        index_t const later = index_t(seq) - c0;
+        kernels::gemm_batched(device<S>{}, {count, H},
+                              kernels::lhs(dscores->data(), square_blocks(seq)).window(c0, c0, later, cb).transposed(),
+                              kernels::rhs(xd, qkv_blocks(seq)).window(c0, 0, later, hw),
+                              kernels::result(dx->data() + W, qkv_blocks(seq)).window(c0, 0, cb, hw));
+      });
     }
     return dx;
   }
@@ -125,6 +153,13 @@ struct AttentionCore {
  private:
   template <class S>
   using device = typename S::device;
+  static constexpr index_t hw = index_t(head_width);
+  // f(first, count) for each tile of causal_tile positions of a sequence (the last may be shorter).
+  template <class F>
+  static void for_row_tiles(std::size_t seq, F const& f) {
+    for (std::size_t r0 = 0; r0 < seq; r0 += causal_tile)
+      f(index_t(r0), index_t(seq - r0 < causal_tile ? seq - r0 : causal_tile));
+  }
   template <class S>
   static constexpr bool same_storage = std::is_same_v<typename S::value_type, compute_type_t<typename S::value_type>>;
   // n rows of seq values in the compute type, and the activation-type tensor computed from them
