@@ -354,6 +354,7 @@ def main():
     ap.add_argument("--policy", default="plain")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--device", default="host", choices=["host", "cuda"])
+    ap.add_argument("--replot", action="store_true", help="redraw OUT.png from OUT.jsonl, run nothing")
     ap.add_argument("--configs", default=None,
                     help="only these batch x blocks configurations, e.g. 256x8,2048x16 (default: the full sweep)")
     args = ap.parse_args()
@@ -388,6 +389,12 @@ def main():
     if cuda:
         configs, settings = [(8192, 16), (8192, 32)], [("as shipped", {})]
         policies_remat, policies_torch = policies_remat + ["offload"], policies_torch + ["offload"]
+    if args.replot:
+        rows = [json.loads(l) for l in open(args.out + ".jsonl")]
+        cfg = sorted({(r["batch"], r["blocks"]) for r in rows})
+        plot(rows, cfg, policies_remat + ["offload"], policies_torch + ["offload"], args, gpt, cuda,
+             rows[0].get("cpu", "?"))
+        return
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
     if args.quick:
@@ -497,6 +504,10 @@ def main():
         f.write(table)
     print(table)
 
+    plot(rows, configs, policies_remat, policies_torch, args, gpt, cuda, cpu)
+
+
+def plot(rows, configs, policies_remat, policies_torch, args, gpt, cuda, cpu):
     try:
         import matplotlib
         matplotlib.use("Agg")
