@@ -85,6 +85,8 @@ void sgd_update_as(D, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C*
   using V = compute_type_t<T>;
   V const gs = V(k.grad_scale), neg_lr = V(-k.lr), mom = V(k.momentum), wd = V(k.weight_decay);
   auto step = [=] REMAT_LAMBDA(std::size_t i) {
+    (void)buf;  // (captured here: nvcc's extended lambdas may not first-capture inside if constexpr)
+    (void)mom;
     V const pi = to_compute<V>(p[i]);
     V d = to_compute<V>(g[i]) * gs + wd * pi;
     if constexpr (Momentum) {
