@@ -203,7 +203,7 @@ inline constexpr bool has_onednn =
 
 // How an fp32 product runs on the host: OpenBLAS's sgemm, or oneDNN's f32 matmul. `automatic` takes
 // oneDNN when remat has it: it was faster on every shape of a step measured
-// (bench/results/gemm-paths-host.md, bench_gemm_paths: 1.01-1.21x OpenBLAS on a Zen 4 EPYC). The
+// (bench_gemm_paths, bench/results/gemm-paths-host.md: 1.06-1.25x OpenBLAS on a Zen 4 EPYC). The
 // batched products (attention's per-head ones, one per thread) stay on OpenBLAS.
 enum class gemm32_path { automatic, openblas, onednn };
 

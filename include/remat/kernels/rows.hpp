@@ -9,7 +9,9 @@
 #include "../numeric/compute.hpp"
 #include "detail/thrust.hpp"
 
+#if REMAT_HAS_CUDA
 #include <thrust/for_each.h>
+#endif
 
 #include <algorithm>
 #include <cstddef>

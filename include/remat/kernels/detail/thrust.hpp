@@ -1,6 +1,7 @@
-// The one place Thrust is configured. Without nvcc the device system is the serial CPP system (so
-// Thrust never reaches for the CUDA runtime); host kernels run on Thrust's OpenMP system when the
-// compiler has OpenMP, serially otherwise.
+// The one place Thrust is configured, and the host's thread split. Thrust runs the CUDA kernels
+// only: host kernels are plain loops split across OpenMP threads (host_split below), which the
+// compiler can vectorise. Without nvcc Thrust's device system is the serial CPP system, so a
+// Thrust header included elsewhere never reaches for the CUDA runtime.
 #pragma once
 
 #include "../../config.hpp"
@@ -9,16 +10,13 @@
 #define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
 #endif
 
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/system/cpp/execution_policy.h>
-#include <thrust/transform.h>
-#include <thrust/transform_reduce.h>
 #if defined(_OPENMP)
 #include <omp.h>
-#include <thrust/system/omp/execution_policy.h>
 #endif
 #if REMAT_HAS_CUDA
+#include <thrust/iterator/counting_iterator.h>
 #include <thrust/system/cuda/execution_policy.h>
+#include <thrust/transform.h>
 
 #include "../../cuda/runtime.hpp"
 #endif
@@ -56,9 +54,10 @@ void host_split(std::size_t n, std::size_t work, Run const& run) {
 #if REMAT_HAS_CUDA
 // Kernels go to the current stream without a host synchronisation afterwards.
 inline auto cuda_policy() { return thrust::cuda::par_nosync.on(current_cuda_stream()); }
-#endif
 
 using index_iterator = thrust::counting_iterator<std::size_t>;
+#endif
+
 
 }  // namespace detail
 }  // namespace kernels
