@@ -93,6 +93,10 @@ struct gpt_nets {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// --input-gradient: each step also writes the gradient with respect to the input (what every
+// step computed before the layer that takes the input learnt to skip it).
+bool want_input_gradient = false;
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   std::size_t const n = v.size();
@@ -104,10 +108,11 @@ struct mlp_workload {
   static constexpr char const* name = "mlp";
   static constexpr std::size_t width = D;
   using Loss = MSE;
-  tensor<float, Dev> x, t;
+  tensor<float, Dev> x, t, dx;
   mlp_workload(std::size_t batch, memory::caching_allocator<Dev>& alloc)
       : x(index_t(batch), index_t(D), memory::tag::workspace, alloc),
-        t(index_t(batch), index_t(D), memory::tag::workspace, alloc) {
+        t(index_t(batch), index_t(D), memory::tag::workspace, alloc),
+        dx(index_t(batch), index_t(D), memory::tag::workspace, alloc) {
     std::vector<float> hx(x.size()), ht(t.size());
     for (std::size_t i = 0; i < hx.size(); ++i) {
       hx[i] = float(2.0 * philox::uniform(3, 0, i) - 1.0);
@@ -118,13 +123,15 @@ struct mlp_workload {
   }
   template <class Net, class P>
   static activation_plan_result plan(std::size_t batch) {
-    return activation_plan<Net, P>(batch);
+    return activation_plan<Net, P>(batch, D, 1, want_input_gradient ? input_gradient::wanted : input_gradient::none);
   }
   // 3 products of 2*batch*d*d FLOP per Linear (forward, input and weight gradients), 2 Linears a
-  // block; a recomputed block forward is 2 of them.
+  // block; a recomputed block forward is 2 of them, of which a checkpointed segment skips its last
+  // (its output only feeds the residual add).
   static double flop_per_block(std::size_t batch) { return 2 * 3 * 2.0 * double(batch) * double(D) * double(D); }
   static double forward_flop_per_block(std::size_t batch) { return 2 * 2.0 * double(batch) * double(D) * double(D); }
   static double other_flop(std::size_t) { return 0; }
+  static double skipped_flop_per_segment(std::size_t batch) { return 2.0 * double(batch) * double(D) * double(D); }
   // What Selective runs again: only point-wise work (no products).
   static double selective_forward_flop_per_block(std::size_t) { return 0; }
 };
@@ -156,6 +163,8 @@ struct gpt_workload {
   }
   static double flop_per_block(std::size_t batch) { return 3 * forward_flop_per_block(batch); }
   static double other_flop(std::size_t batch) { return 3 * 2.0 * double(batch * GT) * GW * GV; }  // the head
+  // A checkpointed segment's recomputation skips its last product (the MLP's W -> 4W -> W second).
+  static double skipped_flop_per_segment(std::size_t batch) { return 2.0 * double(batch * GT) * 4.0 * GW * GW; }
   // What Selective runs again: the attention core's two products.
   static double selective_forward_flop_per_block(std::size_t batch) {
     return double(batch * GT) * 4.0 * double(GT) * GW;
@@ -177,7 +186,17 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
     alloc.reset_peak();
     offloaded.reset_peak();
     double const t0 = now();
-    loss = m.template train_step<typename Work::Loss>(data.x, data.t, opt);
+    if constexpr (requires { data.dx; }) {
+      if (want_input_gradient) {
+        m.zero_grad();
+        loss = m.template accumulate<typename Work::Loss>(data.x, data.t, 1.0, &data.dx);
+        opt.step();
+      } else {
+        loss = m.template train_step<typename Work::Loss>(data.x, data.t, opt);
+      }
+    } else {
+      loss = m.template train_step<typename Work::Loss>(data.x, data.t, opt);
+    }
     wait_for_device();
     double const t1 = now();
     if (k >= warmup) times.push_back(t1 - t0);
@@ -190,7 +209,12 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
   bool const core = std::strcmp(policy, "recompute_attention") == 0;
   double const again = selective || core ? Work::selective_forward_flop_per_block(batch)
                                          : Work::forward_flop_per_block(batch);
-  double const flop_done = flop + double(m.last_pass().recomputed) * again;
+  // Checkpointed segments: one per block (checkpoint) or per run of blocks (checkpoint_sequential).
+  double const segments = std::strcmp(policy, "checkpoint") == 0              ? double(n_blocks)
+                          : std::strcmp(policy, "checkpoint_sequential") == 0 ? double(root(n_blocks))
+                                                                              : 0.0;
+  double const flop_done =
+      flop + double(m.last_pass().recomputed) * again - segments * Work::skipped_flop_per_segment(batch);
   double const step = median(times);
   std::printf(
       "{\"library\": \"remat\", \"workload\": \"%s\", \"policy\": \"%s\", \"blocks\": %zu, \"batch\": %zu, "
@@ -199,12 +223,13 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
       "\"model_gflops\": %.2f, \"executed_gflops\": %.2f, \"peak_activation_bytes\": %zu, "
       "\"planned_peak_bytes\": %zu, \"saved_activation_bytes\": %zu, \"planned_saved_bytes\": %zu, "
       "\"fp32_planned_saved_bytes\": %zu, \"recomputed_block_forwards\": %llu, \"loss\": %.6f, "
-      "\"offloaded_bytes\": %zu, \"planned_offloaded_bytes\": %zu, \"device\": \"%s\"}\n",
+      "\"offloaded_bytes\": %zu, \"planned_offloaded_bytes\": %zu, \"input_gradient\": %s, \"device\": \"%s\"}\n",
       Work::name, policy, n_blocks, batch, std::is_same_v<Work, gpt_workload> ? GT : std::size_t(1), Work::width,
       std::is_same_v<P, fp32> ? "fp32" : "bf16", std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "null", steps,
       step, flop * 1e-9, flop / step * 1e-9, flop_done / step * 1e-9, peak, plan.peak_bytes, m.last_pass().saved_bytes,
       plan.saved_bytes, plan32.saved_bytes, static_cast<unsigned long long>(m.last_pass().recomputed), loss,
-      offloaded.stats()[memory::tag::activations].peak, plan.offloaded_bytes, Dev::name);
+      offloaded.stats()[memory::tag::activations].peak, plan.offloaded_bytes,
+      want_input_gradient && requires { data.dx; } ? "true" : "false", Dev::name);
   return peak == plan.peak_bytes && offloaded.stats()[memory::tag::activations].peak == plan.offloaded_bytes ? 0 : 3;
 }
 
@@ -378,6 +403,7 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--warmup") warmup = std::stoi(next());
     else if (a == "--gemm-peak") peak = true;
+    else if (a == "--input-gradient") want_input_gradient = true;
     else if (a == "--optimizer-bandwidth") optimizer = true;
 #if !defined(REMAT_BENCH_CUDA)
     else if (a == "--gemm32") {  // the fp32 host product: openblas or onednn (default: remat's choice)
@@ -399,7 +425,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--workload mlp|gpt] [--batch B] [--blocks N] [--policy P] [--precision fp32|bf16] [--steps S]"
-                   " [--warmup W] [--gemm32 openblas|onednn]"
+                   " [--warmup W] [--gemm32 openblas|onednn] [--input-gradient]"
                    " | --gemm-peak [--precision fp32|bf16] [--batch B] | --optimizer-bandwidth [--precision fp32|bf16]\n",
                    argv[0]);
       return 2;

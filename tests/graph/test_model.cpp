@@ -4,9 +4,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 using namespace remat;
 
@@ -68,6 +70,71 @@ TEST_CASE("model: inference keeps nothing for backward", "[graph][model][memory]
   // the fused Linear + ReLU output (computed in place): three 64 x 32 tensors. A training pass
   // would keep every layer's input on top.
   CHECK(s.peak - base == 3 * alloc.rounded(64 * 32 * 4));
+}
+
+namespace {
+
+struct step_result {
+  std::vector<float> grads, dx;
+  std::size_t peak = 0;
+};
+
+// One accumulate on a fixed batch of 64 rows, with or without the input gradient, in a fresh
+// allocator; the activation peak it measured.
+template <class NetT, class Precision = fp32>
+step_result accumulate_once(bool input_gradient) {
+  memory::caching_allocator<host> alloc;
+  model<NetT, host, Precision> m{seed{9}, alloc};
+  tensor<float> x(64, index_t(NetT::in_width)), t(64, index_t(NetT::out_width)), dx(64, index_t(NetT::in_width));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i)));
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = float(std::cos(0.11 * double(i)));
+  alloc.reset_peak();
+  m.template accumulate<MSE>(x, t, 1.0, input_gradient ? &dx : nullptr);
+  step_result r;
+  r.peak = alloc.stats(memory::tag::activations).peak;
+  r.grads = tensor_to_host(m.gradients());
+  if (input_gradient) r.dx = dx.to_vector();
+  return r;
+}
+
+template <class NetT, class Precision = fp32>
+void require_input_gradient_optional() {
+  step_result const with = accumulate_once<NetT, Precision>(true), without = accumulate_once<NetT, Precision>(false);
+  CHECK(same_bits(with.grads, without.grads));  // the parameters' gradients do not depend on it
+  CHECK(std::any_of(with.dx.begin(), with.dx.end(), [](float v) { return v != 0.0f; }));
+  auto const planned_with = activation_plan<NetT, Precision>(64, NetT::in_width, 1, input_gradient::wanted);
+  auto const planned_without = activation_plan<NetT, Precision>(64);
+  CHECK(with.peak == planned_with.peak_bytes);
+  CHECK(without.peak == planned_without.peak_bytes);
+  CHECK(planned_without.peak_bytes <= planned_with.peak_bytes);
+}
+
+}  // namespace
+
+TEST_CASE("model: the layer that takes the input computes no input gradient unless one is asked for",
+          "[graph][model][memory]") {
+  // The first Linear's dx = dy W (64 x 512 here) is neither multiplied nor allocated. By hand:
+  // with it, the peak is that buffer and the gradient it is made from (64 x 16); without it, the
+  // peak is at the second Linear's backward: the first one's kept pre-activation and output (its
+  // input is the caller's, read in place), the loss gradient (64 x 4) and the second's dx.
+  using Wide = Seq<Linear<512, 16>, GELU, Linear<16, 4>>;
+  require_input_gradient_optional<Wide>();
+  constexpr auto with = activation_plan<Wide>(64, 512, 1, input_gradient::wanted), without = activation_plan<Wide>(64);
+  static_assert(with.peak_bytes == 64 * 512 * 4 + 64 * 16 * 4);
+  static_assert(without.peak_bytes == 3 * 64 * 16 * 4 + 64 * 4 * 4);
+  // A first block whose norm reads the input: LayerNorm (and RMSNorm) compute their parameters'
+  // gradients only, and the residual passes the hollow gradient on without adding.
+  require_input_gradient_optional<Seq<Residual<Seq<LayerNorm<24>, Linear<24, 24>, GELU, Linear<24, 24>>>, Linear<24, 3>>>();
+  require_input_gradient_optional<Seq<Residual<Seq<RMSNorm<24>, Linear<24, 24>>>, Linear<24, 3>>>();
+  require_input_gradient_optional<Net>();
+  // Under policies (their kept input is the pass's input), and in mixed precision (the input is
+  // converted: the converted tensor is the pass's input).
+  require_input_gradient_optional<Seq<Checkpointed<Seq<Linear<40, 16>, GELU, Dropout<0.2>, Linear<16, 16>>>, Linear<16, 3>>>();
+  require_input_gradient_optional<Seq<Selective<Seq<Linear<40, 16>, GELU, Linear<16, 16>>>, Linear<16, 3>>>();
+  require_input_gradient_optional<Revolve<2, Repeat<4, Residual<Seq<LayerNorm<8>, Linear<8, 8>, Tanh>>>>>();
+  require_input_gradient_optional<Seq<Linear<40, 16>, GELU, Linear<16, 3>>, mixed<bfloat16>>();
+  // A hollow input gradient never reaches the caller: a point-wise first layer still gives one.
+  require_input_gradient_optional<Seq<Tanh, Linear<8, 8>, Linear<8, 3>>>();
 }
 
 TEST_CASE("model: a training step lowers the loss", "[graph][model]") {

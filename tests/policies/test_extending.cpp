@@ -48,8 +48,12 @@ struct KeepInput : wraps<S> {
   }
 };
 
+// Products that Project below has multiplied (in passes that compute).
+std::size_t products_computed = 0;
+
 // A matrix-product layer of our own: y = x W^T, W stored [Out, In]. Its product goes through
-// s.product, so Selective keeps it without this layer knowing of Selective.
+// s.product, so Selective keeps it, and a recomputation skips it when not needed, without this
+// layer knowing of either.
 template <std::size_t In, std::size_t Out>
 struct Project {
   static constexpr std::size_t in_width = In, out_width = Out, param_count = In * Out;
@@ -63,9 +67,11 @@ struct Project {
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
     s.save(x);
     return s.product(x->rows(), Out, [&](auto& y) {
-      if constexpr (S::computes)
+      if constexpr (S::computes) {
+        ++products_computed;
         kernels::gemm(typename S::device{}, kernels::lhs(x->data(), index_t(x->rows()), In),
                       kernels::rhs(p, Out, In).transposed(), kernels::result(y.data(), index_t(x->rows()), Out));
+      }
     });
   }
   template <class S>
@@ -154,6 +160,49 @@ TEST_CASE("extending: a product layer of our own has right gradients and is kept
   // norm and the activation; storing keeps the norm's input and statistics and every layer's input.
   constexpr auto s = activation_plan<Stored>(24), k = activation_plan<Kept>(24);
   static_assert(k.saved_bytes < s.saved_bytes && k.recomputed == 1 && s.recomputed == 0);
+}
+
+// Products multiplied per training step (forward, recomputations and backward's forwards; the
+// backward's own products are not counted: they do not go through s.product).
+template <class NetT>
+std::size_t products_per_step(result const& stored, std::size_t rows) {
+  products_computed = 0;
+  require_same_as<NetT>(stored, rows);  // three steps, bit for bit, plan = measured
+  CHECK(products_computed % 3 == 0);
+  return products_computed / 3;
+}
+
+TEST_CASE("extending: a recomputation multiplies only the products its backward needs", "[extending][policies]") {
+  // A product's backward reads its input and weights, not its output; what follows the last
+  // product of a branch (the residual add) needs no values when the output is thrown away.
+  using Branch = Residual<Seq<LayerNorm<W>, Project<W, 2 * W>, GELU, Project<2 * W, W>>>;
+  using Head = Project<5, W>;
+  using Tail = Project<W, 3>;
+  result const stored = train<Seq<Head, Branch, Tail>>(24);
+  CHECK(products_per_step<Seq<Head, Branch, Tail>>(stored, 24) == 4);
+  // GELU's input (the first product) is needed again; the second only feeds the residual add.
+  CHECK(products_per_step<Seq<Head, Checkpointed<Branch>, Tail>>(stored, 24) == 4 + 1);
+  // The same for KeepInput, a policy written without the skip: it multiplies both again.
+  CHECK(products_per_step<Seq<Head, KeepInput<Branch>, Tail>>(stored, 24) == 4 + 2);
+  // Selective takes the first back and skips the second.
+  CHECK(products_per_step<Seq<Head, Selective<Branch>, Tail>>(stored, 24) == 4);
+
+  // Two blocks per checkpointed run: the first block's last product feeds the second block's norm.
+  result const chain = train<Seq<Head, Repeat<4, Branch>, Tail>>(24);
+  CHECK(products_per_step<Seq<Head, CheckpointSequential<2, Repeat<4, Branch>>, Tail>>(chain, 24) == 10 + 2 * 3);
+  CHECK(products_per_step<Seq<Head, Repeat<4, Checkpointed<Branch>>, Tail>>(chain, 24) == 10 + 4 * 1);
+  // Nested: the outer recomputation runs the inner segment's forward (both products: the second
+  // feeds the next branch) and skips the outer's last product; the inner one recomputes its first.
+  result const two = train<Seq<Head, Repeat<2, Branch>, Tail>>(24);
+  CHECK(products_per_step<Seq<Head, Checkpointed<Seq<Checkpointed<Branch>, Branch>>, Tail>>(two, 24) == 6 + 3 + 1);
+  // A segment that ends in a product: the last one is not needed; one followed by dropout, or by
+  // another product that saves its input, is.
+  using Plain = Seq<Project<W, W>, Dropout<0.25>, Project<W, W>, Dropout<0.25>>;
+  result const plain = train<Seq<Head, Plain, Tail>>(24);
+  CHECK(products_per_step<Seq<Head, Checkpointed<Plain>, Tail>>(plain, 24) == 4 + 1);
+  // Revolve runs every block forward in full (N + its recomputed block forwards).
+  using Rev = Revolve<1, Repeat<4, Branch>>;
+  CHECK(products_per_step<Seq<Head, Rev, Tail>>(chain, 24) == 2 + 2 * (4 + Rev::recomputed_forwards));
 }
 
 TEST_CASE("extending: a policy of our own trains bit for bit and is planned", "[extending]") {

@@ -45,6 +45,7 @@ struct Residual : detail::parameters_of<S> {
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {
     typename St::act_type dx = S::backward(s, p, g, dy);  // dy stays shared here, so S does not overwrite it
+    if (St::is_hollow(dx)) return dx;  // x is the pass's input, whose gradient nobody wants
     if (dx == dy) {
       dx = s.make(dy->rows(), dy->cols());
       if constexpr (St::computes) evaluate(*dx, *dy + *dy);

@@ -137,7 +137,7 @@ void layer_norm_forward(D, T const* x, T const* gamma, T const* beta, std::size_
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma; dgamma += sum_r dy * xhat,
-// dbeta += sum_r dy. dx may alias dy.
+// dbeta += sum_r dy. dx may alias dy; a null dx computes the parameter gradients only.
 template <class T, class G, device_tag D>
 void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* mean,
                          compute_type_t<T> const* rstd, T const* dy, std::size_t rows, std::size_t w, T* dx,
@@ -154,7 +154,7 @@ void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const*
     column_sums_of(
         cuda{}, rows, w, [=] REMAT_LAMBDA(std::size_t r, std::size_t c) { return to_compute<V>(dy[r * w + c]); }, dbeta,
         true);
-    detail::launch_rows(detail::layer_norm_backward_rows<T, V>, rows, x, gamma, mean, rstd, dy, rows, w, dx);
+    if (dx) detail::launch_rows(detail::layer_norm_backward_rows<T, V>, rows, x, gamma, mean, rstd, dy, rows, w, dx);
     return;
   }
 #endif
@@ -180,6 +180,7 @@ void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const*
       dbeta[c] = from_compute<G>(ab[c - c0]);
     }
   });
+  if (!dx) return;
   for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* dyr = dy + r * w;
     V sg = 0, sgx = 0;
@@ -223,6 +224,7 @@ void rms_norm_forward(D, T const* x, T const* gamma, std::size_t rows, std::size
 }
 
 // dx = rstd * g - x * rstd^3 * mean(g * x) with g = dy * gamma; dgamma += sum_r dy * x * rstd.
+// A null dx computes dgamma only.
 template <class T, class G, device_tag D>
 void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* rstd, T const* dy, std::size_t rows,
                        std::size_t w, T* dx, G* dgamma) {
@@ -235,7 +237,7 @@ void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* r
           return to_compute<V>(dy[r * w + c]) * to_compute<V>(x[r * w + c]) * rstd[r];
         },
         dgamma, true);
-    detail::launch_rows(detail::rms_norm_backward_rows<T, V>, rows, x, gamma, rstd, dy, rows, w, dx);
+    if (dx) detail::launch_rows(detail::rms_norm_backward_rows<T, V>, rows, x, gamma, rstd, dy, rows, w, dx);
     return;
   }
 #endif
@@ -252,6 +254,7 @@ void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* r
     }
     for (std::size_t c = c0; c < c1; ++c) dgamma[c] = from_compute<G>(ag[c - c0]);
   });
+  if (!dx) return;
   for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
     T const* dyr = dy + r * w;

@@ -22,11 +22,16 @@
 // parameters with `template <class F> static void visit(std::string const& prefix,
 // std::size_t offset, F& f)` instead of params().
 //
+// A backward may skip its input gradient when `!s.needs_gradient(x)` (x: its saved input, then the
+// pass's input, whose gradient nobody asked for) and return `s.hollow(rows, cols)` instead: Linear
+// and the norms do. Composites pass a hollow gradient on.
+//
 // Optional traits (a static constexpr member, or a type, that the graph and the policies read):
 //
 //   handles_hollow = true      copes with a hollow input (a shape without values) in a selective
-//                              recomputation; before any other layer, the graph marks the products
-//                              captured so far needed, so such a layer always sees values
+//                              recomputation, or a checkpointed one past its last needed product;
+//                              before any other layer, the graph marks the products so far needed,
+//                              so such a layer always sees values
 //   fuses_epilogue = true      forward<F> and backward<F> take a following point-wise layer's
 //                              function F and apply it in the pass that writes the output (Seq
 //                              fuses the pair)

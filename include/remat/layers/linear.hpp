@@ -86,7 +86,13 @@ struct Linear {
       dy = std::move(dz);
     }
     A x = s.restore();
-    A dx = s.make(rows, In);
+    // The pass's input when nobody wants its gradient: no dx (one product of three saved).
+    bool const wanted = s.needs_gradient(x);
+    A dx;  // (not `wanted ? make : hollow`: GCC 12 miscounts that at compile time)
+    if (wanted)
+      dx = s.make(rows, In);
+    else
+      dx = s.hollow(rows, In);
     if constexpr (S::computes) {
       // dW += dy^T x, db += column sums of dy, dx = dy W.
       using D = typename S::device;
@@ -94,8 +100,9 @@ struct Linear {
       kernels::gemm(D{}, kernels::lhs(dy->data(), n, Out).transposed(), kernels::rhs(x->data(), n, In),
                     kernels::result(g, Out, In), {.beta = 1});
       if constexpr (Bias) kernels::column_sums(D{}, dy->data(), rows, Out, g + In * Out, true);
-      kernels::gemm(D{}, kernels::lhs(dy->data(), n, Out), kernels::rhs(p, Out, In),
-                    kernels::result(dx->data(), n, In));
+      if (wanted)
+        kernels::gemm(D{}, kernels::lhs(dy->data(), n, Out), kernels::rhs(p, Out, In),
+                      kernels::result(dx->data(), n, In));
     }
     return dx;
   }

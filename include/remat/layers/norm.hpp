@@ -50,7 +50,12 @@ struct LayerNorm {
                                                  typename S::act_type dy) {
     using A = typename S::act_type;
     A rstd = s.restore(), mean = s.restore(), x = s.restore();
-    A dx = s.reuse_or_make(dy, W);
+    // (the pass's input when nobody wants its gradient: parameter gradients only, dx hollow)
+    A dx;  // (not `?:`: GCC 12 miscounts that at compile time)
+    if (s.needs_gradient(x))
+      dx = s.reuse_or_make(dy, W);
+    else
+      dx = s.hollow(dy->rows(), W);
     if constexpr (S::computes)
       kernels::layer_norm_backward(typename S::device{}, x->data(), p, stat_data(mean->data()),
                                    stat_data(rstd->data()), dy->data(), dy->rows(), W, dx->data(), g, g + W);
@@ -98,7 +103,12 @@ struct RMSNorm {
                                                  typename S::act_type dy) {
     using A = typename S::act_type;
     A rstd = s.restore(), x = s.restore();
-    A dx = s.reuse_or_make(dy, W);
+    // (the pass's input when nobody wants its gradient: parameter gradients only, dx hollow)
+    A dx;  // (not `?:`: GCC 12 miscounts that at compile time)
+    if (s.needs_gradient(x))
+      dx = s.reuse_or_make(dy, W);
+    else
+      dx = s.hollow(dy->rows(), W);
     if constexpr (S::computes)
       kernels::rms_norm_backward(typename S::device{}, x->data(), p, stat_data(rstd->data()), dy->data(),
                                  dy->rows(), W, dx->data(), g);

@@ -68,6 +68,10 @@ class pass_state
   static bool is_hollow(act_type const& a) { return a && a->data() == nullptr; }
   // Whether the pass made `a` (not the caller's input, read in place).
   static bool owns(act_type const& a) { return a->allocator() != nullptr; }
+  // The pass's input (the training pass marks it; held weakly: a tensor made after it was freed is
+  // never taken for it).
+  void mark_pass_input(act_type const& a) { input_ = a; }
+  bool is_pass_input(act_type const& a) const { return a && !input_.expired() && input_.lock() == a; }
 
   // The caller's input as the first activation: read in place (never written: training makes
   // every output anew), or converted into a new tensor of T.
@@ -107,6 +111,7 @@ class pass_state
   detail::offload_channel<D> offload_;
   G const* grad_base_ = nullptr;
   gradient_listener listener_{};
+  std::weak_ptr<tensor<T, D>> input_;
 };
 
 }  // namespace REMAT_NAMESPACE

@@ -11,10 +11,11 @@
 //   s.draw(n), s.random(offset)      n elements of the pass's dropout stream, and that stream
 //   s.product(rows, cols, compute)   a matrix product's output (captured and replayed by Selective)
 //   s.training(), s.keeps(), s.recomputing(), s.sequence_length(), s.token_ids()
+//   s.needs_gradient(x)              false for the pass's input when no input gradient is wanted
 //   s.hollow(rows, cols), S::is_hollow(a), S::computes
 // What composites and policies use besides:
 //   s.need_input(), s.keep_nothing(), s.recompute_from(offset), s.capture_products(list),
-//   s.replay_products(list), s.count_recomputed(n), s.rng_offset(), s.peek(), s.peek_counter(),
+//   s.replay_products(list), s.count_products(c), s.skip_products_from(n), s.count_recomputed(n), s.rng_offset(), s.peek(), s.peek_counter(),
 //   s.saved_mark(), s.offload_since(mark), s.bring_back_offloaded(), s.grads_ready(g)
 #pragma once
 
@@ -59,6 +60,9 @@ struct pass_options {
   // Rows of a sequence batch: row r is position r % length of sequence r / length (1: no sequences).
   std::size_t sequence_length = 1;
   token_ids ids{};
+  // False: nobody reads the gradient with respect to the pass's input (a training step; a loss
+  // gradient without an input gradient), so the layer that takes the input skips computing it.
+  bool input_gradient = true;
 };
 
 // The vocabulary, written once for every pass state. A is the activation handle (shared_ptr-like:
@@ -66,6 +70,11 @@ struct pass_options {
 // copy_back and offload_target; Record is what one Offloaded forward moved (pass/offload.hpp).
 template <class A, class Self, class Record>
 class pass_vocabulary {
+  struct skipping {
+    bool active = false;
+    std::size_t from = 0, seen = 0;
+  };
+
  public:
   constexpr explicit pass_vocabulary(pass_options const& o = {})
       : training_(o.training),
@@ -73,7 +82,8 @@ class pass_vocabulary {
         seed_(o.seed),
         stream_(o.stream),
         seq_len_(o.sequence_length),
-        ids_(o.ids) {}
+        ids_(o.ids),
+        input_gradient_(o.input_gradient) {}
 
   // ---- what a layer may ask
 
@@ -86,6 +96,10 @@ class pass_vocabulary {
   constexpr bool recomputing() const { return recomputing_; }
   constexpr std::size_t sequence_length() const { return seq_len_; }
   constexpr token_ids ids() const { return ids_; }
+  // Whether backward must compute the gradient with respect to `x` (a layer's saved input): false
+  // only for the pass's own input when nobody asked for its gradient. A layer that skips it
+  // returns s.hollow(rows, cols) as its input gradient, and the layers around pass that on.
+  constexpr bool needs_gradient(A const& x) const { return input_gradient_ || !self().is_pass_input(x); }
 
   // Keeps `a` for backward; a forward that keeps nothing drops it (and, when capturing products,
   // notes that every product captured so far is needed to recompute it).
@@ -129,8 +143,20 @@ class pass_vocabulary {
   // of multiplying again; one the recomputation does not need comes back hollow (a shape without
   // values). Call it after saving the layer's input (saving marks the products before it needed);
   // saving the product itself for backward marks it needed.
+  //
+  // In a recomputation whose output nobody reads (Checkpointed's, before its backward), the
+  // products after the last one the segment needs come back hollow without being computed: the
+  // last product of a residual branch, whose output the backward does not read (a product's
+  // backward reads its input and its weights).
   template <class Compute>
   constexpr A product(std::size_t rows, std::size_t cols, Compute&& compute) {
+    if (tally_) ++tally_->products;
+    if (skip_.active && skip_.seen++ >= skip_.from) {
+      if (replay_) ++replay_next_;
+      A shape = self().hollow(rows, cols);
+      if (capture_) capture_->push_back({shape, false});
+      return shape;
+    }
     if (replay_) {
       A kept = static_cast<A&&>((*replay_)[replay_next_++]);
       if (!kept) return self().hollow(rows, cols);
@@ -149,6 +175,23 @@ class pass_vocabulary {
   constexpr void need_input() {
     if (capture_)
       for (auto& c : *capture_) c.needed = true;
+    if (tally_) tally_->needed = tally_->products;
+  }
+
+  // Until the end of the returned scope (a forward that keeps nothing), counts into `c` the
+  // products and how many of the first ones what follows them needs: `needed` products from the
+  // start, as need_input marks every product made so far. A recomputation of the same forward may
+  // skip the rest (skip_products_from).
+  struct product_count {
+    std::size_t products = 0, needed = 0;
+  };
+  [[nodiscard]] constexpr auto count_products(product_count& c) { return restorer<product_count*>(tally_, &c); }
+
+  // Until the end of the returned scope, the products from the n-th on (counted from the start of
+  // the scope) come back hollow, uncomputed (a recomputation whose output nobody reads, and whose
+  // forward found that only the first n products are needed).
+  [[nodiscard]] constexpr auto skip_products_from(std::size_t n) {
+    return restorer<skipping>(skip_, skipping{true, n, 0});
   }
 
   // Until the end of the returned scope, nothing is kept for backward.
@@ -285,6 +328,7 @@ class pass_vocabulary {
   };
 
   constexpr Self& self() { return static_cast<Self&>(*this); }
+  constexpr Self const& self() const { return static_cast<Self const&>(*this); }
 
   // Puts a record's tensors back into their slots: the device copies if still held, else copies
   // from offloaded memory into new device memory (issued now, waited for by the record's backward).
@@ -316,11 +360,14 @@ class pass_vocabulary {
   std::size_t saved_bytes_ = 0;
   std::size_t seq_len_ = 1;
   token_ids ids_{};
+  bool input_gradient_ = true;
   std::vector<A> saved_;                 // tensors the forward kept, popped in reverse by backward
   std::vector<std::uint64_t> counters_;  // the same for numbers (dropout offsets, RNG states)
   std::vector<captured_product<A>>* capture_ = nullptr;
   std::vector<A>* replay_ = nullptr;
   std::size_t replay_next_ = 0;
+  product_count* tally_ = nullptr;  // a checkpointed forward counting its products
+  skipping skip_{};         // its recomputation skipping the products nobody needs
   std::vector<Record> offloads_;  // Offloaded<S>: the records of what went (last, first restored)
 };
 

@@ -34,15 +34,22 @@ struct activation_plan_result {
 // `features` is the input width, needed only when the graph's own is not fixed (a point-wise
 // first layer). For a sequence model, `batch` counts sequences of `sequence` positions each (see
 // sequence_plan).
+//
+// The plan is that of a training step (train_step, or accumulate without an input gradient): the
+// layer that takes the input computes no gradient for it. `input_gradient::wanted` plans
+// accumulate asked for one (its `dx`).
+enum class input_gradient : bool { none = false, wanted = true };
+
 template <class Net, class Precision = fp32>
 constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width,
-                                                 std::size_t sequence = 1) {
+                                                 std::size_t sequence = 1,
+                                                 input_gradient dx = input_gradient::none) {
   using T = typename Precision::compute;
   plan::counter mem, offloaded;
   activation_plan_result r;
   {
     std::size_t const rows = batch * sequence;
-    pass_options o{.training = true, .sequence_length = sequence};
+    pass_options o{.training = true, .sequence_length = sequence, .input_gradient = bool(dx)};
     if constexpr (reads_ids_v<Net>) o.ids.count = rows;
     plan::state<T> s(mem, offloaded, o);
     plan::ref x = detail::input_activation<Net, Precision>(s, plan::input_shape{rows, features}, true);

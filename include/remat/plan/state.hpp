@@ -156,6 +156,9 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
   constexpr ref hollow(std::size_t rows, std::size_t cols) { return mem_->hollow(rows, cols); }
   static constexpr bool is_hollow(ref const& a) { return a && a->hollow; }
   static constexpr bool owns(ref const& a) { return a->bytes > 0; }
+  // The pass's input (planned buffers are never reused, so an id is its identity).
+  constexpr void mark_pass_input(ref const& a) { input_ = a.id(); }
+  constexpr bool is_pass_input(ref const& a) const { return a && a.id() == input_; }
   constexpr ref borrow(input_shape x) { return mem_->borrow(x.rows(), x.cols()); }
   constexpr ref convert(input_shape x) { return make(x.rows(), x.cols()); }
   constexpr ref copy_off(ref const& a, no_fence&) { return offloaded_->make(a->rows(), a->cols(), sizeof(T)); }
@@ -165,6 +168,7 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
  private:
   counter* mem_;
   counter* offloaded_;
+  int input_ = -1;
 };
 
 }  // namespace plan

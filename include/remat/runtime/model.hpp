@@ -302,7 +302,7 @@ class model {
       sync->check_pass();
       sync->pass_starting();
     }
-    state_type s = make_state({.training = true, .stream = dropout_stream()}, x);
+    state_type s = make_state({.training = true, .stream = dropout_stream(), .input_gradient = dx != nullptr}, x);
     if (sync)
       s.listen_gradients(grads_.data(), {sync, [](void* to, std::size_t offset) {
                                            static_cast<detail::gradient_sync*>(to)->gradients_ready(offset);

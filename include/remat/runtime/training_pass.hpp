@@ -27,10 +27,11 @@ constexpr typename S::act_type input_activation(S& s, Input const& x, bool train
 
 // Forward keeping what backward needs, the loss's gradient with respect to the output
 // (loss_grad(y, dy)), backward. Returns the gradient with respect to the input (null for a model
-// that reads token ids).
+// that reads token ids; hollow, uncomputed, when the pass was told no input gradient is wanted).
 template <class Net, class S, class LossGrad>
 constexpr typename S::act_type training_pass(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                              typename S::act_type x, LossGrad&& loss_grad) {
+  if (x) s.mark_pass_input(x);
   typename S::act_type y = Net::forward(s, p, std::move(x));
   s.forward_done(y);
   typename S::act_type dy = s.make(y->rows(), y->cols());
