@@ -147,6 +147,68 @@ std::vector<opt_row> optimizer_rows(std::size_t n, int reps) {
   return out;
 }
 
+// The row passes of a step (kernels/attention.hpp, kernels/norms.hpp): the causal softmax of the
+// attention scores and LayerNorm, forward and backward, each against a copy of the bytes it must
+// move (timed interleaved, medians). About n elements each.
+std::vector<opt_row> row_pass_rows(std::size_t n, int reps) {
+  std::vector<opt_row> out;
+  auto add = [&](char const* name, double bytes, std::size_t elements, std::function<void()> const& f) {
+    index_t const half = index_t(bytes / 2 / sizeof(float));
+    ftensor src(half, 1), dst(half, 1);
+    evaluate(src, expr::to_expr(1.0));
+    std::vector<double> ts, cs;
+    auto time = [](auto const& g) {
+      auto const t0 = std::chrono::steady_clock::now();
+      g();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    f();
+    evaluate(dst, src);
+    for (int r = 0; r < reps; ++r) {
+      ts.push_back(time(f));
+      cs.push_back(time([&] { evaluate(dst, src); }));
+    }
+    std::sort(ts.begin(), ts.end());
+    std::sort(cs.begin(), cs.end());
+    out.push_back({name, bytes / double(elements), elements, ts[ts.size() / 2], cs[cs.size() / 2]});
+  };
+  // Causal softmax over count x seq x seq scores (GPT's attention at seq 256): the forward reads
+  // the causal half of the scores and writes every probability (zeros above the diagonal); the
+  // backward reads the causal half of the probabilities and of their gradient and writes every
+  // score gradient.
+  std::size_t const seq = 256, count = std::max<std::size_t>(1, n / (seq * seq)), total = count * seq * seq;
+  double const causal = double(count) * double(seq * (seq + 1) / 2);
+  ftensor scores(index_t(total), 1), probs(index_t(total), 1), dprobs(index_t(total), 1), dscores(index_t(total), 1);
+  for (std::size_t i = 0; i < total; ++i) scores[i] = float(std::sin(0.001 * double(i)) * 4.0);
+  evaluate(dprobs, expr::to_expr(1e-3));
+  add("causal softmax forward (seq 256)", causal * 4 + double(total) * 4, total,
+      [&] { kernels::causal_softmax(host{}, scores.data(), probs.data(), count, seq, 0.125f); });
+  add("causal softmax backward (seq 256)", 2 * causal * 4 + double(total) * 4, total, [&] {
+    kernels::causal_softmax_backward(host{}, probs.data(), dprobs.data(), dscores.data(), count, seq, 0.125f,
+                                     kernels::no_mask<float>{});
+  });
+  // LayerNorm over rows of width 1024: the forward reads x and writes y (and two statistics per
+  // row); the backward reads x, dy and the statistics and writes dx (the parameter gradients are
+  // width-sized).
+  std::size_t const w = 1024, rows = std::max<std::size_t>(1, n / w);
+  index_t const r = index_t(rows), c = index_t(w);
+  ftensor x(r, c), y(r, c), dy(r, c), dx(r, c), gamma(2 * c, 1), dgamma(2 * c, 1), mean(r, 1), rstd(r, 1);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i)));
+  evaluate(dy, expr::to_expr(1e-2));
+  evaluate(gamma, expr::to_expr(1.0));
+  evaluate(dgamma, expr::to_expr(0.0));
+  double const elems = double(rows * w), stats = double(rows) * 2 * 4;
+  add("LayerNorm forward (width 1024)", elems * 8 + stats, rows * w, [&] {
+    kernels::layer_norm_forward(host{}, x.data(), gamma.data(), gamma.data() + w, rows, w, 1e-5, y.data(),
+                                mean.data(), rstd.data());
+  });
+  add("LayerNorm backward (width 1024)", elems * 12 + stats, rows * w, [&] {
+    kernels::layer_norm_backward(host{}, x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(), rows, w,
+                                 dx.data(), dgamma.data(), dgamma.data() + w);
+  });
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,6 +265,19 @@ int main(int argc, char** argv) {
   std::printf("\n");
   for (auto const& r : opt)
     std::printf("json: {\"bench\":\"optimizer\",\"pass\":\"%s\",\"parameters\":%zu,\"bytes_per_parameter\":%.0f,"
+                "\"s\":%.6g,\"copy_s\":%.6g,\"fraction_of_copy\":%.4g}\n",
+                r.name.c_str(), r.n, r.bytes_per_param, r.s, r.copy_s, r.copy_s / r.s);
+  std::vector<opt_row> const passes = row_pass_rows(n, reps);
+  std::printf("\nrow passes: about %zu fp32 elements each\n\n", n);
+  std::printf("| pass | bytes per element | ms | GB/s | copy GB/s | fraction of copy |\n|---|---|---|---|---|---|\n");
+  for (auto const& r : passes) {
+    double const bytes = r.bytes_per_param * double(r.n);
+    std::printf("| %s | %.1f | %.2f | %.1f | %.1f | %.0f%% |\n", r.name.c_str(), r.bytes_per_param, r.s * 1e3,
+                bytes / r.s / 1e9, bytes / r.copy_s / 1e9, 100 * r.copy_s / r.s);
+  }
+  std::printf("\n");
+  for (auto const& r : passes)
+    std::printf("json: {\"bench\":\"row_pass\",\"pass\":\"%s\",\"elements\":%zu,\"bytes_per_element\":%.3f,"
                 "\"s\":%.6g,\"copy_s\":%.6g,\"fraction_of_copy\":%.4g}\n",
                 r.name.c_str(), r.n, r.bytes_per_param, r.s, r.copy_s, r.copy_s / r.s);
   return 0;

@@ -15,7 +15,15 @@
 #define REMAT_HOST_DEVICE __forceinline__ __host__ __device__
 #define REMAT_HAS_CUDA 1
 #else
+// Forced inline on the host too (as __forceinline__ does under nvcc): these small functions (the
+// float exp/erf/tanh, the row sums, conversions) are called from the AVX2/AVX-512 versions of the
+// host loops (REMAT_HOST_CLONES), and one left out of line is compiled for the baseline and called
+// per element, which stops the loop from vectorising.
+#if defined(__GNUC__)
+#define REMAT_HOST_DEVICE inline __attribute__((always_inline))
+#else
 #define REMAT_HOST_DEVICE inline
+#endif
 #define REMAT_HAS_CUDA 0
 #endif
 
@@ -23,6 +31,9 @@
 // needs --extended-lambda, which remat::remat's CUDA compile options carry).
 #if defined(__CUDACC__)
 #define REMAT_LAMBDA __host__ __device__
+#elif defined(__GNUC__) && !defined(__clang__)
+// (inlined into the AVX2/AVX-512 versions of the loop that calls it, as REMAT_HOST_DEVICE is)
+#define REMAT_LAMBDA __attribute__((always_inline))
 #else
 #define REMAT_LAMBDA
 #endif

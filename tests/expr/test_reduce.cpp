@@ -1,4 +1,5 @@
 #include <remat/expr/expr.hpp>
+#include <remat/kernels/rows.hpp>
 #include <remat/tensor/tensor.hpp>
 
 #include <catch2/catch.hpp>
@@ -6,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 using namespace remat;
 
@@ -73,3 +75,36 @@ TEST_CASE("reductions: the result is bitwise the same on any number of threads",
   CHECK(one_max == three_max);
 }
 #endif
+
+TEST_CASE("row sums and maxima: exact where they can be, close to the exact sum, alignment-independent",
+          "[expr][reduce][kernels]") {
+  // Within one row of a row kernel (softmax, the norms): 16 lanes whose order depends on the
+  // length alone, so a row gives the same bits wherever it sits in memory.
+  std::vector<float> buf(600 + 16);
+  for (std::size_t n : {std::size_t(1), std::size_t(5), std::size_t(16), std::size_t(17), std::size_t(255),
+                        std::size_t(256), std::size_t(600)}) {
+    INFO("n = " << n);
+    // Integers: every partial sum is exact in float, so the sum is the closed form.
+    auto const ints = kernels::detail::row_sum<float>(n, [](std::size_t c) { return float(c + 1); });
+    CHECK(double(ints) == double(n) * double(n + 1) / 2);
+    auto const top = kernels::detail::row_max<float>(n, [n](std::size_t c) { return float((c * 7919) % n) - 3.5f; });
+    CHECK(double(top) == double(n) - 1 - 3.5);
+    // Values with rounding: within n float roundings of the exact sum, and the same bits from
+    // every offset in memory.
+    std::vector<float> bits;
+    for (std::size_t offset = 0; offset < 16; ++offset) {
+      float* row = buf.data() + offset;
+      double exact = 0;
+      for (std::size_t c = 0; c < n; ++c) {
+        row[c] = float(std::sin(0.7 * double(c)) * 1e3);
+        exact += double(row[c]);
+      }
+      float const s = kernels::detail::row_sum<float>(n, [row](std::size_t c) { return row[c]; });
+      double absolute = 0;
+      for (std::size_t c = 0; c < n; ++c) absolute += std::fabs(double(row[c]));
+      CHECK(std::fabs(double(s) - exact) <= double(n) * 0x1p-24 * absolute);
+      bits.push_back(s);
+    }
+    for (float b : bits) CHECK(std::memcmp(&b, &bits[0], sizeof b) == 0);
+  }
+}

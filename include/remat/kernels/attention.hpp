@@ -70,23 +70,26 @@ void causal_softmax(D, V const* scores, T* probs, std::size_t count, std::size_t
     return;
   }
 #endif
+  // A row's maximum and sum in 16 lanes (detail::row_max, row_sum): they vectorise, and their order
+  // depends on the row's length alone.
   for_each_index(D{}, rows, rows * seq, [=] REMAT_LAMBDA(std::size_t r) {
-    std::size_t const last = r % seq;  // the last column this position sees
+    std::size_t const n = r % seq + 1;  // the columns this position sees
     V const* z = scores + r * seq;
     T* p = probs + r * seq;
-    V m = z[0] * scale;
-    for (std::size_t c = 1; c <= last; ++c) m = z[c] * scale > m ? z[c] * scale : m;
-    V sum = 0;
+    V const k = scale;
+    V const m = detail::row_max<V>(n, [&](std::size_t c) { return z[c] * k; });
     if constexpr (std::is_same_v<T, V>) {  // one exp per element: kept in the output, then scaled
-      for (std::size_t c = 0; c <= last; ++c) sum += p[c] = expr::math::exp(z[c] * scale - m);
+      // (a plain loop: it vectorises as a point-wise pass does)
+      for (std::size_t c = 0; c < n; ++c) p[c] = expr::math::exp(z[c] * k - m);
+      V const sum = detail::row_sum<V>(n, [&](std::size_t c) { return p[c]; });
       V const inv = V(1) / sum;
-      for (std::size_t c = 0; c <= last; ++c) p[c] *= inv;
+      for (std::size_t c = 0; c < n; ++c) p[c] *= inv;
     } else {  // (a 16-bit output cannot hold the unscaled values exactly: exp again)
-      for (std::size_t c = 0; c <= last; ++c) sum += expr::math::exp(z[c] * scale - m);
+      V const sum = detail::row_sum<V>(n, [&](std::size_t c) { return expr::math::exp(z[c] * k - m); });
       V const inv = V(1) / sum;
-      for (std::size_t c = 0; c <= last; ++c) p[c] = from_compute<T>(expr::math::exp(z[c] * scale - m) * inv);
+      for (std::size_t c = 0; c < n; ++c) p[c] = from_compute<T>(expr::math::exp(z[c] * k - m) * inv);
     }
-    for (std::size_t c = last + 1; c < seq; ++c) p[c] = from_compute<T>(V(0));
+    for (std::size_t c = n; c < seq; ++c) p[c] = from_compute<T>(V(0));
   });
 }
 
@@ -121,8 +124,8 @@ void causal_softmax_backward(D, T const* probs, V const* dpd, Out* dscores, std:
     T const* p = probs + base;
     V const* g = dpd + base;
     Out* d = dscores + base;
-    V dot = 0;
-    for (std::size_t c = 0; c <= last; ++c) dot += g[c] * mask(base + c) * to_compute<V>(p[c]);
+    V const dot =
+        detail::row_sum<V>(last + 1, [&](std::size_t c) { return g[c] * mask(base + c) * to_compute<V>(p[c]); });
     for (std::size_t c = 0; c <= last; ++c)
       d[c] = from_compute<Out>(scale * to_compute<V>(p[c]) * (g[c] * mask(base + c) - dot));
     for (std::size_t c = last + 1; c < seq; ++c) d[c] = from_compute<Out>(V(0));

@@ -119,14 +119,11 @@ void layer_norm_forward(D, T const* x, T const* gamma, T const* beta, std::size_
 #endif
   for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
-    V s = 0;
-    for (std::size_t i = 0; i < w; ++i) s += to_compute<V>(xr[i]);
-    V const mean = s / V(w);
-    V q = 0;
-    for (std::size_t i = 0; i < w; ++i) {
+    V const mean = detail::row_sum<V>(w, [&](std::size_t i) { return to_compute<V>(xr[i]); }) / V(w);
+    V const q = detail::row_sum<V>(w, [&](std::size_t i) {
       V const d = to_compute<V>(xr[i]) - mean;
-      q += d * d;
-    }
+      return d * d;
+    });
     V const rstd = V(1) / expr::math::sqrt(q / V(w) + V(eps));
     T* yr = y + r * w;
     for (std::size_t i = 0; i < w; ++i)
@@ -183,12 +180,9 @@ void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const*
   if (!dx) return;
   for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* dyr = dy + r * w;
-    V sg = 0, sgx = 0;
-    for (std::size_t i = 0; i < w; ++i) {
-      V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
-      sg += g;
-      sgx += g * xhat(r, i);
-    }
+    V const sg = detail::row_sum<V>(w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]); });
+    V const sgx = detail::row_sum<V>(
+        w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * xhat(r, i); });
     V const mg = sg / V(w), mgx = sgx / V(w), s = rstd[r];
     T* dxr = dx + r * w;
     for (std::size_t i = 0; i < w; ++i) {
@@ -211,11 +205,10 @@ void rms_norm_forward(D, T const* x, T const* gamma, std::size_t rows, std::size
 #endif
   for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
-    V q = 0;
-    for (std::size_t i = 0; i < w; ++i) {
+    V const q = detail::row_sum<V>(w, [&](std::size_t i) {
       V const v = to_compute<V>(xr[i]);
-      q += v * v;
-    }
+      return v * v;
+    });
     V const rstd = V(1) / expr::math::sqrt(q / V(w) + V(eps));
     T* yr = y + r * w;
     for (std::size_t i = 0; i < w; ++i) yr[i] = from_compute<T>(to_compute<V>(xr[i]) * rstd * to_compute<V>(gamma[i]));
@@ -258,8 +251,8 @@ void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* r
   for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
     T const* dyr = dy + r * w;
-    V sgx = 0;
-    for (std::size_t i = 0; i < w; ++i) sgx += to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * to_compute<V>(xr[i]);
+    V const sgx = detail::row_sum<V>(
+        w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * to_compute<V>(xr[i]); });
     V const s = rstd[r], k = s * s * s * sgx / V(w);
     T* dxr = dx + r * w;
     for (std::size_t i = 0; i < w; ++i)

@@ -16,16 +16,18 @@ namespace detail {
 
 template <class Out, class F>
 REMAT_HOST_CLONES void host_transform(Out* out, std::size_t first, std::size_t last, F const& f) {
-  for (std::size_t i = first; i < last; ++i) out[i] = f(i);
+  F const body = f;  // (a local copy: see host_for_each)
+  for (std::size_t i = first; i < last; ++i) out[i] = body(i);
 }
 
 template <class Out, class F>
 REMAT_HOST_CLONES void host_transform_rows(Out* out, std::size_t first, std::size_t last, std::size_t cols,
                                            F const& f) {
+  F const body = f;  // (a local copy: see host_for_each)
   for (std::size_t r = first; r < last; ++r) {
     std::size_t const base = r * cols;
     Out* const row = out + base;
-    for (std::size_t c = 0; c < cols; ++c) row[c] = f(base + c, c);
+    for (std::size_t c = 0; c < cols; ++c) row[c] = body(base + c, c);
   }
 }
 

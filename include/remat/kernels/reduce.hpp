@@ -48,7 +48,8 @@ namespace detail {
 // chunk's length alone; the vectoriser maps them onto registers (a plain running sum would be a
 // chain it may not reorder).
 template <class Acc, class F, class Op>
-REMAT_HOST_CLONES Acc host_reduce(std::size_t lo, std::size_t hi, F const& f, Acc init, Op op) {
+REMAT_HOST_CLONES Acc host_reduce(std::size_t lo, std::size_t hi, F const& f_, Acc init, Op op) {
+  F const f = f_;  // (a local copy: see host_for_each)
   constexpr std::size_t lanes = 16;
   Acc lane[lanes];
   for (std::size_t l = 0; l < lanes; ++l) lane[l] = init;

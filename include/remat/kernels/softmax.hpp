@@ -59,10 +59,8 @@ void softmax_cross_entropy(D, T const* logits, std::int32_t const* labels, std::
 #endif
   for_each_index(D{}, rows, rows * classes, [=] REMAT_LAMBDA(std::size_t r) {
     T const* z = logits + r * classes;
-    V m = to_compute<V>(z[0]);
-    for (std::size_t c = 1; c < classes; ++c) m = to_compute<V>(z[c]) > m ? to_compute<V>(z[c]) : m;
-    V s = 0;
-    for (std::size_t c = 0; c < classes; ++c) s += expr::math::exp(to_compute<V>(z[c]) - m);
+    V const m = detail::row_max<V>(classes, [&](std::size_t c) { return to_compute<V>(z[c]); });
+    V const s = detail::row_sum<V>(classes, [&](std::size_t c) { return expr::math::exp(to_compute<V>(z[c]) - m); });
     V const log_s = expr::math::log(s);
     std::size_t const y = std::size_t(labels[r]);
     row_loss[r] = log_s - (to_compute<V>(z[y]) - m);
