@@ -15,16 +15,19 @@
 #define REMAT_HOST_DEVICE __forceinline__ __host__ __device__
 #define REMAT_HAS_CUDA 1
 #else
-// Forced inline on the host too (as __forceinline__ does under nvcc): these small functions (the
-// float exp/erf/tanh, the row sums, conversions) are called from the AVX2/AVX-512 versions of the
-// host loops (REMAT_HOST_CLONES), and one left out of line is compiled for the baseline and called
-// per element, which stops the loop from vectorising.
-#if defined(__GNUC__)
-#define REMAT_HOST_DEVICE inline __attribute__((always_inline))
-#else
 #define REMAT_HOST_DEVICE inline
-#endif
 #define REMAT_HAS_CUDA 0
+#endif
+
+// Inlined wherever called (the row sums inside row kernels): a helper left out of line is
+// compiled for the baseline, not for the AVX2/AVX-512 version of the loop that calls it
+// (REMAT_HOST_CLONES), and called per element, which keeps the loop scalar.
+#if defined(__CUDACC__)
+#define REMAT_INLINE_HOST_DEVICE __forceinline__ __host__ __device__
+#elif defined(__GNUC__)
+#define REMAT_INLINE_HOST_DEVICE inline __attribute__((always_inline))
+#else
+#define REMAT_INLINE_HOST_DEVICE inline
 #endif
 
 // A lambda that kernels run on either device: `[=] REMAT_LAMBDA(std::size_t i) { ... }` (nvcc
@@ -32,7 +35,7 @@
 #if defined(__CUDACC__)
 #define REMAT_LAMBDA __host__ __device__
 #elif defined(__GNUC__) && !defined(__clang__)
-// (inlined into the AVX2/AVX-512 versions of the loop that calls it, as REMAT_HOST_DEVICE is)
+// (inlined into the AVX2/AVX-512 version of the loop that runs it: see REMAT_INLINE_HOST_DEVICE)
 #define REMAT_LAMBDA __attribute__((always_inline))
 #else
 #define REMAT_LAMBDA
