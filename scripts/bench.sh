@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds remat with optimisation and runs the benchmarks in bench/, writing markdown tables and
 # JSON lines (one per configuration) to bench/results/:
-#   expr-host.*      fused expressions against op-by-op evaluation and copy bandwidth, and the
-#                    optimizer passes' bytes per parameter and fraction of copy
+#   expr-host.*      fused expressions against op-by-op evaluation and copy bandwidth, the
+#                    optimizer passes' bytes per parameter and fraction of copy, and the row
+#                    passes (causal softmax, LayerNorm) against copy
 #   gemm-paths-host.* OpenBLAS against oneDNN's f32 matmul for the shapes of a step
 #   float-math-host.* remat's float exp/erf/tanh beside glibc, libmvec and SLEEF (AVX-512 machines)
 #   policies-host.*  the residual-MLP training step under every storage policy, interleaved with

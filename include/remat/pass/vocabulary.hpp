@@ -15,8 +15,9 @@
 //   s.hollow(rows, cols), S::is_hollow(a), S::computes
 // What composites and policies use besides:
 //   s.need_input(), s.keep_nothing(), s.recompute_from(offset), s.capture_products(list),
-//   s.replay_products(list), s.count_products(c), s.skip_products_from(n), s.count_recomputed(n), s.rng_offset(), s.peek(), s.peek_counter(),
-//   s.saved_mark(), s.offload_since(mark), s.bring_back_offloaded(), s.grads_ready(g)
+//   s.replay_products(list), s.count_products(c), s.skip_products_from(n), s.count_recomputed(n),
+//   s.rng_offset(), s.peek(), s.peek_counter(), s.saved_mark(), s.offload_since(mark),
+//   s.bring_back_offloaded(), s.grads_ready(g)
 #pragma once
 
 #include "../config.hpp"
@@ -367,7 +368,7 @@ class pass_vocabulary {
   std::vector<A>* replay_ = nullptr;
   std::size_t replay_next_ = 0;
   product_count* tally_ = nullptr;  // a checkpointed forward counting its products
-  skipping skip_{};         // its recomputation skipping the products nobody needs
+  skipping skip_{};                 // its recomputation skipping the products nobody needs
   std::vector<Record> offloads_;  // Offloaded<S>: the records of what went (last, first restored)
 };
 
