@@ -7,8 +7,8 @@
 //          [--precision fp32|bf16|half] [--against-fp32] [--mpi [--shard]]
 //
 // --precision bf16 trains mixed<bfloat16>, half trains mixed<half, DynamicLossScale> (fp32 master
-// weights either way); --against-fp32 then trains the fp32 model too and fails unless the test
-// accuracies are within one point.
+// weights either way); --against-fp32 then trains the fp32 model too and fails if the test
+// accuracy is more than two points below fp32's.
 //
 // --mpi trains data-parallel under mpirun (remat::dist): each rank takes its share of every batch
 // of 64, gradients are averaged across the ranks, rank 0 prints and saves. --shard also splits the
@@ -237,7 +237,11 @@ int main(int argc, char** argv) {
     double const ref = run<fp32>(o, train, test);
     std::printf("\n%s %.2f%% against fp32 %.2f%%: %+.2f points\n", precision.c_str(), 100 * acc, 100 * ref,
                 100 * (acc - ref));
-    if (acc < ref - 0.01) return 3;
+    // Two points: on 360 test images an accuracy near 99% has a standard error of about 0.5
+    // points, a difference of two runs about 0.75, so a one-point bar failed by chance (seeds 1-6
+    // gave -1.11, +0.28, -0.28, -0.28, -0.28, -0.28 after a change of summation order); two is
+    // 2.7 standard errors, and a broken mixed-precision path loses far more.
+    if (acc < ref - 0.02) return 3;
   }
   return 0;
 }
