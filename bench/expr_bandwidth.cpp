@@ -15,6 +15,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace remat;
@@ -102,6 +103,29 @@ struct opt_row {
   double s, copy_s;
 };
 
+// Median seconds of f and of a parallel copy of the same `bytes`, timed interleaved (this
+// machine's bandwidth drifts between runs).
+std::pair<double, double> timed_against_copy(double bytes, int reps, std::function<void()> const& f) {
+  index_t const half = index_t(bytes / 2 / sizeof(float));
+  ftensor src(half, 1), dst(half, 1);
+  evaluate(src, expr::to_expr(1.0));
+  std::vector<double> ts, cs;
+  auto time = [](auto const& g) {
+    auto const t0 = std::chrono::steady_clock::now();
+    g();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  f();
+  evaluate(dst, src);
+  for (int r = 0; r < reps; ++r) {
+    ts.push_back(time(f));
+    cs.push_back(time([&] { evaluate(dst, src); }));
+  }
+  std::sort(ts.begin(), ts.end());
+  std::sort(cs.begin(), cs.end());
+  return {ts[ts.size() / 2], cs[cs.size() / 2]};
+}
+
 std::vector<opt_row> optimizer_rows(std::size_t n, int reps) {
   std::vector<opt_row> out;
   ftensor p(index_t(n), 1), g(index_t(n), 1), m(index_t(n), 1), v(index_t(n), 1);
@@ -111,27 +135,9 @@ std::vector<opt_row> optimizer_rows(std::size_t n, int reps) {
   evaluate(m, expr::to_expr(0.0));
   evaluate(v, expr::to_expr(0.0));
   kernels::adamw_scalars const k{1.0, 1.0 - 1e-3 * 1e-2, 0.9, 0.999, 1e-3 / 0.1, std::sqrt(1 - 0.999), 1e-8};
-  // Timed interleaved with a parallel copy of the same bytes (this machine's bandwidth drifts
-  // between runs): medians of each.
   auto add = [&](char const* name, double bytes_per_param, std::function<void()> const& f) {
-    index_t const half = index_t(bytes_per_param * double(n) / 2 / sizeof(float));
-    ftensor src(half, 1), dst(half, 1);
-    evaluate(src, expr::to_expr(1.0));
-    std::vector<double> ts, cs;
-    auto time = [](auto const& g) {
-      auto const t0 = std::chrono::steady_clock::now();
-      g();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    f();
-    evaluate(dst, src);
-    for (int r = 0; r < reps; ++r) {
-      ts.push_back(time(f));
-      cs.push_back(time([&] { evaluate(dst, src); }));
-    }
-    std::sort(ts.begin(), ts.end());
-    std::sort(cs.begin(), cs.end());
-    out.push_back({name, bytes_per_param, n, ts[ts.size() / 2], cs[cs.size() / 2]});
+    auto const [s, copy_s] = timed_against_copy(bytes_per_param * double(n), reps, f);
+    out.push_back({name, bytes_per_param, n, s, copy_s});
   };
   // p, g, m, v read; p, m, v written.
   add("AdamW (fp32)", 28, [&] { kernels::adamw_update(host{}, n, p.data(), g.data(), m.data(), v.data(), k); });
@@ -153,24 +159,8 @@ std::vector<opt_row> optimizer_rows(std::size_t n, int reps) {
 std::vector<opt_row> row_pass_rows(std::size_t n, int reps) {
   std::vector<opt_row> out;
   auto add = [&](char const* name, double bytes, std::size_t elements, std::function<void()> const& f) {
-    index_t const half = index_t(bytes / 2 / sizeof(float));
-    ftensor src(half, 1), dst(half, 1);
-    evaluate(src, expr::to_expr(1.0));
-    std::vector<double> ts, cs;
-    auto time = [](auto const& g) {
-      auto const t0 = std::chrono::steady_clock::now();
-      g();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    f();
-    evaluate(dst, src);
-    for (int r = 0; r < reps; ++r) {
-      ts.push_back(time(f));
-      cs.push_back(time([&] { evaluate(dst, src); }));
-    }
-    std::sort(ts.begin(), ts.end());
-    std::sort(cs.begin(), cs.end());
-    out.push_back({name, bytes / double(elements), elements, ts[ts.size() / 2], cs[cs.size() / 2]});
+    auto const [s, copy_s] = timed_against_copy(bytes, reps, f);
+    out.push_back({name, bytes / double(elements), elements, s, copy_s});
   };
   // Causal softmax over count x seq x seq scores (GPT's attention at seq 256): the forward reads
   // the causal half of the scores and writes every probability (zeros above the diagonal); the
