@@ -40,6 +40,7 @@
 #include "numeric/small_float.hpp"
 #include "pass/step.hpp"
 #include "plan/activation.hpp"
+#include "plan/step.hpp"
 #include "policy/policies.hpp"
 #include "runtime/check_gradients.hpp"
 #include "runtime/model.hpp"

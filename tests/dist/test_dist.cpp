@@ -387,6 +387,37 @@ TEST_CASE("sharding divides the optimizer state by the number of ranks", "[dist]
   }
 }
 
+TEST_CASE("each rank's step measures its whole-step plan, per tag and in total", "[dist][memory][plan]") {
+  auto check = [](auto tag_model, auto precision, bool shard) {
+    using NetT = decltype(tag_model);
+    using P = decltype(precision);
+    INFO(P::name << ", shard_optimizer " << shard << ", rank " << world_rank() << " of " << world_size());
+    memory::caching_allocator<host> alloc;
+    model<NetT, host, P> m(seed{7}, alloc);
+    dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard});
+    AdamW opt(m, opts);
+    param_range const r = my_rows(dp.rank(), dp.size());
+    auto const plan = memory_plan<NetT, P, AdamW, SoftmaxCrossEntropy>(
+        r.size(), {.ranks = std::size_t(dp.size()), .rank = std::size_t(dp.rank()), .shard_optimizer = shard});
+    for (int t = 0; t < 2; ++t) {
+      batch b = whole_batch(t);
+      alloc.reset_peak();
+      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+      auto const s = alloc.stats();
+      for (memory::tag g : memory::all_tags) {
+        INFO(memory::name(g));
+        CHECK(s[g].peak == plan[g]);
+      }
+      CHECK(s.total.peak == plan.peak);
+      CHECK(s.total.in_use == plan.persistent);
+    }
+  };
+  for (bool shard : {false, true}) {
+    check(Net{}, fp32{}, shard);
+    check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, shard);
+  }
+}
+
 TEST_CASE("a loss scale's overflow skips the step on every rank together", "[dist][precision]") {
   using P = mixed<bfloat16, DynamicLossScale>;
   for (bool shard : {false, true}) {

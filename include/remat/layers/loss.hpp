@@ -5,6 +5,10 @@
 // have forward_backward_pending, returning a kernels::pending_scalar: a training step then reads
 // the loss only after issuing its backward and the optimizer's update (on the GPU, the step does
 // not wait between forward and backward). Both built-in losses have it.
+//
+// A loss that allocates workspace during a step (tagged memory::tag::workspace) declares how much
+// in workspace_bytes<C>(rows, cols), for outputs of type C: the whole-step plan
+// (plan/step.hpp) counts it at the point of the step where the loss runs.
 #pragma once
 
 #include "../expr/expr.hpp"
@@ -42,6 +46,10 @@ struct MSE {
     loss.divide_by(n);
     if (dy) evaluate(*dy, (y - t) * (2.0 * scale / n));
     return loss;
+  }
+  template <class C>
+  static constexpr std::size_t workspace_bytes(std::size_t, std::size_t) {
+    return 0;  // one fused reduction; nothing allocated
   }
   template <class T, class U, class D>
   static double forward_backward(tensor<T, D> const& y, tensor_view<U const, D> t, double scale, tensor<T, D>* dy) {
@@ -81,6 +89,11 @@ struct SoftmaxCrossEntropy {
     kernels::pending_scalar<D> loss = sum_pending(row_loss);  // (row_loss may go: the sum is issued after it)
     loss.divide_by(double(rows));
     return loss;
+  }
+  // The per-row losses above.
+  template <class C>
+  static constexpr std::size_t workspace_bytes(std::size_t rows, std::size_t) {
+    return memory::caching_allocator<host>::rounded(rows * sizeof(compute_type_t<C>));
   }
   template <class T, class D>
   static double forward_backward(tensor<T, D> const& y, tensor_view<std::int32_t const, D> labels, double scale,

@@ -40,13 +40,23 @@ struct activation_plan_result {
 // accumulate asked for one (its `dx`).
 enum class input_gradient : bool { none = false, wanted = true };
 
-template <class Net, class Precision = fp32>
-constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width,
-                                                 std::size_t sequence = 1,
-                                                 input_gradient dx = input_gradient::none) {
+namespace detail {
+
+// The activation plan, and the most activation plus workspace bytes in use at once when the loss
+// allocates `loss_workspace` bytes of workspace while it runs (the whole-step plan's transient
+// peak: plan/step.hpp).
+struct pass_plan {
+  activation_plan_result activations;
+  std::size_t transient_peak = 0;
+};
+
+template <class Net, class Precision>
+constexpr pass_plan plan_pass(std::size_t batch, std::size_t features, std::size_t sequence, input_gradient dx,
+                              std::size_t loss_workspace) {
   using T = typename Precision::compute;
   plan::counter mem, offloaded;
-  activation_plan_result r;
+  pass_plan r;
+  std::size_t at_loss = 0;
   {
     std::size_t const rows = batch * sequence;
     pass_options o{.training = true, .sequence_length = sequence, .input_gradient = bool(dx)};
@@ -54,14 +64,24 @@ constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t 
     plan::state<T> s(mem, offloaded, o);
     plan::ref x = detail::input_activation<Net, Precision>(s, plan::input_shape{rows, features}, true);
     plan::ref g = detail::training_pass<Net>(s, plan::no_params{}, plan::no_params{}, std::move(x),
-                                             [](plan::ref const&, plan::ref const&) {});
+                                             [&](plan::ref const&, plan::ref const&) { at_loss = mem.live; });
     g.reset();
-    r.saved_bytes = s.saved_bytes();
-    r.recomputed = s.recomputed();
+    r.activations.saved_bytes = s.saved_bytes();
+    r.activations.recomputed = s.recomputed();
   }
-  r.peak_bytes = mem.peak;
-  r.offloaded_bytes = offloaded.peak;
+  r.activations.peak_bytes = mem.peak;
+  r.activations.offloaded_bytes = offloaded.peak;
+  r.transient_peak = at_loss + loss_workspace > mem.peak ? at_loss + loss_workspace : mem.peak;
   return r;
+}
+
+}  // namespace detail
+
+template <class Net, class Precision = fp32>
+constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width,
+                                                 std::size_t sequence = 1,
+                                                 input_gradient dx = input_gradient::none) {
+  return detail::plan_pass<Net, Precision>(batch, features, sequence, dx, 0).activations;
 }
 
 // The plan of a sequence model for `batch` sequences of `sequence` positions.

@@ -1,0 +1,111 @@
+// remat::memory_plan<Net, Precision, Optimizer, Loss>(batch): the bytes of a whole training step
+// of model<Net, Device, Precision> with that optimizer and loss, per tag and in total, known at
+// compile time: what the model's allocator measures, to the byte (each tensor rounded up to 256
+// bytes as the caching allocator rounds it).
+//
+//   parameters       the fp32 master weights, and in mixed precision the 16-bit compute copy
+//   gradients        one per parameter, in the master type
+//   optimizer state  AdamW: two moments; SGD: a momentum buffer (none without momentum); over this
+//                    rank's shard when a data-parallel run shards the optimizer (ZeRO-1)
+//   activations      the activation plan (plan/activation.hpp)
+//   workspace        what the loss allocates while it runs (SoftmaxCrossEntropy: one fp32 value per row)
+//   peak             the most in use at once: what lives for the model's life (parameters,
+//                    gradients, optimizer state) plus the most activations and workspace in use
+//                    together (the loss's workspace is counted at the point of the step it runs)
+//
+// Not in the plan: the scratch a matrix-product library picks at run time (oneDNN's scratchpad,
+// cuBLASLt's workspace, a converting product's fp32 copies, CUB's temporary storage). It is
+// tagged workspace in the device's default allocator (memory::default_allocator<Device>()), not the
+// model's, so a model on an allocator of its own measures exactly the plan; on the GPU it is at
+// most 32 MiB per product (kernels/detail/cublaslt.hpp).
+//
+//   constexpr auto plan = remat::memory_plan<Net, remat::mixed<remat::bfloat16>, remat::AdamW>(256);
+//   static_assert(plan.peak <= (std::size_t(8) << 30), "the training step must fit in 8 GiB");
+#pragma once
+
+#include "../layers/loss.hpp"
+#include "../train/optimizers.hpp"
+#include "activation.hpp"
+
+#include <cstddef>
+
+namespace REMAT_NAMESPACE {
+
+// What a whole-step plan needs beyond the batch.
+struct step_options {
+  std::size_t features = 0;  // the input width when the graph's is not fixed (0: Net::in_width)
+  std::size_t sequence = 1;  // positions per sequence (a sequence model's batch counts sequences)
+  input_gradient dx = input_gradient::none;  // accumulate asked for the input's gradient
+  // Data parallelism (remat::dist::data_parallel): the number of ranks and this rank's index;
+  // with shard_optimizer (ZeRO-1) the optimizer keeps the state of this rank's 1/ranks only.
+  std::size_t ranks = 1, rank = 0;
+  bool shard_optimizer = false;
+  bool momentum = true;  // SGD only: a momentum buffer (SGD with momentum 0 keeps no state)
+};
+
+// How many parameter-sized buffers of state an optimizer keeps. A user's optimizer specialises it.
+template <template <class, class, class> class Optimizer>
+struct optimizer_state_buffers;
+template <>
+struct optimizer_state_buffers<AdamW> {
+  static constexpr std::size_t count(step_options const&) { return 2; }
+};
+template <>
+struct optimizer_state_buffers<SGD> {
+  static constexpr std::size_t count(step_options const& o) { return o.momentum ? 1 : 0; }
+};
+
+struct memory_plan_result {
+  std::size_t master_weights = 0;  // tag parameters
+  std::size_t compute_copy = 0;    // tag parameters (mixed precision's 16-bit weights)
+  std::size_t gradients = 0;
+  std::size_t optimizer_state = 0;
+  activation_plan_result activations{};  // activations.peak_bytes: the tag's peak
+  std::size_t workspace = 0;             // the tag's peak
+  std::size_t persistent = 0;            // in use for the model's and optimizer's life
+  std::size_t peak = 0;                  // the total in use at the step's peak
+
+  constexpr std::size_t parameters() const { return master_weights + compute_copy; }
+  // The peak of tag t, as the model's allocator reports it in stats()[t].peak after reset_peak.
+  constexpr std::size_t operator[](memory::tag t) const {
+    switch (t) {
+      case memory::tag::parameters: return parameters();
+      case memory::tag::gradients: return gradients;
+      case memory::tag::optimizer_state: return optimizer_state;
+      case memory::tag::activations: return activations.peak_bytes;
+      case memory::tag::workspace: return workspace;
+    }
+    return 0;
+  }
+};
+
+template <class Net, class Precision = fp32, template <class, class, class> class Optimizer = AdamW,
+          class Loss = MSE>
+constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {}) {
+  using T = typename Precision::master;
+  using C = typename Precision::compute;
+  constexpr auto rounded = [](std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); };
+  // A model holds at least one element (a graph without parameters still has its buffers).
+  constexpr std::size_t n = Net::param_count > 0 ? Net::param_count : 1;
+  memory_plan_result r;
+  r.master_weights = rounded(n * sizeof(T));
+  r.compute_copy = is_mixed_v<Precision> ? rounded(n * sizeof(C)) : 0;
+  r.gradients = rounded(n * sizeof(T));
+  // The optimizer's shard: data_parallel::shard_of.
+  std::size_t const p = o.ranks > 0 ? o.ranks : 1;
+  std::size_t const shard = o.shard_optimizer ? Net::param_count * (o.rank + 1) / p - Net::param_count * o.rank / p
+                                              : Net::param_count;
+  r.optimizer_state = optimizer_state_buffers<Optimizer>::count(o) * rounded(shard * sizeof(T));
+  std::size_t const features = o.features ? o.features : Net::in_width;
+  std::size_t const rows = batch * o.sequence;
+  std::size_t const out = Net::out_width == any_width ? features : Net::out_width;
+  std::size_t const loss_workspace = Loss::template workspace_bytes<C>(rows, out);
+  auto const pass = detail::plan_pass<Net, Precision>(batch, features, o.sequence, o.dx, loss_workspace);
+  r.activations = pass.activations;
+  r.workspace = loss_workspace;
+  r.persistent = r.parameters() + r.gradients + r.optimizer_state;
+  r.peak = r.persistent + pass.transient_peak;
+  return r;
+}
+
+}  // namespace REMAT_NAMESPACE

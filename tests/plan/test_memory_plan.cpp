@@ -1,0 +1,128 @@
+// The whole-step plan: constexpr, and equal per tag and in total to what the model's allocator
+// measures over training steps, across models, policies, precisions, optimizers and losses.
+// Every tensor the step does not own (the caller's input and targets) lives in another allocator.
+#include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+using namespace remat;
+
+namespace {
+
+constexpr std::size_t W = 32;
+using Block = Residual<Seq<LayerNorm<W>, Linear<W, 64>, GELU, Dropout<0.1>, Linear<64, W>>>;
+template <class Middle>
+using Net = Seq<Linear<12, W>, Middle, Linear<W, 5>>;
+using Gpt = GPT<11, 16, 16, 2, 2, 0.1>;
+template <class B>
+using CheckpointedRepeat = Checkpointed<B>;
+using GptCheckpointed = GPT<11, 16, 16, 2, 2, 0.1, CheckpointedRepeat>;
+
+template <class P>
+constexpr bool scaled = !std::is_same_v<typename P::loss_scale, StaticLossScale<>>;
+
+template <class NetT, class P, template <class, class, class> class Opt, class Loss>
+void require_step_plan(std::size_t batch, std::size_t sequence, step_options o = {}) {
+  o.sequence = sequence;
+  INFO("batch " << batch << " x " << sequence << ", " << P::name);
+  using M = model<NetT, host, P>;
+  memory::caching_allocator<host> alloc;
+  M m(seed{3}, alloc);
+  auto opt = [&] {
+    if constexpr (std::is_same_v<Opt<float, host, float>, SGD<float, host, float>>)
+      return SGD(m, {.lr = 1e-3, .momentum = o.momentum ? 0.9 : 0.0});
+    else
+      return AdamW(m, {.lr = 1e-3});
+  }();
+  auto const plan = memory_plan<NetT, P, Opt, Loss>(batch, o);
+  // The same numbers from the compiler (for a batch known at compile time).
+  constexpr auto fixed = memory_plan<NetT, P, Opt, Loss>(7, {.sequence = M::sequence_model ? 3 : 1});
+  static_assert(fixed.peak > fixed.persistent);
+  if (batch == 7 && sequence == (M::sequence_model ? 3 : 1) && o.momentum)
+    CHECK(fixed.peak == plan.peak);
+
+  std::size_t const rows = batch * sequence;
+  using In = typename M::input_element;
+  tensor<In> x(index_t(M::reads_ids ? batch : rows), index_t(M::reads_ids ? sequence : NetT::in_width));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if constexpr (M::reads_ids)
+      x[i] = std::int32_t(i * 7 % 11);
+    else
+      x[i] = float(std::sin(0.37 * double(i)));
+  }
+  for (int step = 0; step < 3; ++step) {  // the first from the system, the rest from the cache
+    alloc.reset_peak();
+    if constexpr (std::is_same_v<Loss, MSE>) {
+      tensor<float> t(index_t(rows), index_t(NetT::out_width));
+      for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.1f * float(i % 3);
+      m.template train_step<MSE>(x, t, opt);
+    } else {
+      tensor<std::int32_t> labels(index_t(M::reads_ids ? batch : rows), index_t(M::reads_ids ? sequence : 1));
+      for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = std::int32_t(i % NetT::out_width);
+      m.template train_step<Loss>(x, labels, opt);
+    }
+    auto const s = alloc.stats();
+    for (memory::tag t : memory::all_tags) {
+      INFO("step " << step << ", " << memory::name(t));
+      CHECK(s[t].peak == plan[t]);
+    }
+    CHECK(s[memory::tag::parameters].in_use == plan.parameters());
+    CHECK(s.total.peak == plan.peak);
+    CHECK(s.total.in_use == plan.persistent);  // activations and workspace all given back
+  }
+}
+
+template <class NetT, class P, template <class, class, class> class Opt, class Loss = MSE>
+void require_step_plans(step_options o = {}) {
+  constexpr std::size_t seq = model<NetT>::sequence_model ? 3 : 1;
+  require_step_plan<NetT, P, Opt, Loss>(7, seq, o);
+  require_step_plan<NetT, P, Opt, Loss>(64, seq, o);
+  require_step_plan<NetT, P, Opt, Loss>(129, seq, o);
+}
+
+}  // namespace
+
+TEST_CASE("memory_plan: hand-computed parts of a step", "[plan]") {
+  // Linear<4, 8>: 40 parameters. fp32 AdamW: weights, gradients and two moments of 160 B, each
+  // rounded to 256 B. Batch 2: output, its gradient (64 B each, 256 rounded); no input gradient.
+  constexpr auto a = memory_plan<Seq<Linear<4, 8>>, fp32, AdamW>(2);
+  static_assert(a.master_weights == 256 && a.compute_copy == 0 && a.gradients == 256 && a.optimizer_state == 512);
+  static_assert(a.activations.peak_bytes == 512 && a.workspace == 0);
+  static_assert(a.persistent == 1024 && a.peak == 1536);
+  // mixed<bfloat16>: a 16-bit copy (80 B -> 256); activations in bf16 (32 B -> 256 each), and the
+  // caller's fp32 input converted (16 B -> 256).
+  constexpr auto b = memory_plan<Seq<Linear<4, 8>>, mixed<bfloat16>, AdamW>(2);
+  static_assert(b.compute_copy == 256 && b.parameters() == 512 && b.activations.peak_bytes == 768);
+  // SGD: one momentum buffer, or none.
+  static_assert(memory_plan<Seq<Linear<4, 8>>, fp32, SGD>(2).optimizer_state == 256);
+  static_assert(memory_plan<Seq<Linear<4, 8>>, fp32, SGD>(2, {.momentum = false}).optimizer_state == 0);
+  // SoftmaxCrossEntropy: one fp32 loss per row while the loss runs (300 rows: 1200 B -> 1280),
+  // beside the output and its gradient (300 x 8 x 4 = 9600 B each): at that point 2 x 9728
+  // activation bytes and 1280 workspace are in use, more than any later point of the step.
+  constexpr auto c = memory_plan<Seq<Linear<4, 8>>, fp32, AdamW, SoftmaxCrossEntropy>(300);
+  static_assert(c.workspace == 1280 && c.activations.peak_bytes == 2 * 9728);
+  static_assert(c.peak == c.persistent + 2 * 9728 + 1280);
+  // ZeRO-1 over 3 ranks: 40 parameters shard as 13, 13, 14.
+  static_assert(memory_plan<Seq<Linear<4, 8>>, fp32, AdamW>(2, {.ranks = 3, .rank = 2, .shard_optimizer = true})
+                    .optimizer_state == 2 * 256);
+  constexpr auto big = memory_plan<Seq<Linear<64, 64>>, fp32, AdamW>(1, {.ranks = 3, .rank = 0, .shard_optimizer = true});
+  static_assert(big.optimizer_state == 2 * ((4160 / 3 * 4 + 255) / 256 * 256));
+}
+
+TEST_CASE("memory_plan: equals the allocator per tag and in total", "[plan]") {
+  SECTION("stored") { require_step_plans<Net<Repeat<3, Block>>, fp32, AdamW>(); }
+  SECTION("checkpointed") { require_step_plans<Net<Repeat<3, Checkpointed<Block>>>, fp32, AdamW>(); }
+  SECTION("revolve") { require_step_plans<Net<Revolve<2, Repeat<5, Block>>>, fp32, SGD>(); }
+  SECTION("selective") { require_step_plans<Net<Repeat<3, Selective<Block>>>, fp32, SGD>({.momentum = false}); }
+  SECTION("bfloat16") { require_step_plans<Net<CheckpointSequential<2, Repeat<4, Block>>>, mixed<bfloat16>, AdamW>(); }
+  SECTION("half with a dynamic scale") {
+    require_step_plans<Net<Repeat<3, Checkpointed<Block>>>, mixed<half, DynamicLossScale>, AdamW>();
+  }
+  SECTION("cross-entropy") { require_step_plans<Net<Repeat<2, Block>>, fp32, AdamW, SoftmaxCrossEntropy>(); }
+  SECTION("GPT") { require_step_plans<Gpt, fp32, AdamW, SoftmaxCrossEntropy>(); }
+  SECTION("GPT checkpointed, bfloat16") {
+    require_step_plans<GptCheckpointed, mixed<bfloat16>, SGD, SoftmaxCrossEntropy>();
+  }
+}
