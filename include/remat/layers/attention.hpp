@@ -52,6 +52,7 @@ struct AttentionCore {
     std::size_t const seq = s.sequence_length(), rows = x->rows(), count = rows / seq * H;
     // The scores, in the compute type; the probabilities overwrite them when that is the storage type.
     auto [scores, probs] = compute_and_result(s, count * seq, seq);
+    s.note_work(std::uint64_t(count) * seq * (seq + 1) * (W / H));  // Q K^T and P V over the causal half
     if constexpr (S::computes) {
       auto const* q = x->data();
       for_row_tiles(seq, [&](index_t r0, index_t rb) {  // S = Q K^T, keys up to the tile's last row

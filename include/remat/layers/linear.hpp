@@ -43,7 +43,7 @@ struct Linear {
     s.save(x);  // (first: it marks the products before this one needed, not this one)
     // A plain product's output includes the bias; a fused one's is the pre-activation without it
     // (the backward adds it back in the same pass).
-    A z = s.product(rows, Out, [&](auto& out) {
+    A z = s.product(rows, Out, In, [&](auto& out) {
       if constexpr (S::computes) {
         kernels::gemm(typename S::device{}, kernels::lhs(x->data(), index_t(rows), In),
                       kernels::rhs(p, Out, In).transposed(), kernels::result(out.data(), index_t(rows), Out));

@@ -149,8 +149,15 @@ class pass_vocabulary {
   // products after the last one the segment needs come back hollow without being computed: the
   // last product of a residual branch, whose output the backward does not read (a product's
   // backward reads its input and its weights).
+  //
+  // `depth` is the product's inner dimension: rows x cols x depth multiply-adds, counted in the
+  // pass's work (note_work) when the product is computed, not when it is skipped or taken back.
   template <class Compute>
   constexpr A product(std::size_t rows, std::size_t cols, Compute&& compute) {
+    return product(rows, cols, 1, static_cast<Compute&&>(compute));
+  }
+  template <class Compute>
+  constexpr A product(std::size_t rows, std::size_t cols, std::size_t depth, Compute&& compute) {
     if (tally_) ++tally_->products;
     if (skip_.active && skip_.seen++ >= skip_.from) {
       if (replay_) ++replay_next_;
@@ -164,10 +171,17 @@ class pass_vocabulary {
       return kept;
     }
     A y = self().make(rows, cols);
+    note_work(std::uint64_t(rows) * cols * depth);
     if constexpr (Self::computes) compute(*y);
     if (capture_) capture_->push_back({y, false});
     return y;
   }
+
+  // The work of a pass, in the cost model of the budget policy (policy/budget.hpp): a product's
+  // multiply-adds, and what a layer that multiplies outside s.product notes itself (the attention
+  // core's); the plan's state adds one per element of every tensor it makes. Only counted.
+  constexpr void note_work(std::uint64_t n) { work_ += n; }
+  constexpr std::uint64_t work() const { return work_; }
 
   // ---- what composites and storage policies use
 
@@ -358,6 +372,7 @@ class pass_vocabulary {
   std::uint64_t stream_ = 0;
   std::uint64_t rng_offset_ = 0;  // elements of the stream drawn so far
   std::uint64_t recomputed_ = 0;
+  std::uint64_t work_ = 0;
   std::size_t saved_bytes_ = 0;
   std::size_t seq_len_ = 1;
   token_ids ids_{};

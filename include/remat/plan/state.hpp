@@ -152,7 +152,10 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
 
   constexpr void grads_ready(no_params) const {}
   constexpr void forward_done(ref const& y) { this->set_saved_bytes(mem_->live - y->bytes); }
-  constexpr ref make(std::size_t rows, std::size_t cols) { return mem_->make(rows, cols, sizeof(T)); }
+  constexpr ref make(std::size_t rows, std::size_t cols) {
+    this->note_work(std::uint64_t(rows) * cols);
+    return mem_->make(rows, cols, sizeof(T));
+  }
   constexpr ref hollow(std::size_t rows, std::size_t cols) { return mem_->hollow(rows, cols); }
   static constexpr bool is_hollow(ref const& a) { return a && a->hollow; }
   static constexpr bool owns(ref const& a) { return a->bytes > 0; }

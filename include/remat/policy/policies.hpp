@@ -10,6 +10,8 @@
 //   Offloaded<S>                  S's saved activations in (pinned) host memory between S's forward
 //                                 and its backward, copied on a side stream beside the compute
 //   RecomputeAttention<S>         every attention core of S checkpointed
+//   Budget<Bytes, Batch, S>       one of the above for each block of S's chain, chosen at compile
+//                                 time: the least recomputation whose plan fits Bytes at Batch
 //
 // What every policy guarantees (each is tested):
 // - The recomputation runs with the same RNG offsets and precision as the first forward, so losses
@@ -23,6 +25,7 @@
 // run); inside another policy's forward that keeps nothing, a policy just runs its segment.
 #pragma once
 
+#include "budget.hpp"
 #include "checkpoint_sequential.hpp"
 #include "checkpointed.hpp"
 #include "offloaded.hpp"

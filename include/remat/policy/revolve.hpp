@@ -26,6 +26,51 @@ struct revolve_needs_a_repeat {
                     "revolve_needs_a_repeat<S> names the type given");
 };
 
+namespace detail {
+
+// Runs actions [from, to) of a revolve schedule over a chain of blocks B. Slots are the pass
+// state's kept tensors and numbers (the schedule is last in, first out): a block input and the
+// dropout offset it was made at. `again` is the backward's recomputation (null in the forward).
+// Revolve runs its compile-time schedule; the budget policy (policy/budget.hpp) runs one too.
+template <class B, class St>
+constexpr void revolve_run(St& s, typename St::param_ptr p, typename St::grad_ptr g, typename St::act_type& current,
+                           typename St::act_type& dy, revolve::action const* schedule, std::size_t from, std::size_t to,
+                           typename St::recomputation* again) {
+  for (std::size_t i = from; i < to; ++i) {
+    revolve::action const a = schedule[i];
+    switch (a.what) {
+      case revolve::op::store:
+        s.save(current);
+        s.save_counter(s.rng_offset());
+        break;
+      case revolve::op::advance: {
+        auto const none = s.keep_nothing();
+        current = forward_blocks<B>(s, p, std::move(current), a.first, a.last);
+        if (again) s.count_recomputed(a.last - a.first);
+        break;
+      }
+      case revolve::op::taped:
+        current = forward_blocks<B>(s, p, std::move(current), a.first, a.first + 1);
+        if (again) s.count_recomputed(1);
+        break;
+      case revolve::op::reverse:
+        current.reset();  // the block's output: the gradient arrives instead
+        dy = backward_blocks<B>(s, p, g, std::move(dy), a.first, a.first + 1);
+        break;
+      case revolve::op::restore:
+        current = s.peek();
+        again->restart_at(s.peek_counter());
+        break;
+      case revolve::op::drop:
+        s.restore().reset();
+        (void)s.restore_counter();
+        break;
+    }
+  }
+}
+
+}  // namespace detail
+
 template <std::size_t C, class S>
 struct Revolve {
   static_assert(not_a_segment<Revolve, S>::ok);
@@ -45,7 +90,7 @@ struct Revolve<C, Repeat<N, B>> : wraps<Repeat<N, B>> {
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     if (!s.keeps()) return Repeat<N, B>::forward(s, p, std::move(x));
     typename St::act_type unused;
-    run<St>(s, p, typename St::grad_ptr{}, x, unused, 0, forward_end, nullptr);
+    detail::revolve_run<B>(s, p, typename St::grad_ptr{}, x, unused, schedule.data(), 0, forward_end, nullptr);
     return x;
   }
 
@@ -54,49 +99,10 @@ struct Revolve<C, Repeat<N, B>> : wraps<Repeat<N, B>> {
                                                   typename St::act_type dy) {
     typename St::act_type current;
     auto again = s.recompute_from(s.rng_offset());
-    run<St>(s, p, g, current, dy, forward_end, schedule.size(), &again);
+    detail::revolve_run<B>(s, p, g, current, dy, schedule.data(), forward_end, schedule.size(), &again);
     return dy;
   }
 
- private:
-  // Slots are the pass state's kept tensors and numbers (the schedule is last in, first out): a
-  // block input and the dropout offset it was made at. `again` is the backward's recomputation.
-  template <class St>
-  static constexpr void run(St& s, typename St::param_ptr p, typename St::grad_ptr g, typename St::act_type& current,
-                            typename St::act_type& dy, std::size_t from, std::size_t to,
-                            typename St::recomputation* again) {
-    for (std::size_t i = from; i < to; ++i) {
-      revolve::action const a = schedule[i];
-      switch (a.what) {
-        case revolve::op::store:
-          s.save(current);
-          s.save_counter(s.rng_offset());
-          break;
-        case revolve::op::advance: {
-          auto const none = s.keep_nothing();
-          current = detail::forward_blocks<B>(s, p, std::move(current), a.first, a.last);
-          if (again) s.count_recomputed(a.last - a.first);
-          break;
-        }
-        case revolve::op::taped:
-          current = detail::forward_blocks<B>(s, p, std::move(current), a.first, a.first + 1);
-          if (again) s.count_recomputed(1);
-          break;
-        case revolve::op::reverse:
-          current.reset();  // the block's output: the gradient arrives instead
-          dy = detail::backward_blocks<B>(s, p, g, std::move(dy), a.first, a.first + 1);
-          break;
-        case revolve::op::restore:
-          current = s.peek();
-          again->restart_at(s.peek_counter());
-          break;
-        case revolve::op::drop:
-          s.restore().reset();
-          (void)s.restore_counter();
-          break;
-      }
-    }
-  }
 };
 
 }  // namespace REMAT_NAMESPACE

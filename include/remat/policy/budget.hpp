@@ -1,0 +1,342 @@
+// Budget<Bytes, Batch, S, Sequence = 1>: the storage of S chosen at compile time so that a training
+// step of S at `Batch` rows (of `Sequence` positions each) keeps at most `Bytes` of activations,
+// with the least recomputation that allows. S is a chain Repeat<N, B>, or a Seq with one such
+// chain among its layers (an embedding before it, a head after it); the layers around the chain
+// are stored, and the chain runs one of these:
+//
+//   blocks(a, b)   the first a blocks Checkpointed, the next b Selective, the rest stored
+//                  (a from 0 to N, b either 0 or N - a)
+//   revolve(C)     the binomial schedule with C slots (Revolve<C, Repeat<N, B>>), C from 1 to N - 1
+//
+// Every candidate is planned at compile time (its activation peak, exactly as activation_plan
+// counts it, and its work), and the budget policy runs the one of least work whose peak fits;
+// among equal work, the smaller peak. A budget below every candidate's peak fails to compile:
+// `budget_below_minimum<Bytes, Smallest>` names the smallest feasible budget.
+//
+// The cost model: the work of a step is the multiply-adds of its matrix products (Linear's, and
+// the attention core's Q K^T and P V) plus one per element of every tensor the step makes (the
+// point-wise layers' outputs, norms, dropout masks, gradients). A product a recomputation skips or
+// takes back from a selective forward costs nothing. The backward's work is the same for every
+// candidate, so the work minimised is the recomputation's. Since the chosen candidate is the
+// cheapest among those that fit, a larger budget never chooses more work (the set that fits only
+// grows), and a budget that fits Revolve<C>'s peak recomputes no more than Revolve<C>.
+//
+// The budget holds for the whole step when Budget is the model's graph (then the model's
+// activation plan at Batch is the chosen candidate's peak); inside a larger graph it is that of S
+// alone, as if S were the model. Training at more than Batch x Sequence rows (or longer
+// sequences) is refused: the plan's peak grows with the batch. Values and gradients are bit for bit
+// those of the stored model, like every policy's.
+#pragma once
+
+#include "../plan/state.hpp"
+#include "checkpoint_sequential.hpp"
+#include "checkpointed.hpp"
+#include "revolve.hpp"
+#include "selective.hpp"
+#include "wraps.hpp"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+
+namespace budget {
+
+enum class kind : std::uint8_t { blocks, revolve };
+
+// One way to store the chain, and what its plan says.
+struct choice {
+  budget::kind kind = kind::blocks;
+  std::uint32_t checkpointed = 0;  // blocks: the first ones, each checkpointed
+  std::uint32_t selective = 0;     // blocks: the next ones, each Selective
+  std::uint32_t slots = 0;         // revolve: block inputs kept at once
+  std::size_t peak = 0;            // the step's activation peak, as activation_plan counts it
+  std::uint64_t work = 0;          // the step's work in the cost model above
+  std::uint64_t recomputed = 0;    // block forwards run again
+  std::size_t saved = 0;           // activation bytes kept when the forward ends
+  constexpr bool operator==(choice const&) const = default;
+};
+
+}  // namespace budget
+
+template <std::size_t Bytes, std::size_t Smallest>
+struct budget_below_minimum {
+  static constexpr bool ok = Bytes >= Smallest;
+  static_assert(ok, "remat::Budget<Bytes, Batch, S>: no way to store S fits Bytes of activations at this batch; "
+                    "budget_below_minimum<Bytes, Smallest> names the budget given and the smallest that fits");
+};
+
+template <class S>
+struct budget_needs_a_chain {
+  static constexpr bool ok = sizeof(S*) == 0;  // always false, once instantiated
+  static_assert(ok, "remat::Budget<Bytes, Batch, S>: S must be a Repeat<N, Block>, or a Seq with exactly one "
+                    "Repeat<N, Block> among its layers; budget_needs_a_chain<S> names the type given");
+};
+
+namespace detail {
+
+template <class L>
+inline constexpr bool is_repeat_v = false;
+template <std::size_t N, class B>
+inline constexpr bool is_repeat_v<Repeat<N, B>> = true;
+
+// Where the chain is in S: the layers before it, the chain, the layers after it.
+template <class S>
+struct budget_split {
+  static constexpr bool ok = budget_needs_a_chain<S>::ok;
+};
+template <std::size_t N, class B>
+struct budget_split<Repeat<N, B>> {
+  static constexpr bool ok = true;
+  static constexpr std::size_t count = N;
+  using block = B;
+  using before = void;
+  using after = void;
+  static constexpr std::size_t chain_at = 0, after_at = N * B::param_count;
+};
+template <class... L>
+struct budget_split<Seq<L...>> {
+  static constexpr std::size_t n = sizeof...(L);
+  static constexpr std::size_t repeats = (std::size_t(is_repeat_v<L>) + ...);
+  static constexpr bool ok = [] {
+    if constexpr (repeats == 1)
+      return true;
+    else
+      return budget_needs_a_chain<Seq<L...>>::ok;
+  }();
+  static constexpr std::size_t at = [] {
+    constexpr bool is[] = {is_repeat_v<L>...};
+    for (std::size_t i = 0; i < n; ++i)
+      if (is[i]) return i;
+    return std::size_t(0);
+  }();
+  using chain = nth<at, L...>;
+  static constexpr std::size_t count = chain::count;
+  using block = typename chain::block;
+  using before = std::conditional_t<(at > 0), seq_slice<Seq<L...>, 0, (at > 0 ? at : 1)>, void>;
+  using after = std::conditional_t<(at + 1 < n), seq_slice<Seq<L...>, (at + 1 < n ? at + 1 : n - 1), n>, void>;
+  static constexpr std::size_t chain_at = Seq<L...>::offsets[at], after_at = Seq<L...>::offsets[at + 1];
+};
+
+// S's training forward and backward with the chain stored as `c` says (a revolve schedule in
+// `schedule` for kind::revolve). The same code plans a candidate and runs the chosen one.
+template <class S>
+struct budget_runner {
+  using split = budget_split<S>;
+  using B = typename split::block;
+  static constexpr std::size_t N = split::count;
+  static constexpr std::size_t stride = B::param_count;
+
+  template <class St>
+  static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x,
+                                                 budget::choice const& c, revolve::action const* schedule,
+                                                 std::size_t schedule_size) {
+    using A = typename St::act_type;
+    if constexpr (!std::is_void_v<typename split::before>) x = split::before::forward(s, p, std::move(x));
+    typename St::param_ptr const q = p + split::chain_at;
+    if (c.kind == budget::kind::revolve) {
+      A unused;
+      revolve_run<B>(s, q, typename St::grad_ptr{}, x, unused, schedule, 0, forward_end(schedule, schedule_size),
+                     nullptr);
+    } else {
+      for (std::size_t k = 0; k < N; ++k) {
+        if (k < c.checkpointed) {
+          x = checkpoint_forward(s, std::move(x),
+                                 [&](A in) { return forward_blocks<B>(s, q, std::move(in), k, k + 1); });
+        } else if (k < std::size_t(c.checkpointed) + c.selective) {
+          if constexpr (!handles_hollow_v<B>) s.need_input();
+          x = Selective<B>::forward(s, q + k * stride, std::move(x));
+        } else {
+          x = forward_blocks<B>(s, q, std::move(x), k, k + 1);
+        }
+      }
+    }
+    if constexpr (!std::is_void_v<typename split::after>)
+      x = split::after::forward(s, p + split::after_at, std::move(x));
+    return x;
+  }
+
+  template <class St>
+  static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
+                                                  typename St::act_type dy, budget::choice const& c,
+                                                  revolve::action const* schedule, std::size_t schedule_size) {
+    using A = typename St::act_type;
+    if constexpr (!std::is_void_v<typename split::after>)
+      dy = split::after::backward(s, p + split::after_at, g + split::after_at, std::move(dy));
+    typename St::param_ptr const q = p + split::chain_at;
+    typename St::grad_ptr const h = g + split::chain_at;
+    if (c.kind == budget::kind::revolve) {
+      A current;
+      auto again = s.recompute_from(s.rng_offset());
+      revolve_run<B>(s, q, h, current, dy, schedule, forward_end(schedule, schedule_size), schedule_size, &again);
+    } else {
+      for (std::size_t k = N; k-- > 0;) {
+        if (k < c.checkpointed) {
+          checkpoint_recompute(s, [&](A in) { return forward_blocks<B>(s, q, std::move(in), k, k + 1); });
+          s.count_recomputed(blocks_in<B>());
+          dy = backward_blocks<B>(s, q, h, std::move(dy), k, k + 1);
+        } else if (k < std::size_t(c.checkpointed) + c.selective) {
+          dy = Selective<B>::backward(s, q + k * stride, h + k * stride, std::move(dy));
+          if constexpr (B::param_count > 0) s.grads_ready(h + k * stride);
+        } else {
+          dy = backward_blocks<B>(s, q, h, std::move(dy), k, k + 1);
+        }
+      }
+    }
+    if constexpr (!std::is_void_v<typename split::before>) dy = split::before::backward(s, p, g, std::move(dy));
+    return dy;
+  }
+
+  static constexpr std::size_t forward_end(revolve::action const* schedule, std::size_t size) {
+    for (std::size_t i = 0; i < size; ++i)
+      if (schedule[i].what == revolve::op::reverse) return i;
+    return size;
+  }
+
+  // The plan of candidate c: a training step of S as the whole model (the caller's input read in
+  // place, converted first when T is 16-bit; no input gradient), in T.
+  template <class T>
+  static constexpr budget::choice planned(budget::choice c, std::size_t rows, std::size_t sequence) {
+    plan::counter mem, offloaded;
+    {
+      pass_options o{.training = true, .sequence_length = sequence, .input_gradient = false};
+      if constexpr (reads_ids_v<S>) o.ids.count = rows;
+      plan::state<T> s(mem, offloaded, o);
+      plan::ref x;
+      if constexpr (!reads_ids_v<S>) {
+        if constexpr (is_small_float_v<T>)
+          x = s.convert(plan::input_shape{rows, S::in_width});
+        else
+          x = s.borrow(plan::input_shape{rows, S::in_width});
+        s.mark_pass_input(x);
+      }
+      std::vector<revolve::action> schedule;
+      if (c.kind == budget::kind::revolve) schedule = revolve::schedule_list(std::uint32_t(N), c.slots);
+      plan::ref y = forward(s, plan::no_params{}, std::move(x), c, schedule.data(), schedule.size());
+      s.forward_done(y);
+      plan::ref dy = s.make(y->rows(), y->cols());
+      y.reset();
+      backward(s, plan::no_params{}, plan::no_params{}, std::move(dy), c, schedule.data(), schedule.size()).reset();
+      c.work = s.work();
+      c.recomputed = s.recomputed();
+      c.saved = s.saved_bytes();
+    }
+    c.peak = mem.peak;
+    return c;
+  }
+
+  // Every candidate, planned (stored first).
+  template <class T>
+  static constexpr std::vector<budget::choice> candidates(std::size_t rows, std::size_t sequence) {
+    std::vector<budget::choice> out;
+    for (std::uint32_t a = 0; a <= N; ++a) {
+      out.push_back(planned<T>({.kind = budget::kind::blocks, .checkpointed = a}, rows, sequence));
+      if (a < N)
+        out.push_back(planned<T>({.kind = budget::kind::blocks, .checkpointed = a, .selective = std::uint32_t(N - a)},
+                                 rows, sequence));
+    }
+    for (std::uint32_t slots = 1; slots < N; ++slots)
+      out.push_back(planned<T>({.kind = budget::kind::revolve, .slots = slots}, rows, sequence));
+    return out;
+  }
+
+  // The cheapest candidate whose peak is at most `bytes` (peak 0 and work 0 when none fits).
+  static constexpr budget::choice cheapest(std::vector<budget::choice> const& all, std::size_t bytes) {
+    budget::choice best{};
+    bool found = false;
+    for (budget::choice const& c : all) {
+      if (c.peak > bytes) continue;
+      if (!found || c.work < best.work || (c.work == best.work && c.peak < best.peak)) best = c;
+      found = true;
+    }
+    return found ? best : budget::choice{};
+  }
+
+  static constexpr std::size_t smallest_peak(std::vector<budget::choice> const& all) {
+    std::size_t m = all[0].peak;
+    for (budget::choice const& c : all) m = c.peak < m ? c.peak : m;
+    return m;
+  }
+};
+
+template <std::size_t Bytes, std::size_t Batch, std::size_t Sequence, class... C>
+struct budget_rebuild;
+
+}  // namespace detail
+
+template <std::size_t Bytes, std::size_t Batch, class S, std::size_t Sequence = 1>
+struct Budget : wraps<S> {
+  static_assert(not_a_segment<Budget, S>::ok);
+  static_assert(detail::budget_split<S>::ok);
+  static_assert(Batch >= 1 && Sequence >= 1, "remat::Budget<Bytes, Batch, S, Sequence>: Batch and Sequence must be at least 1");
+  template <class... C>
+  using rebuild = typename detail::budget_rebuild<Bytes, Batch, Sequence, C...>::type;
+
+  using runner = detail::budget_runner<S>;
+  static constexpr std::size_t budget_bytes = Bytes, batch = Batch, sequence = Sequence;
+  static constexpr std::size_t rows = Batch * Sequence;
+
+  // Every candidate for activations of type T, planned (what the choice was made from).
+  template <class T>
+  static constexpr std::vector<budget::choice> candidates() {
+    return runner::template candidates<T>(rows, Sequence);
+  }
+  // The smallest activation budget any candidate fits, for activations of type T.
+  template <class T>
+  static constexpr std::size_t minimum = runner::smallest_peak(candidates<T>());
+  // What the chain does with activations of type T (float; half or bfloat16 in mixed precision).
+  template <class T>
+  static constexpr budget::choice chosen = [] {
+    static_assert(budget_below_minimum<Bytes, minimum<T>>::ok);
+    return runner::cheapest(candidates<T>(), Bytes);
+  }();
+
+  template <class St>
+  static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
+    if (!s.keeps()) return S::forward(s, p, std::move(x));
+    using T = typename St::value_type;
+    check_shape(s, x);
+    auto const& schedule = schedule_of<T>();
+    return runner::forward(s, p, std::move(x), chosen<T>, schedule.data(), schedule.size());
+  }
+
+  template <class St>
+  static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
+                                                  typename St::act_type dy) {
+    using T = typename St::value_type;
+    auto const& schedule = schedule_of<T>();
+    return runner::backward(s, p, g, std::move(dy), chosen<T>, schedule.data(), schedule.size());
+  }
+
+ private:
+  static constexpr std::array<revolve::action, 0> no_schedule{};
+
+  template <class T>
+  static constexpr auto const& schedule_of() {
+    if constexpr (chosen<T>.kind == budget::kind::revolve)
+      return revolve::schedule<runner::N, chosen<T>.slots>;
+    else
+      return no_schedule;
+  }
+
+  template <class St>
+  static constexpr void check_shape(St& s, typename St::act_type const& x) {
+    std::size_t const n = reads_ids_v<S> ? s.ids().count : x->rows();
+    if (n > rows || s.sequence_length() > Sequence)
+      detail::raise<argument_error>("remat::Budget: planned for at most ", Batch, " x ", Sequence,
+                                    " rows (batch x sequence) within ", Bytes, " bytes of activations, found ", n,
+                                    " rows of sequences of ", s.sequence_length());
+  }
+};
+
+namespace detail {
+template <std::size_t Bytes, std::size_t Batch, std::size_t Sequence, class S>
+struct budget_rebuild<Bytes, Batch, Sequence, S> {
+  using type = Budget<Bytes, Batch, S, Sequence>;
+};
+}  // namespace detail
+
+}  // namespace REMAT_NAMESPACE
