@@ -8,13 +8,15 @@
 #   float-math-host.* remat's float exp/erf/tanh beside glibc, libmvec and SLEEF (AVX-512 machines)
 #   policies-host.*  the residual-MLP training step under every storage policy, interleaved with
 #                    PyTorch on the same model (bench/compare_torch.py), and a plot (.png)
+#   budget-host.*    the budget policy's choice and step time per activation budget, beside the
+#                    hand-chosen policies, and a plot (.png)
 #   dist-host.*      data-parallel scaling from 1 to 2 MPI ranks beside PyTorch DDP (bench/dist_scaling.sh)
 # Arguments go to compare_torch.py (e.g. --quick for a smoke run, --steps 9).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh python3-matplotlib libsleef-dev
 cmake --preset default >/dev/null
-cmake --build --preset default --target bench_expr bench_gemm_paths bench_policies bench_dist bench_float_math -j"$(nproc)"
+cmake --build --preset default --target bench_expr bench_gemm_paths bench_policies bench_budget bench_dist bench_float_math -j"$(nproc)"
 mkdir -p bench/results
 stamp="$(date -u +%Y-%m-%d)"
 raw="$(mktemp)"
@@ -39,6 +41,13 @@ sed -n 's/^json: //p' "$raw" > bench/results/gemm-paths-host.jsonl
   grep -v '^json: ' "$raw"
 } > bench/results/float-math-host.md
 sed -n 's/^json: //p' "$raw" > bench/results/float-math-host.jsonl
+./build/default/bench/bench_budget | tee "$raw"
+{
+  echo "<!-- $stamp, $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; scripts/bench.sh -->"
+  grep -v '^json: ' "$raw"
+} > bench/results/budget-host.md
+sed -n 's/^json: //p' "$raw" > bench/results/budget-host.jsonl
+/usr/bin/python3 bench/plot_budget.py bench/results/budget-host.jsonl bench/results/budget-host.png
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --out bench/results/policies-host "$@"
 # Mixed precision: remat's mixed<bfloat16> against torch.autocast('cpu', dtype=torch.bfloat16).
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --precision bf16 \

@@ -1,10 +1,13 @@
 // Choosing a storage policy to fit a memory budget, at compile time.
 //
 // A 48-block pre-norm residual MLP (width 512) at batch 512 keeps about 290 MiB of activations
-// for backward when every activation is stored; checkpointing every block, 48 MiB. Each policy below is the same model with a
-// different type; activation_plan gives each one's peak at compile time, and the static_assert
-// refuses to build a model that does not fit the budget. The program then trains a few steps of
-// the chosen model and prints the allocator's measured peak next to the plan.
+// for backward when every activation is stored; checkpointing every block, 48 MiB. Each policy
+// below is the same model with a different type; activation_plan gives each one's peak at compile
+// time. Budget<Bytes, Batch, S> lets the compiler choose: the least recomputation whose plan fits
+// (it would refuse to compile, naming the smallest feasible budget, if none did). The whole step
+// (weights, gradients, AdamW's moments, activations) is planned too, and a static_assert refuses
+// to build a step that does not fit. The program then trains a few steps of the chosen model and
+// prints the allocator's measured peaks next to the plan.
 //
 //   memory_budget            (plans of every policy, then 3 steps of the chosen one)
 //   memory_budget_cuda       (the same on the GPU: built by nvcc from main.cu)
@@ -31,11 +34,15 @@ using Binomial = Seq<Revolve<4, Repeat<depth, Block>>, Linear<width, 16>>;
 using SelectiveBlocks = Seq<Repeat<depth, Selective<Block>>, Linear<width, 16>>;
 using OffloadedBlocks = Seq<Repeat<depth, Offloaded<Block>>, Linear<width, 16>>;
 
-// The budget for activations, and the model that must fit it.
+// The budget for activations, and the model the compiler chooses to fit it.
 constexpr std::size_t budget = std::size_t(256) << 20;  // 256 MiB
-using Chosen = EveryBlock;
+using Chosen = Budget<budget, batch, Stored>;
 constexpr auto chosen_plan = activation_plan<Chosen, fp32>(batch);
-static_assert(chosen_plan.peak_bytes <= budget, "the chosen model's activations do not fit the budget: pick another policy");
+static_assert(chosen_plan.peak_bytes <= budget);
+// The whole training step with AdamW: 48 blocks of 1.05 M parameters, four copies of each
+// (weights, gradients, two moments), and the activations.
+constexpr auto step_plan = memory_plan<Chosen, fp32, AdamW>(batch);
+static_assert(step_plan.peak <= (std::size_t(5) << 28), "the training step must fit in 1.25 GiB");
 
 template <class Net>
 void print_plan(char const* name) {
@@ -56,6 +63,21 @@ int main() {
   print_plan<Binomial>("Revolve<4>");
   print_plan<SelectiveBlocks>("Selective every block");
   print_plan<OffloadedBlocks>("Offloaded every block");
+  constexpr budget_choice c = Chosen::chosen<float>;
+  std::printf("Budget<%s> chose: ", memory::format_bytes(budget).c_str());
+  if (c.kind == budget_choice::revolve)
+    std::printf("revolve with %u slots", c.slots);
+  else
+    std::printf("the first %u blocks checkpointed, %u selective, %zu stored", c.checkpointed, c.selective,
+                depth - c.checkpointed - c.selective);
+  std::printf(" (%llu block forwards recomputed)\n", static_cast<unsigned long long>(chosen_plan.recomputed));
+  print_plan<Chosen>("Budget<256 MiB>");
+  std::printf("the whole step: weights %s, gradients %s, optimizer state %s, activations %s, workspace %s; "
+              "peak %s\n",
+              memory::format_bytes(step_plan.parameters()).c_str(), memory::format_bytes(step_plan.gradients).c_str(),
+              memory::format_bytes(step_plan.optimizer_state).c_str(),
+              memory::format_bytes(step_plan.activations.peak_bytes).c_str(),
+              memory::format_bytes(step_plan.workspace).c_str(), memory::format_bytes(step_plan.peak).c_str());
 
 #if defined(REMAT_EXAMPLE_CUDA)
   int devices = 0;
@@ -77,10 +99,14 @@ int main() {
   for (int step = 0; step < 3; ++step) {
     alloc.reset_peak();
     double const loss = m.train_step<MSE>(x, t, opt);
-    std::printf("step %d: loss %.5f, activation peak measured %s, planned %s\n", step, loss,
-                memory::format_bytes(alloc.stats()[memory::tag::activations].peak).c_str(),
-                memory::format_bytes(chosen_plan.peak_bytes).c_str());
+    std::printf("step %d: loss %.5f, activation peak measured %s, planned %s; step peak measured %s, planned %s\n",
+                step, loss, memory::format_bytes(alloc.stats()[memory::tag::activations].peak).c_str(),
+                memory::format_bytes(chosen_plan.peak_bytes).c_str(), memory::format_bytes(alloc.stats().total.peak).c_str(),
+                memory::format_bytes(step_plan.peak).c_str());
     if (alloc.stats()[memory::tag::activations].peak != chosen_plan.peak_bytes) return 1;
+    for (memory::tag t : memory::all_tags)
+      if (alloc.stats()[t].peak != step_plan[t]) return 1;
+    if (alloc.stats().total.peak != step_plan.peak) return 1;
   }
   std::printf("%s", alloc.summary().c_str());
   return 0;

@@ -5,19 +5,23 @@
 // are stored, and the chain runs one of these:
 //
 //   blocks(a, b)   the first a blocks Checkpointed, the next b Selective, the rest stored
-//                  (a from 0 to N, b either 0 or N - a)
+//                  (a from 0 to N with b either 0 or N - a; and a = 0 with b from 1 to N - 1)
 //   revolve(C)     the binomial schedule with C slots (Revolve<C, Repeat<N, B>>), C from 1 to N - 1
 //
-// Every candidate is planned at compile time (its activation peak, exactly as activation_plan
-// counts it, and its work), and the budget policy runs the one of least work whose peak fits;
-// among equal work, the smaller peak. A budget below every candidate's peak fails to compile:
+// Blocks at the start of the chain are the ones recomputed: their backward runs last, when the
+// later blocks' activations are already freed. Every candidate is planned at compile time (its
+// activation peak, exactly as activation_plan counts it, and its work), and the budget policy
+// runs the one of least work whose peak fits; among equal work, the smaller peak. A budget below every candidate's peak fails to compile:
 // `budget_below_minimum<Bytes, Smallest>` names the smallest feasible budget.
 //
 // The cost model: the work of a step is the multiply-adds of its matrix products (Linear's, and
 // the attention core's Q K^T and P V) plus one per element of every tensor the step makes (the
 // point-wise layers' outputs, norms, dropout masks, gradients). A product a recomputation skips or
 // takes back from a selective forward costs nothing. The backward's work is the same for every
-// candidate, so the work minimised is the recomputation's. Since the chosen candidate is the
+// candidate, so the work minimised is the recomputation's. (The model counts an element as one
+// multiply-add; on a CPU a point-wise pass costs more per element than that, so Selective's
+// recomputation is cheaper in the model than on the clock: 0.1% against 2-3% of a step in
+// bench/results/budget-host.md.) Since the chosen candidate is the
 // cheapest among those that fit, a larger budget never chooses more work (the set that fits only
 // grows), and a budget that fits Revolve<C>'s peak recomputes no more than Revolve<C>.
 //
@@ -36,6 +40,7 @@
 #include "wraps.hpp"
 
 #include <array>
+#include <initializer_list>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -43,13 +48,10 @@
 
 namespace REMAT_NAMESPACE {
 
-namespace budget {
-
-enum class kind : std::uint8_t { blocks, revolve };
-
 // One way to store the chain, and what its plan says.
-struct choice {
-  budget::kind kind = kind::blocks;
+struct budget_choice {
+  enum kind_type : std::uint8_t { blocks, revolve };
+  kind_type kind = blocks;
   std::uint32_t checkpointed = 0;  // blocks: the first ones, each checkpointed
   std::uint32_t selective = 0;     // blocks: the next ones, each Selective
   std::uint32_t slots = 0;         // revolve: block inputs kept at once
@@ -57,10 +59,8 @@ struct choice {
   std::uint64_t work = 0;          // the step's work in the cost model above
   std::uint64_t recomputed = 0;    // block forwards run again
   std::size_t saved = 0;           // activation bytes kept when the forward ends
-  constexpr bool operator==(choice const&) const = default;
+  constexpr bool operator==(budget_choice const&) const = default;
 };
-
-}  // namespace budget
 
 template <std::size_t Bytes, std::size_t Smallest>
 struct budget_below_minimum {
@@ -132,12 +132,12 @@ struct budget_runner {
 
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x,
-                                                 budget::choice const& c, revolve::action const* schedule,
+                                                 budget_choice const& c, revolve::action const* schedule,
                                                  std::size_t schedule_size) {
     using A = typename St::act_type;
     if constexpr (!std::is_void_v<typename split::before>) x = split::before::forward(s, p, std::move(x));
     typename St::param_ptr const q = p + split::chain_at;
-    if (c.kind == budget::kind::revolve) {
+    if (c.kind == budget_choice::revolve) {
       A unused;
       revolve_run<B>(s, q, typename St::grad_ptr{}, x, unused, schedule, 0, forward_end(schedule, schedule_size),
                      nullptr);
@@ -161,14 +161,14 @@ struct budget_runner {
 
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
-                                                  typename St::act_type dy, budget::choice const& c,
+                                                  typename St::act_type dy, budget_choice const& c,
                                                   revolve::action const* schedule, std::size_t schedule_size) {
     using A = typename St::act_type;
     if constexpr (!std::is_void_v<typename split::after>)
       dy = split::after::backward(s, p + split::after_at, g + split::after_at, std::move(dy));
     typename St::param_ptr const q = p + split::chain_at;
     typename St::grad_ptr const h = g + split::chain_at;
-    if (c.kind == budget::kind::revolve) {
+    if (c.kind == budget_choice::revolve) {
       A current;
       auto again = s.recompute_from(s.rng_offset());
       revolve_run<B>(s, q, h, current, dy, schedule, forward_end(schedule, schedule_size), schedule_size, &again);
@@ -199,7 +199,7 @@ struct budget_runner {
   // The plan of candidate c: a training step of S as the whole model (the caller's input read in
   // place, converted first when T is 16-bit; no input gradient), in T.
   template <class T>
-  static constexpr budget::choice planned(budget::choice c, std::size_t rows, std::size_t sequence) {
+  static constexpr budget_choice planned(budget_choice c, std::size_t rows, std::size_t sequence) {
     plan::counter mem, offloaded;
     {
       pass_options o{.training = true, .sequence_length = sequence, .input_gradient = false};
@@ -214,7 +214,7 @@ struct budget_runner {
         s.mark_pass_input(x);
       }
       std::vector<revolve::action> schedule;
-      if (c.kind == budget::kind::revolve) schedule = revolve::schedule_list(std::uint32_t(N), c.slots);
+      if (c.kind == budget_choice::revolve) schedule = revolve::schedule_list(std::uint32_t(N), c.slots);
       plan::ref y = forward(s, plan::no_params{}, std::move(x), c, schedule.data(), schedule.size());
       s.forward_done(y);
       plan::ref dy = s.make(y->rows(), y->cols());
@@ -230,34 +230,90 @@ struct budget_runner {
 
   // Every candidate, planned (stored first).
   template <class T>
-  static constexpr std::vector<budget::choice> candidates(std::size_t rows, std::size_t sequence) {
-    std::vector<budget::choice> out;
+  static constexpr std::vector<budget_choice> candidates(std::size_t rows, std::size_t sequence) {
+    std::vector<budget_choice> out;
     for (std::uint32_t a = 0; a <= N; ++a) {
-      out.push_back(planned<T>({.kind = budget::kind::blocks, .checkpointed = a}, rows, sequence));
+      out.push_back(planned<T>({.kind = budget_choice::blocks, .checkpointed = a}, rows, sequence));
       if (a < N)
-        out.push_back(planned<T>({.kind = budget::kind::blocks, .checkpointed = a, .selective = std::uint32_t(N - a)},
+        out.push_back(planned<T>({.kind = budget_choice::blocks, .checkpointed = a, .selective = std::uint32_t(N - a)},
                                  rows, sequence));
     }
+    for (std::uint32_t b = 1; b < N; ++b)
+      out.push_back(planned<T>({.kind = budget_choice::blocks, .selective = b}, rows, sequence));
     for (std::uint32_t slots = 1; slots < N; ++slots)
-      out.push_back(planned<T>({.kind = budget::kind::revolve, .slots = slots}, rows, sequence));
+      out.push_back(planned<T>({.kind = budget_choice::revolve, .slots = slots}, rows, sequence));
     return out;
   }
 
   // The cheapest candidate whose peak is at most `bytes` (peak 0 and work 0 when none fits).
-  static constexpr budget::choice cheapest(std::vector<budget::choice> const& all, std::size_t bytes) {
-    budget::choice best{};
+  static constexpr budget_choice cheapest(std::vector<budget_choice> const& all, std::size_t bytes) {
+    budget_choice best{};
     bool found = false;
-    for (budget::choice const& c : all) {
+    for (budget_choice const& c : all) {
       if (c.peak > bytes) continue;
       if (!found || c.work < best.work || (c.work == best.work && c.peak < best.peak)) best = c;
       found = true;
     }
-    return found ? best : budget::choice{};
+    return found ? best : budget_choice{};
   }
 
-  static constexpr std::size_t smallest_peak(std::vector<budget::choice> const& all) {
+  static constexpr std::size_t smallest_peak(std::vector<budget_choice> const& all) {
     std::size_t m = all[0].peak;
-    for (budget::choice const& c : all) m = c.peak < m ? c.peak : m;
+    for (budget_choice const& c : all) m = c.peak < m ? c.peak : m;
+    return m;
+  }
+
+  // The i-th member of a family of candidates, ordered by work (least first) and so by peak (most
+  // first): checkpointed heads before stored blocks (i blocks checkpointed), before selective ones
+  // (i checkpointed, the rest selective), selective heads before stored blocks (i selective), and
+  // revolve (N - 1 - i slots).
+  static constexpr std::size_t family_size(int f) { return f == 0 ? N + 1 : f == 1 ? N : N - 1; }
+  static constexpr budget_choice member(int f, std::size_t i) {
+    auto const k = std::uint32_t(i);
+    switch (f) {
+      case 0: return {.kind = budget_choice::blocks, .checkpointed = k};
+      case 1: return {.kind = budget_choice::blocks, .checkpointed = k, .selective = std::uint32_t(N - k)};
+      case 2: return {.kind = budget_choice::blocks, .selective = k + 1};
+      default: return {.kind = budget_choice::revolve, .slots = std::uint32_t(N - 1 - k)};
+    }
+  }
+
+  // What Budget runs: the cheapest fitting candidate of each family found by bisection (a family's
+  // peak falls as its work grows), then the cheapest of those: the same choice as cheapest() over
+  // every candidate while each family's peaks are ordered (tests/plan/test_budget.cpp compares
+  // the two), from about 4 log2(N) plans instead of 4N. Peak 0 when none fits.
+  template <class T>
+  static constexpr budget_choice search(std::size_t bytes, std::size_t rows, std::size_t sequence) {
+    budget_choice best{};
+    bool found = false;
+    for (int f = 0; f < (N > 1 ? 4 : 1); ++f) {
+      std::size_t lo = 0, hi = family_size(f);  // the first member that fits is in [lo, hi]
+      budget_choice fit{};
+      while (lo < hi) {
+        std::size_t const mid = lo + (hi - lo) / 2;
+        budget_choice const c = planned<T>(member(f, mid), rows, sequence);
+        if (c.peak <= bytes) {
+          hi = mid;
+          fit = c;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      if (lo == family_size(f)) continue;  // none of the family fits (else `fit` is member lo, planned)
+      if (!found || fit.work < best.work || (fit.work == best.work && fit.peak < best.peak)) best = fit;
+      found = true;
+    }
+    return found ? best : budget_choice{};
+  }
+
+  // The smallest peak of any candidate: each family's last member (its least memory).
+  template <class T>
+  static constexpr std::size_t lowest(std::size_t rows, std::size_t sequence) {
+    std::size_t m = planned<T>(member(0, family_size(0) - 1), rows, sequence).peak;
+    if constexpr (N > 1) {
+      std::size_t const r = planned<T>(member(3, family_size(3) - 1), rows, sequence).peak;
+      m = r < m ? r : m;
+    }
     return m;
   }
 };
@@ -279,19 +335,56 @@ struct Budget : wraps<S> {
   static constexpr std::size_t budget_bytes = Bytes, batch = Batch, sequence = Sequence;
   static constexpr std::size_t rows = Batch * Sequence;
 
-  // Every candidate for activations of type T, planned (what the choice was made from).
+  // Every candidate for activations of type T, planned.
   template <class T>
-  static constexpr std::vector<budget::choice> candidates() {
+  static constexpr std::vector<budget_choice> candidates() {
     return runner::template candidates<T>(rows, Sequence);
   }
   // The smallest activation budget any candidate fits, for activations of type T.
   template <class T>
-  static constexpr std::size_t minimum = runner::smallest_peak(candidates<T>());
-  // What the chain does with activations of type T (float; half or bfloat16 in mixed precision).
+  static constexpr std::size_t minimum = runner::template lowest<T>(rows, Sequence);
+
+ private:
+  template <class T, int F, std::size_t I>
+  static constexpr budget_choice plan_of = runner::template planned<T>(runner::member(F, I), rows, Sequence);
+
+  // The plan of the first member of family F in [Lo, Hi] that fits (none when Lo = Hi = the size).
+  template <class T, int F, std::size_t Lo, std::size_t Hi>
+  struct first_fit {
+    static constexpr budget_choice value = [] {
+      if constexpr (Lo == Hi) {
+        if constexpr (Hi == runner::family_size(F))
+          return budget_choice{};
+        else
+          return plan_of<T, F, Hi>;
+      } else {
+        constexpr std::size_t mid = Lo + (Hi - Lo) / 2;
+        if constexpr (plan_of<T, F, mid>.peak <= Bytes)
+          return first_fit<T, F, Lo, mid>::value;
+        else
+          return first_fit<T, F, mid + 1, Hi>::value;
+      }
+    }();
+  };
+
+  template <class T, std::size_t... F>
+  static constexpr budget_choice cheapest_of(std::index_sequence<F...>) {
+    budget_choice best{};
+    for (budget_choice const& c : {first_fit<T, int(F), 0, runner::family_size(int(F))>::value...})
+      if (c.peak > 0 && (best.peak == 0 || c.work < best.work || (c.work == best.work && c.peak < best.peak))) best = c;
+    return best;
+  }
+
+ public:
+  // What the chain does with activations of type T (float; half or bfloat16 in mixed precision):
+  // runner::search's bisection, with each plan a constant of its own (a compiler bounds the work
+  // of one constant expression: GCC's -fconstexpr-ops-limit, clang's -fconstexpr-steps). The
+  // minimum is planned only when nothing fits (Revolve with one slot is the costliest plan).
   template <class T>
-  static constexpr budget::choice chosen = [] {
-    static_assert(budget_below_minimum<Bytes, minimum<T>>::ok);
-    return runner::cheapest(candidates<T>(), Bytes);
+  static constexpr budget_choice chosen = [] {
+    constexpr budget_choice c = cheapest_of<T>(std::make_index_sequence<(runner::N > 1 ? 4 : 1)>{});
+    if constexpr (c.peak == 0) static_assert(budget_below_minimum<Bytes, minimum<T>>::ok);
+    return c;
   }();
 
   template <class St>
@@ -316,7 +409,7 @@ struct Budget : wraps<S> {
 
   template <class T>
   static constexpr auto const& schedule_of() {
-    if constexpr (chosen<T>.kind == budget::kind::revolve)
+    if constexpr (chosen<T>.kind == budget_choice::revolve)
       return revolve::schedule<runner::N, chosen<T>.slots>;
     else
       return no_schedule;

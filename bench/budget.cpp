@@ -1,0 +1,185 @@
+// The budget sweep: the residual MLP of bench/policies.cpp (d = 1024, 16 blocks, batch 256, fp32,
+// AdamW) trained under the budget policy's choice for budgets from the smallest feasible to the
+// stored peak, beside the hand-chosen policies, in one run. Each row: the budget, what the policy
+// chose, the planned and measured activation peak, the recomputed work in the cost model
+// (policy/budget.hpp) and the median step time relative to the stored model measured in the same
+// run (these machines are shared; ratios, not absolute times, carry over).
+//
+//   bench_budget [--budgets 12] [--steps 3] [--warmup 1] [--blocks 16] [--batch 256]
+//
+// A budget's row runs the budget policy's code (detail::budget_runner) with the choice made at run
+// time, as the compile-time Budget<Bytes, Batch, S> runs it with the choice made by the compiler
+// (tests/plan/test_budget.cpp checks both against each other and against the stored model, bit for
+// bit): one model type measures every budget. Prints a markdown table and `json: ` lines.
+#include <remat/remat.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace remat;
+
+namespace {
+
+constexpr std::size_t D = 1024, N = 16, Out = 16;
+using Block = Residual<Seq<LayerNorm<D>, Linear<D, D>, GELU, Linear<D, D>>>;
+template <class Middle>
+using Net = Seq<Middle, Linear<D, Out>>;
+using Chain = Net<Repeat<N, Block>>;
+using Runner = detail::budget_runner<Chain>;
+
+budget_choice current{};
+struct RunChoice : wraps<Chain> {
+  template <class St>
+  static typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
+    if (!s.keeps()) return Chain::forward(s, p, std::move(x));
+    return Runner::forward(s, p, std::move(x), current, schedule().data(), schedule().size());
+  }
+  template <class St>
+  static typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
+                                        typename St::act_type dy) {
+    return Runner::backward(s, p, g, std::move(dy), current, schedule().data(), schedule().size());
+  }
+  static std::vector<revolve::action>& schedule() {
+    static std::vector<revolve::action> s;
+    return s;
+  }
+  static void choose(budget_choice c) {
+    current = c;
+    schedule() = c.kind == budget_choice::revolve ? revolve::schedule_list(std::uint32_t(N), c.slots)
+                                                 : std::vector<revolve::action>{};
+  }
+};
+
+constexpr std::size_t root(std::size_t n) {
+  std::size_t r = 1;
+  while ((r + 1) * (r + 1) <= n) ++r;
+  return (n - r * r > r) ? r + 1 : r;
+}
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+struct measured {
+  double step_s = 0;
+  std::size_t peak = 0;
+  std::size_t planned = 0;
+};
+
+template <class NetT>
+measured run(std::size_t batch, int steps, int warmup) {
+  memory::caching_allocator<host> alloc;
+  model<NetT> m(seed{1}, alloc);
+  AdamW opt(m, {.lr = 1e-4});
+  auto x = tensor<float>(index_t(batch), index_t(D));
+  auto t = tensor<float>(index_t(batch), index_t(Out));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(2.0 * philox::uniform(3, 0, i) - 1.0);
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = float(2.0 * philox::uniform(3, 1, i) - 1.0);
+  std::vector<double> times;
+  measured r;
+  for (int k = 0; k < warmup + steps; ++k) {
+    alloc.reset_peak();
+    double const t0 = now();
+    m.template train_step<MSE>(x, t, opt);
+    if (k >= warmup) times.push_back(now() - t0);
+    r.peak = std::max(r.peak, alloc.stats()[memory::tag::activations].peak);
+  }
+  std::sort(times.begin(), times.end());
+  r.step_s = times[times.size() / 2];
+  return r;
+}
+
+std::string describe(budget_choice const& c) {
+  char buf[96];
+  if (c.kind == budget_choice::revolve)
+    std::snprintf(buf, sizeof buf, "revolve, %u slots", c.slots);
+  else if (c.checkpointed == 0 && c.selective == 0)
+    std::snprintf(buf, sizeof buf, "stored");
+  else
+    std::snprintf(buf, sizeof buf, "%u checkpointed, %u selective, %u stored", c.checkpointed, c.selective,
+                  unsigned(N) - c.checkpointed - c.selective);
+  return buf;
+}
+
+double mib(std::size_t b) { return double(b) / double(1 << 20); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int budgets = 12, steps = 3, warmup = 1;
+  std::size_t batch = 256;
+  for (int i = 1; i < argc; ++i) {
+    std::string const a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
+    if (a == "--budgets") budgets = next();
+    else if (a == "--steps") steps = next();
+    else if (a == "--warmup") warmup = next();
+    else if (a == "--batch") batch = std::size_t(next());
+    else {
+      std::fprintf(stderr, "usage: %s [--budgets B] [--steps S] [--warmup W] [--batch B]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (budgets < 2 || steps < 1 || batch < 1) return 2;
+  auto const all = Runner::candidates<float>(batch, 1);
+  std::size_t const lowest = Runner::smallest_peak(all);
+  std::size_t const stored_peak = all[0].peak;
+  std::uint64_t const stored_work = all[0].work;
+  measured const stored = run<Chain>(batch, steps, warmup);
+  std::printf("# The budget policy's choice per activation budget, %zu blocks of width %zu, batch %zu, fp32, AdamW\n\n",
+              N, D, batch);
+  std::printf("Step time relative to the stored model (%.3f s a step in this run). Recomputed work: the cost\n"
+              "model's (policy/budget.hpp), as a fraction of the stored step's counted work (its forward's\n"
+              "multiply-adds and one per element made in the step: about one forward).\n\n",
+              stored.step_s);
+  std::printf("| budget (MiB) | chosen storage | planned peak (MiB) | measured peak (MiB) | recomputed work | step time |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|\n");
+  auto row = [&](char const* label, std::size_t budget, budget_choice const& c, measured const& m) {
+    double const extra = double(c.work - stored_work) / double(stored_work);
+    std::printf("| %s | %s | %.1f | %.1f | +%.1f%% | %.3fx |\n", label, describe(c).c_str(), mib(c.peak), mib(m.peak),
+                100.0 * extra, m.step_s / stored.step_s);
+    std::printf("json: {\"library\": \"remat\", \"kind\": \"budget\", \"row\": \"%s\", \"budget_bytes\": %zu, "
+                "\"choice\": \"%s\", \"planned_peak_bytes\": %zu, \"peak_activation_bytes\": %zu, "
+                "\"recomputed_work_fraction\": %.6f, \"step_s\": %.6f, \"stored_step_s\": %.6f, \"blocks\": %zu, "
+                "\"batch\": %zu, \"width\": %zu}\n",
+                budget ? "budget" : label, budget, describe(c).c_str(), c.peak, m.peak, extra, m.step_s, stored.step_s, N,
+                batch, D);
+    std::fflush(stdout);
+  };
+  budget_choice previous{};
+  measured last{};
+  for (int i = 0; i < budgets; ++i) {
+    std::size_t const bytes = lowest + (stored_peak - lowest) * std::size_t(i) / std::size_t(budgets - 1);
+    budget_choice const c = Runner::cheapest(all, bytes);
+    if (i == 0 || !(c == previous)) {
+      RunChoice::choose(c);
+      last = run<RunChoice>(batch, steps, warmup);
+    }
+    previous = c;
+    char label[32];
+    std::snprintf(label, sizeof label, "%.1f", mib(bytes));
+    row(label, bytes, c, last);
+  }
+  // The hand-chosen policies, each also a candidate of the budget policy (same plan, same code).
+  auto hand = [&]<class NetT>(char const* name, budget_choice c) {
+    measured const m = run<NetT>(batch, steps, warmup);
+    for (auto const& k : all)
+      if (k.kind == c.kind && k.checkpointed == c.checkpointed && k.selective == c.selective && k.slots == c.slots)
+        c = k;
+    row(name, 0, c, m);
+  };
+  std::printf("\nHand-chosen policies in the same run:\n\n");
+  std::printf("| policy | storage | planned peak (MiB) | measured peak (MiB) | recomputed work | step time |\n");
+  std::printf("|---|---|---:|---:|---:|---:|\n");
+  hand.template operator()<Net<Repeat<N, Checkpointed<Block>>>>("Checkpointed every block", {.checkpointed = N});
+  hand.template operator()<Net<Repeat<N, Selective<Block>>>>("Selective every block", {.selective = N});
+  hand.template operator()<Net<Revolve<root(N), Repeat<N, Block>>>>("Revolve<4>",
+                                                                     {.kind = budget_choice::revolve, .slots = root(N)});
+  hand.template operator()<Net<Revolve<1, Repeat<N, Block>>>>("Revolve<1>", {.kind = budget_choice::revolve, .slots = 1});
+  measured const stored_again = run<Chain>(batch, steps, warmup);
+  std::printf("\nThe stored model again at the end: %.3fx of its first time (the machine's drift over the run).\n",
+              stored_again.step_s / stored.step_s);
+  return 0;
+}
