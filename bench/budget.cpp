@@ -11,12 +11,11 @@
 // time, as the compile-time Budget<Bytes, Batch, S> runs it with the choice made by the compiler
 // (tests/plan/test_budget.cpp checks both against each other and against the stored model, bit for
 // bit): one model type measures every budget. Prints a markdown table and `json: ` lines.
-#include <remat/remat.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <remat/remat.hpp>
 #include <string>
 #include <vector>
 
@@ -50,7 +49,7 @@ struct RunChoice : wraps<Chain> {
   static void choose(budget_choice c) {
     current = c;
     schedule() = c.kind == budget_choice::revolve ? revolve::schedule_list(std::uint32_t(N), c.slots)
-                                                 : std::vector<revolve::action>{};
+                                                  : std::vector<revolve::action>{};
   }
 };
 
@@ -60,7 +59,9 @@ constexpr std::size_t root(std::size_t n) {
   return (n - r * r > r) ? r + 1 : r;
 }
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 struct measured {
   double step_s = 0;
@@ -103,7 +104,9 @@ std::string describe(budget_choice const& c) {
   return buf;
 }
 
-double mib(std::size_t b) { return double(b) / double(1 << 20); }
+double mib(std::size_t b) {
+  return double(b) / double(1 << 20);
+}
 
 }  // namespace
 
@@ -113,10 +116,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
-    if (a == "--budgets") budgets = next();
-    else if (a == "--steps") steps = next();
-    else if (a == "--warmup") warmup = next();
-    else if (a == "--batch") batch = std::size_t(next());
+    if (a == "--budgets")
+      budgets = next();
+    else if (a == "--steps")
+      steps = next();
+    else if (a == "--warmup")
+      warmup = next();
+    else if (a == "--batch")
+      batch = std::size_t(next());
     else {
       std::fprintf(stderr, "usage: %s [--budgets B] [--steps S] [--warmup W] [--batch B]\n", argv[0]);
       return 2;
@@ -130,22 +137,25 @@ int main(int argc, char** argv) {
   measured const stored = run<Chain>(batch, steps, warmup);
   std::printf("# The budget policy's choice per activation budget, %zu blocks of width %zu, batch %zu, fp32, AdamW\n\n",
               N, D, batch);
-  std::printf("Step time relative to the stored model (%.3f s a step in this run). Recomputed work: the cost\n"
-              "model's (policy/budget.hpp), as a fraction of the stored step's counted work (its forward's\n"
-              "multiply-adds and one per element made in the step: about one forward).\n\n",
-              stored.step_s);
-  std::printf("| budget (MiB) | chosen storage | planned peak (MiB) | measured peak (MiB) | recomputed work | step time |\n");
+  std::printf(
+      "Step time relative to the stored model (%.3f s a step in this run). Recomputed work: the cost\n"
+      "model's (policy/budget.hpp), as a fraction of the stored step's counted work (its forward's\n"
+      "multiply-adds and one per element made in the step: about one forward).\n\n",
+      stored.step_s);
+  std::printf(
+      "| budget (MiB) | chosen storage | planned peak (MiB) | measured peak (MiB) | recomputed work | step time |\n");
   std::printf("|---:|---|---:|---:|---:|---:|\n");
   auto row = [&](char const* label, std::size_t budget, budget_choice const& c, measured const& m) {
     double const extra = double(c.work - stored_work) / double(stored_work);
     std::printf("| %s | %s | %.1f | %.1f | +%.1f%% | %.3fx |\n", label, describe(c).c_str(), mib(c.peak), mib(m.peak),
                 100.0 * extra, m.step_s / stored.step_s);
-    std::printf("json: {\"library\": \"remat\", \"kind\": \"budget\", \"row\": \"%s\", \"budget_bytes\": %zu, "
-                "\"choice\": \"%s\", \"planned_peak_bytes\": %zu, \"peak_activation_bytes\": %zu, "
-                "\"recomputed_work_fraction\": %.6f, \"step_s\": %.6f, \"stored_step_s\": %.6f, \"blocks\": %zu, "
-                "\"batch\": %zu, \"width\": %zu}\n",
-                budget ? "budget" : label, budget, describe(c).c_str(), c.peak, m.peak, extra, m.step_s, stored.step_s, N,
-                batch, D);
+    std::printf(
+        "json: {\"library\": \"remat\", \"kind\": \"budget\", \"row\": \"%s\", \"budget_bytes\": %zu, "
+        "\"choice\": \"%s\", \"planned_peak_bytes\": %zu, \"peak_activation_bytes\": %zu, "
+        "\"recomputed_work_fraction\": %.6f, \"step_s\": %.6f, \"stored_step_s\": %.6f, \"blocks\": %zu, "
+        "\"batch\": %zu, \"width\": %zu}\n",
+        budget ? "budget" : label, budget, describe(c).c_str(), c.peak, m.peak, extra, m.step_s, stored.step_s, N,
+        batch, D);
     std::fflush(stdout);
   };
   budget_choice previous{};
@@ -176,8 +186,9 @@ int main(int argc, char** argv) {
   hand.template operator()<Net<Repeat<N, Checkpointed<Block>>>>("Checkpointed every block", {.checkpointed = N});
   hand.template operator()<Net<Repeat<N, Selective<Block>>>>("Selective every block", {.selective = N});
   hand.template operator()<Net<Revolve<root(N), Repeat<N, Block>>>>("Revolve<4>",
-                                                                     {.kind = budget_choice::revolve, .slots = root(N)});
-  hand.template operator()<Net<Revolve<1, Repeat<N, Block>>>>("Revolve<1>", {.kind = budget_choice::revolve, .slots = 1});
+                                                                    {.kind = budget_choice::revolve, .slots = root(N)});
+  hand.template operator()<Net<Revolve<1, Repeat<N, Block>>>>("Revolve<1>",
+                                                              {.kind = budget_choice::revolve, .slots = 1});
   measured const stored_again = run<Chain>(batch, steps, warmup);
   std::printf("\nThe stored model again at the end: %.3fx of its first time (the machine's drift over the run).\n",
               stored_again.step_s / stored.step_s);

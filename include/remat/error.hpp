@@ -35,6 +35,12 @@ class out_of_memory : public error {
   using error::error;
 };
 
+// A file that cannot be read or written, is corrupt, or belongs to another model.
+class io_error : public error {
+ public:
+  using error::error;
+};
+
 // A CUDA runtime or library call that failed; the message names the call.
 class cuda_error : public error {
  public:

@@ -1,11 +1,9 @@
 // The whole-step plan: constexpr, and equal per tag and in total to what the model's allocator
 // measures over training steps, across models, policies, precisions, optimizers and losses.
 // Every tensor the step does not own (the caller's input and targets) lives in another allocator.
-#include <remat/remat.hpp>
-
 #include <catch2/catch.hpp>
-
 #include <cmath>
+#include <remat/remat.hpp>
 
 using namespace remat;
 
@@ -40,8 +38,7 @@ void require_step_plan(std::size_t batch, std::size_t sequence, step_options o =
   // The same numbers from the compiler (for a batch known at compile time).
   constexpr auto fixed = memory_plan<NetT, P, Opt, Loss>(7, {.sequence = M::sequence_model ? 3 : 1});
   static_assert(fixed.peak > fixed.persistent);
-  if (batch == 7 && sequence == (M::sequence_model ? 3 : 1) && o.momentum)
-    CHECK(fixed.peak == plan.peak);
+  if (batch == 7 && sequence == (M::sequence_model ? 3 : 1) && o.momentum) CHECK(fixed.peak == plan.peak);
 
   std::size_t const rows = batch * sequence;
   using In = typename M::input_element;
@@ -107,21 +104,36 @@ TEST_CASE("memory_plan: hand-computed parts of a step", "[plan]") {
   // ZeRO-1 over 3 ranks: 40 parameters shard as 13, 13, 14.
   static_assert(memory_plan<Seq<Linear<4, 8>>, fp32, AdamW>(2, {.ranks = 3, .rank = 2, .shard_optimizer = true})
                     .optimizer_state == 2 * 256);
-  constexpr auto big = memory_plan<Seq<Linear<64, 64>>, fp32, AdamW>(1, {.ranks = 3, .rank = 0, .shard_optimizer = true});
+  constexpr auto big =
+      memory_plan<Seq<Linear<64, 64>>, fp32, AdamW>(1, {.ranks = 3, .rank = 0, .shard_optimizer = true});
   static_assert(big.optimizer_state == 2 * ((4160 / 3 * 4 + 255) / 256 * 256));
 }
 
 TEST_CASE("memory_plan: equals the allocator per tag and in total", "[plan]") {
-  SECTION("stored") { require_step_plans<Net<Repeat<3, Block>>, fp32, AdamW>(); }
-  SECTION("checkpointed") { require_step_plans<Net<Repeat<3, Checkpointed<Block>>>, fp32, AdamW>(); }
-  SECTION("revolve") { require_step_plans<Net<Revolve<2, Repeat<5, Block>>>, fp32, SGD>(); }
-  SECTION("selective") { require_step_plans<Net<Repeat<3, Selective<Block>>>, fp32, SGD>({.momentum = false}); }
-  SECTION("bfloat16") { require_step_plans<Net<CheckpointSequential<2, Repeat<4, Block>>>, mixed<bfloat16>, AdamW>(); }
+  SECTION("stored") {
+    require_step_plans<Net<Repeat<3, Block>>, fp32, AdamW>();
+  }
+  SECTION("checkpointed") {
+    require_step_plans<Net<Repeat<3, Checkpointed<Block>>>, fp32, AdamW>();
+  }
+  SECTION("revolve") {
+    require_step_plans<Net<Revolve<2, Repeat<5, Block>>>, fp32, SGD>();
+  }
+  SECTION("selective") {
+    require_step_plans<Net<Repeat<3, Selective<Block>>>, fp32, SGD>({.momentum = false});
+  }
+  SECTION("bfloat16") {
+    require_step_plans<Net<CheckpointSequential<2, Repeat<4, Block>>>, mixed<bfloat16>, AdamW>();
+  }
   SECTION("half with a dynamic scale") {
     require_step_plans<Net<Repeat<3, Checkpointed<Block>>>, mixed<half, DynamicLossScale>, AdamW>();
   }
-  SECTION("cross-entropy") { require_step_plans<Net<Repeat<2, Block>>, fp32, AdamW, SoftmaxCrossEntropy>(); }
-  SECTION("GPT") { require_step_plans<Gpt, fp32, AdamW, SoftmaxCrossEntropy>(); }
+  SECTION("cross-entropy") {
+    require_step_plans<Net<Repeat<2, Block>>, fp32, AdamW, SoftmaxCrossEntropy>();
+  }
+  SECTION("GPT") {
+    require_step_plans<Gpt, fp32, AdamW, SoftmaxCrossEntropy>();
+  }
   SECTION("GPT checkpointed, bfloat16") {
     require_step_plans<GptCheckpointed, mixed<bfloat16>, SGD, SoftmaxCrossEntropy>();
   }

@@ -21,6 +21,7 @@ constexpr typename S::act_type forward_blocks(S& s, typename S::param_ptr p, typ
   static_assert(layer_pass_contract<B, S>::ok);
   for (std::size_t k = first; k < last; ++k) {
     if constexpr (!handles_hollow_v<B>) s.need_input();
+    auto const frame = trace_layer<B>(s, k, false);
     x = B::forward(s, p + k * B::param_count, std::move(x));
   }
   return x;
@@ -32,6 +33,7 @@ template <class B, class S>
 constexpr typename S::act_type backward_blocks(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                typename S::act_type dy, std::size_t first, std::size_t last) {
   for (std::size_t k = last; k-- > first;) {
+    auto const frame = trace_layer<B>(s, k, true);
     dy = B::backward(s, p + k * B::param_count, g + k * B::param_count, std::move(dy));
     if constexpr (B::param_count > 0) s.grads_ready(g + k * B::param_count);
   }

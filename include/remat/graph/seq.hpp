@@ -140,6 +140,7 @@ struct Seq {
     if constexpr (!handles_hollow_v<Layer>) s.need_input();
     if constexpr (layer_reads_ids_v<Layer>)
       static_assert(I == 0, "remat: a layer that reads token ids (an Embedding) must be the first layer of the model");
+    auto const frame = detail::trace_layer<Layer>(s, I, false);
     if constexpr (fused_with_previous<I>()) {
       // ran with the layer before it
     } else if constexpr (fused_with_next<I>()) {
@@ -154,6 +155,7 @@ struct Seq {
   static constexpr void backward_one(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                      typename S::act_type& dy) {
     using Layer = detail::nth<I, L...>;
+    auto const frame = detail::trace_layer<Layer>(s, I, true);
     if constexpr (fused_with_previous<I>()) {
     } else if constexpr (fused_with_next<I>()) {
       using F = typename detail::nth<I + 1, L...>::pointwise_function;

@@ -23,12 +23,6 @@
 
 namespace REMAT_NAMESPACE {
 
-// A file that cannot be read, is corrupt, or belongs to another model.
-class io_error : public error {
- public:
-  using error::error;
-};
-
 namespace safetensors {
 
 static_assert(std::endian::native == std::endian::little,

@@ -11,6 +11,7 @@
 #include "../device.hpp"
 #include "../error.hpp"
 #include "system.hpp"
+#include "trace.hpp"
 
 #include <array>
 #include <cstddef>
@@ -128,6 +129,7 @@ class caching_allocator {
     stats_.total.in_use += size;
     if (u.in_use > u.peak) u.peak = u.in_use;
     if (stats_.total.in_use > stats_.total.peak) stats_.total.peak = stats_.total.in_use;
+    if (timeline_) note(p, std::int64_t(size), t);
     return p;
   }
 
@@ -141,6 +143,7 @@ class caching_allocator {
     live_.erase(it);
     stats_.by_tag[index(b.t)].in_use -= b.bytes;
     stats_.total.in_use -= b.bytes;
+    if (timeline_) note(p, -std::int64_t(b.bytes), b.t);
     try {
       cache_[index(b.t)][b.bytes].push_back(p);
     } catch (...) {  // no room to remember it: give it back instead
@@ -182,6 +185,17 @@ class caching_allocator {
     return stats_.limit;
   }
 
+  // Every allocation and free from now on is reported to `t` (which records them while it is
+  // recording); detach() stops it. The timeline must outlive the attachment.
+  void attach(timeline& t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    timeline_ = &t;
+  }
+  void detach() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    timeline_ = nullptr;
+  }
+
   // A table of in use / peak / reserved per tag and in total.
   std::string summary() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -195,6 +209,15 @@ class caching_allocator {
   };
 
   static constexpr std::size_t index(tag t) { return static_cast<std::size_t>(t); }
+
+  void note(void const* p, std::int64_t bytes, tag t) noexcept {
+    std::array<std::size_t, tag_count> by_tag{};
+    for (std::size_t i = 0; i < tag_count; ++i) by_tag[i] = stats_.by_tag[i].in_use;
+    try {
+      timeline_->on_allocation(p, bytes, std::uint8_t(t), stats_.total.in_use, by_tag);
+    } catch (...) {  // no room to record: the timeline misses an event, the program goes on
+    }
+  }
 
   static void add(std::size_t& a, std::size_t& b, std::size_t n) {
     a += n;
@@ -213,11 +236,16 @@ class caching_allocator {
   }
 
   [[noreturn]] void fail(std::size_t bytes, std::size_t size, tag t, char const* what) const {
+    std::string const layer = current_layer();
+    phase const when = current_phase();
     detail::raise<out_of_memory>("out of memory on ", Device::name, ": expected room for ", format_bytes(size),
                                  " (", bytes, " bytes requested) of ", name(t), ", found ",
                                  format_bytes(stats_.total.reserved), " already reserved against ", what,
-                                 " (limit ", format_bytes(stats_.limit), ")\n", summary_locked(),
-                                 system<Device>::describe());
+                                 " (limit ", format_bytes(stats_.limit), ")",
+                                 when == phase::none ? std::string()
+                                                     : std::string(", in ") + (layer.empty() ? "the step" : layer) +
+                                                           " (" + name(when) + ")",
+                                 "\n", summary_locked(), system<Device>::describe());
   }
 
   std::string summary_locked() const {
@@ -242,6 +270,7 @@ class caching_allocator {
   }
 
   mutable std::mutex mutex_;
+  timeline* timeline_ = nullptr;
   statistics stats_{};
   std::unordered_map<void*, block> live_;
   std::array<std::unordered_map<std::size_t, std::vector<void*>>, tag_count> cache_;

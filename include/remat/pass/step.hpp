@@ -59,8 +59,16 @@ class pass_state
   void grads_ready(G const* g) const { listener_(std::size_t(g - grad_base_)); }
 
   act_type make(std::size_t rows, std::size_t cols) {
-    return std::make_shared<tensor<T, D>>(index_t(rows), index_t(cols), memory::tag::activations, *alloc_);
+    making_ = true;
+    auto a = std::make_shared<tensor<T, D>>(index_t(rows), index_t(cols), memory::tag::activations, *alloc_);
+    making_ = false;
+    ++makes_;
+    return a;
   }
+  // Activations made so far in this pass (the plan's state counts the same: plan/activation.hpp),
+  // and whether the last one failed to be made.
+  std::size_t makes() const { return makes_; }
+  bool make_failed() const { return making_; }
   // A shape without memory (what a selective recomputation passes on past its last product).
   act_type hollow(std::size_t rows, std::size_t cols) {
     return std::make_shared<tensor<T, D>>(tensor<T, D>::shape_only, rows, cols);
@@ -89,6 +97,7 @@ class pass_state
 
   // After the forward: what it kept (the activations in use, its output excluded).
   void forward_done(act_type const& y) {
+    memory::tracing::current_trace().current = memory::phase::loss;  // (the model's scope restores it)
     this->set_saved_bytes(alloc_->stats()[memory::tag::activations].in_use -
                           memory::caching_allocator<D>::rounded(y->bytes()));
   }
@@ -112,6 +121,8 @@ class pass_state
   G const* grad_base_ = nullptr;
   gradient_listener listener_{};
   std::weak_ptr<tensor<T, D>> input_;
+  std::size_t makes_ = 0;
+  bool making_ = false;
 };
 
 }  // namespace REMAT_NAMESPACE

@@ -12,13 +12,13 @@
 //   static_assert(plan.peak_bytes <= (std::size_t(64) << 20), "the model's activations must fit in 64 MiB");
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 #include "../graph/walk.hpp"
 #include "../numeric/precision.hpp"
 #include "../runtime/training_pass.hpp"
 #include "state.hpp"
-
-#include <cstddef>
-#include <cstdint>
 
 namespace REMAT_NAMESPACE {
 
@@ -42,19 +42,36 @@ enum class input_gradient : bool { none = false, wanted = true };
 
 namespace detail {
 
+// Whether every layer of L can be planned: each leaf has forward and backward for a plan's state
+// (a layer written for pass_state alone cannot; a model of it trains, without plans).
+template <class L, class Children = children_t<L>>
+struct plannable;
+template <class L>
+struct plannable<L, type_list<>> {
+  static constexpr bool value = has_forward<L, plan::state<float>> && has_backward<L, plan::state<float>>;
+};
+template <class L, class... C>
+struct plannable<L, type_list<C...>> {
+  static constexpr bool value = (plannable<C>::value && ...);
+};
+template <class L>
+inline constexpr bool plannable_v = plannable<L>::value;
+
 // The activation plan, and the most activation plus workspace bytes in use at once when the loss
 // allocates `loss_workspace` bytes of workspace while it runs (the whole-step plan's transient
 // peak: plan/step.hpp).
 struct pass_plan {
   activation_plan_result activations;
   std::size_t transient_peak = 0;
+  std::size_t live_before_watch = 0;  // activation bytes in use before make number `watch`
 };
 
 template <class Net, class Precision>
 constexpr pass_plan plan_pass(std::size_t batch, std::size_t features, std::size_t sequence, input_gradient dx,
-                              std::size_t loss_workspace) {
+                              std::size_t loss_workspace, std::size_t watch = std::size_t(-1)) {
   using T = typename Precision::compute;
   plan::counter mem, offloaded;
+  mem.watch = watch;
   pass_plan r;
   std::size_t at_loss = 0;
   {
@@ -71,6 +88,7 @@ constexpr pass_plan plan_pass(std::size_t batch, std::size_t features, std::size
   }
   r.activations.peak_bytes = mem.peak;
   r.activations.offloaded_bytes = offloaded.peak;
+  r.live_before_watch = watch < mem.made ? mem.live_before_watch : mem.live;
   r.transient_peak = at_loss + loss_workspace > mem.peak ? at_loss + loss_workspace : mem.peak;
   return r;
 }
@@ -79,8 +97,7 @@ constexpr pass_plan plan_pass(std::size_t batch, std::size_t features, std::size
 
 template <class Net, class Precision = fp32>
 constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width,
-                                                 std::size_t sequence = 1,
-                                                 input_gradient dx = input_gradient::none) {
+                                                 std::size_t sequence = 1, input_gradient dx = input_gradient::none) {
   return detail::plan_pass<Net, Precision>(batch, features, sequence, dx, 0).activations;
 }
 

@@ -85,8 +85,12 @@ class counter {
  public:
   std::size_t live = 0, peak = 0;
   std::vector<buffer> buffers;
+  // The bytes in use just before make number `watch` (from 0): what a step had in use when its
+  // allocation of that number failed.
+  std::size_t made = 0, watch = std::size_t(-1), live_before_watch = 0;
 
   constexpr ref make(std::size_t rows, std::size_t cols, std::size_t element_bytes) {
+    if (made++ == watch) live_before_watch = live;
     std::size_t const bytes = memory::caching_allocator<host>::rounded(rows * cols * element_bytes);
     buffers.push_back(buffer{rows, cols, bytes, 1});
     live += bytes;

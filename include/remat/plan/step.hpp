@@ -23,18 +23,18 @@
 //   static_assert(plan.peak <= (std::size_t(8) << 30), "the training step must fit in 8 GiB");
 #pragma once
 
+#include <cstddef>
+
 #include "../layers/loss.hpp"
 #include "../train/optimizers.hpp"
 #include "activation.hpp"
-
-#include <cstddef>
 
 namespace REMAT_NAMESPACE {
 
 // What a whole-step plan needs beyond the batch.
 struct step_options {
-  std::size_t features = 0;  // the input width when the graph's is not fixed (0: Net::in_width)
-  std::size_t sequence = 1;  // positions per sequence (a sequence model's batch counts sequences)
+  std::size_t features = 0;                  // the input width when the graph's is not fixed (0: Net::in_width)
+  std::size_t sequence = 1;                  // positions per sequence (a sequence model's batch counts sequences)
   input_gradient dx = input_gradient::none;  // accumulate asked for the input's gradient
   // Data parallelism (remat::dist::data_parallel): the number of ranks and this rank's index;
   // with shard_optimizer (ZeRO-1) the optimizer keeps the state of this rank's 1/ranks only.
@@ -69,18 +69,22 @@ struct memory_plan_result {
   // The peak of tag t, as the model's allocator reports it in stats()[t].peak after reset_peak.
   constexpr std::size_t operator[](memory::tag t) const {
     switch (t) {
-      case memory::tag::parameters: return parameters();
-      case memory::tag::gradients: return gradients;
-      case memory::tag::optimizer_state: return optimizer_state;
-      case memory::tag::activations: return activations.peak_bytes;
-      case memory::tag::workspace: return workspace;
+      case memory::tag::parameters:
+        return parameters();
+      case memory::tag::gradients:
+        return gradients;
+      case memory::tag::optimizer_state:
+        return optimizer_state;
+      case memory::tag::activations:
+        return activations.peak_bytes;
+      case memory::tag::workspace:
+        return workspace;
     }
     return 0;
   }
 };
 
-template <class Net, class Precision = fp32, template <class, class, class> class Optimizer = AdamW,
-          class Loss = MSE>
+template <class Net, class Precision = fp32, template <class, class, class> class Optimizer = AdamW, class Loss = MSE>
 constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {}) {
   using T = typename Precision::master;
   using C = typename Precision::compute;
@@ -93,8 +97,8 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   r.gradients = rounded(n * sizeof(T));
   // The optimizer's shard: data_parallel::shard_of.
   std::size_t const p = o.ranks > 0 ? o.ranks : 1;
-  std::size_t const shard = o.shard_optimizer ? Net::param_count * (o.rank + 1) / p - Net::param_count * o.rank / p
-                                              : Net::param_count;
+  std::size_t const shard =
+      o.shard_optimizer ? Net::param_count * (o.rank + 1) / p - Net::param_count * o.rank / p : Net::param_count;
   r.optimizer_state = optimizer_state_buffers<Optimizer>::count(o) * rounded(shard * sizeof(T));
   std::size_t const features = o.features ? o.features : Net::in_width;
   std::size_t const rows = batch * o.sequence;

@@ -11,8 +11,8 @@
 // Blocks at the start of the chain are the ones recomputed: their backward runs last, when the
 // later blocks' activations are already freed. Every candidate is planned at compile time (its
 // activation peak, exactly as activation_plan counts it, and its work), and the budget policy
-// runs the one of least work whose peak fits; among equal work, the smaller peak. A budget below every candidate's peak fails to compile:
-// `budget_below_minimum<Bytes, Smallest>` names the smallest feasible budget.
+// runs the one of least work whose peak fits; among equal work, the smaller peak. A budget below every candidate's peak
+// fails to compile: `budget_below_minimum<Bytes, Smallest>` names the smallest feasible budget.
 //
 // The cost model: the work of a step is the multiply-adds of its matrix products (Linear's, and
 // the attention core's Q K^T and P V) plus one per element of every tensor the step makes (the
@@ -32,19 +32,19 @@
 // those of the stored model, like every policy's.
 #pragma once
 
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
 #include "../plan/state.hpp"
 #include "checkpoint_sequential.hpp"
 #include "checkpointed.hpp"
 #include "revolve.hpp"
 #include "selective.hpp"
 #include "wraps.hpp"
-
-#include <array>
-#include <initializer_list>
-#include <cstddef>
-#include <cstdint>
-#include <utility>
-#include <vector>
 
 namespace REMAT_NAMESPACE {
 
@@ -65,15 +65,17 @@ struct budget_choice {
 template <std::size_t Bytes, std::size_t Smallest>
 struct budget_below_minimum {
   static constexpr bool ok = Bytes >= Smallest;
-  static_assert(ok, "remat::Budget<Bytes, Batch, S>: no way to store S fits Bytes of activations at this batch; "
-                    "budget_below_minimum<Bytes, Smallest> names the budget given and the smallest that fits");
+  static_assert(ok,
+                "remat::Budget<Bytes, Batch, S>: no way to store S fits Bytes of activations at this batch; "
+                "budget_below_minimum<Bytes, Smallest> names the budget given and the smallest that fits");
 };
 
 template <class S>
 struct budget_needs_a_chain {
   static constexpr bool ok = sizeof(S*) == 0;  // always false, once instantiated
-  static_assert(ok, "remat::Budget<Bytes, Batch, S>: S must be a Repeat<N, Block>, or a Seq with exactly one "
-                    "Repeat<N, Block> among its layers; budget_needs_a_chain<S> names the type given");
+  static_assert(ok,
+                "remat::Budget<Bytes, Batch, S>: S must be a Repeat<N, Block>, or a Seq with exactly one "
+                "Repeat<N, Block> among its layers; budget_needs_a_chain<S> names the type given");
 };
 
 namespace detail {
@@ -148,6 +150,7 @@ struct budget_runner {
                                  [&](A in) { return forward_blocks<B>(s, q, std::move(in), k, k + 1); });
         } else if (k < std::size_t(c.checkpointed) + c.selective) {
           if constexpr (!handles_hollow_v<B>) s.need_input();
+          auto const frame = trace_layer<B>(s, k, false);
           x = Selective<B>::forward(s, q + k * stride, std::move(x));
         } else {
           x = forward_blocks<B>(s, q, std::move(x), k, k + 1);
@@ -179,6 +182,7 @@ struct budget_runner {
           s.count_recomputed(blocks_in<B>());
           dy = backward_blocks<B>(s, q, h, std::move(dy), k, k + 1);
         } else if (k < std::size_t(c.checkpointed) + c.selective) {
+          auto const frame = trace_layer<B>(s, k, true);
           dy = Selective<B>::backward(s, q + k * stride, h + k * stride, std::move(dy));
           if constexpr (B::param_count > 0) s.grads_ready(h + k * stride);
         } else {
@@ -271,10 +275,14 @@ struct budget_runner {
   static constexpr budget_choice member(int f, std::size_t i) {
     auto const k = std::uint32_t(i);
     switch (f) {
-      case 0: return {.kind = budget_choice::blocks, .checkpointed = k};
-      case 1: return {.kind = budget_choice::blocks, .checkpointed = k, .selective = std::uint32_t(N - k)};
-      case 2: return {.kind = budget_choice::blocks, .selective = k + 1};
-      default: return {.kind = budget_choice::revolve, .slots = std::uint32_t(N - 1 - k)};
+      case 0:
+        return {.kind = budget_choice::blocks, .checkpointed = k};
+      case 1:
+        return {.kind = budget_choice::blocks, .checkpointed = k, .selective = std::uint32_t(N - k)};
+      case 2:
+        return {.kind = budget_choice::blocks, .selective = k + 1};
+      default:
+        return {.kind = budget_choice::revolve, .slots = std::uint32_t(N - 1 - k)};
     }
   }
 
@@ -327,7 +335,8 @@ template <std::size_t Bytes, std::size_t Batch, class S, std::size_t Sequence = 
 struct Budget : wraps<S> {
   static_assert(not_a_segment<Budget, S>::ok);
   static_assert(detail::budget_split<S>::ok);
-  static_assert(Batch >= 1 && Sequence >= 1, "remat::Budget<Bytes, Batch, S, Sequence>: Batch and Sequence must be at least 1");
+  static_assert(Batch >= 1 && Sequence >= 1,
+                "remat::Budget<Bytes, Batch, S, Sequence>: Batch and Sequence must be at least 1");
   template <class... C>
   using rebuild = typename detail::budget_rebuild<Bytes, Batch, Sequence, C...>::type;
 

@@ -3,20 +3,21 @@
 // accumulates gradients, and a training step. Every input is checked before anything changes.
 #pragma once
 
-#include "../graph/walk.hpp"
-#include "../kernels/reduce.hpp"
-#include "../numeric/precision.hpp"
-#include "../pass/step.hpp"
-#include "../train/gradient_sync.hpp"
-#include "../train/loss_scale.hpp"
-#include "training_pass.hpp"
-
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "../graph/walk.hpp"
+#include "../kernels/reduce.hpp"
+#include "../numeric/precision.hpp"
+#include "../pass/step.hpp"
+#include "../plan/activation.hpp"
+#include "../train/gradient_sync.hpp"
+#include "../train/loss_scale.hpp"
+#include "training_pass.hpp"
 
 namespace REMAT_NAMESPACE {
 
@@ -60,8 +61,8 @@ struct model_stream<cuda> {
 
 // What the last training pass of a model did.
 struct pass_report {
-  std::size_t saved_bytes = 0;      // activation bytes kept when the forward ended (its output excluded)
-  std::uint64_t recomputed = 0;     // block forwards that storage policies ran again
+  std::size_t saved_bytes = 0;   // activation bytes kept when the forward ended (its output excluded)
+  std::uint64_t recomputed = 0;  // block forwards that storage policies ran again
 };
 
 // What a data-parallel wrapper (remat::dist) plugs into a model, and the optimizers built from the
@@ -97,7 +98,7 @@ class model {
   using net = Net;
   using device = Device;
   using precision = Precision;
-  using value_type = typename Precision::master;  // parameters, gradients and what the caller sees
+  using value_type = typename Precision::master;     // parameters, gradients and what the caller sees
   using compute_type = typename Precision::compute;  // activations and the weights layers read
   using T = value_type;
   using C = compute_type;
@@ -132,7 +133,8 @@ class model {
         grads_(index_t(stored_count()), 1, memory::tag::gradients, alloc),
         seed_(s.value) {
     [[maybe_unused]] auto const on_stream = stream_.scope();
-    if constexpr (mixed_precision) compute_params_ = tensor<C, Device>(index_t(stored_count()), 1, memory::tag::parameters, alloc);
+    if constexpr (mixed_precision)
+      compute_params_ = tensor<C, Device>(index_t(stored_count()), 1, memory::tag::parameters, alloc);
     std::vector<T> host_params(stored_count(), T(0));
     Net::init(host_params.data(), 0, seed_);
     params_.copy_from(host_params);
@@ -145,6 +147,7 @@ class model {
   tensor<T, Device> forward(input_view x) const {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     validate_input(x);
+    memory::tracing::phase_scope const running(memory::phase::forward);
     state_type s = make_state({.training = false}, x);
     act<C, Device> y = Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, false));
     return take(std::move(y));
@@ -264,8 +267,8 @@ class model {
   void set_sequence_length(std::size_t n) {
     static_assert(sequence_model, "model::set_sequence_length: this model has no sequence layers");
     if (n == 0 || n > max_sequence)
-      detail::raise<argument_error>("model::set_sequence_length: expected a length in [1, ", max_sequence,
-                                    "], found ", n);
+      detail::raise<argument_error>("model::set_sequence_length: expected a length in [1, ", max_sequence, "], found ",
+                                    n);
     seq_len_ = n;
   }
   std::size_t sequence_length() const { return seq_len_; }
@@ -302,6 +305,7 @@ class model {
       sync->check_pass();
       sync->pass_starting();
     }
+    memory::tracing::phase_scope const stepping(memory::phase::forward);
     state_type s = make_state({.training = true, .stream = dropout_stream(), .input_gradient = dx != nullptr}, x);
     if (sync)
       s.listen_gradients(grads_.data(), {sync, [](void* to, std::size_t offset) {
@@ -311,14 +315,50 @@ class model {
     // The loss's gradient is multiplied by the loss scale (gradients stay scaled until the
     // optimizer's update divides it out); the loss itself is not.
     double const scale = weight * scaler_.scale();
-    act<C, Device> g = detail::training_pass<Net>(
-        s, weights(), grads_.data(), detail::input_activation<Net, Precision>(s, x, true),
-        [&](act<C, Device> const& y, act<C, Device> const& dy) { l = loss_and_gradient<Loss>(*y, target, scale, dy.get()); });
+    act<C, Device> g;
+    try {
+      g = detail::training_pass<Net>(s, weights(), grads_.data(), detail::input_activation<Net, Precision>(s, x, true),
+                                     [&](act<C, Device> const& y, act<C, Device> const& dy) {
+                                       {
+                                         memory::tracing::phase_scope const in_loss(memory::phase::loss);
+                                         l = loss_and_gradient<Loss>(*y, target, scale, dy.get());
+                                       }
+                                       memory::tracing::current_trace().current =
+                                           memory::phase::backward;  // (until `stepping` ends)
+                                     });
+    } catch (out_of_memory const& e) {
+      explain_out_of_memory(e, x, dx != nullptr, s.makes(), s.make_failed());
+    }
     if (dx && g) evaluate(*dx, to_expr(*g));
     if (sync) sync->gradients_ready(0);
     ++passes_;
     report_ = {s.saved_bytes(), s.recomputed()};
     return l;
+  }
+
+  // Out of memory in a training pass: the allocator's message (with the layer and phase), and what
+  // the activation plan has in use at that point of the step (computed now, at run time): before
+  // activation number `made` (from 0), which failed or is the next to be made.
+  [[noreturn]] void explain_out_of_memory(out_of_memory const& e, input_view x, bool dx, std::size_t made,
+                                          bool activation_failed) const {
+    std::size_t const seq = reads_ids ? (sequence_model ? x.cols() : 1) : (sequence_model ? seq_len_ : 1);
+    std::size_t const batch = (reads_ids ? x.size() : x.rows()) / seq;
+    std::size_t const features = reads_ids ? in_width : x.cols();
+    if constexpr (!detail::plannable_v<Net>) {
+      (void)batch;
+      (void)features;
+      (void)made;
+      (void)activation_failed;
+      throw e;
+    } else {
+      auto const p = detail::plan_pass<Net, Precision>(batch, features, seq, input_gradient(dx), 0, made);
+      detail::raise<out_of_memory>(e.what(), "the activation plan of this step (batch ", batch, seq > 1 ? " x " : "",
+                                   seq > 1 ? std::to_string(seq) : std::string(), ") has ",
+                                   memory::format_bytes(p.live_before_watch), " of activations in use ",
+                                   activation_failed ? "when it makes activation " : "after activation ",
+                                   activation_failed ? made + 1 : made, " of the step, where this failed; its peak is ",
+                                   memory::format_bytes(p.activations.peak_bytes), "\n");
+    }
   }
 
   std::size_t out_cols(input_view x) const { return out_width == any_width ? x.cols() : out_width; }
@@ -341,9 +381,10 @@ class model {
       } else {
         if (!std::isfinite(v)) detail::raise<argument_error>("model input: expected finite values, found NaN or inf");
         if (std::is_same_v<C, half> && v > 65504.0)
-          detail::raise<argument_error>("model input: expected values within half's range (|x| <= 65504) for a "
-                                        "mixed<half> model, found ",
-                                        v);
+          detail::raise<argument_error>(
+              "model input: expected values within half's range (|x| <= 65504) for a "
+              "mixed<half> model, found ",
+              v);
       }
     }
   };
@@ -361,8 +402,9 @@ class model {
     }
     if constexpr (sequence_model && !reads_ids) {
       if (seq_len_ == 0)
-        detail::raise<argument_error>("model input: a sequence model reading features needs its sequence length; "
-                                      "call set_sequence_length first");
+        detail::raise<argument_error>(
+            "model input: a sequence model reading features needs its sequence length; "
+            "call set_sequence_length first");
       if (x.rows() % seq_len_ != 0)
         detail::raise<shape_error>("model input: expected whole sequences of ", seq_len_, " rows, found ", x.rows(),
                                    " rows");

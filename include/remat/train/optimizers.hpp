@@ -182,6 +182,7 @@ class AdamW : public detail::optimizer_base<T, D, C> {
 
   // Returns false when the step was skipped (a gradient overflowed under a loss scale).
   bool step() {
+    memory::tracing::phase_scope const stepping(memory::phase::optimizer);
     detail::grad_prelude pre;
     if (!this->begin_step(g_, o_.clip_norm, pre)) {
       this->end_step(false);
@@ -255,6 +256,7 @@ class SGD : public detail::optimizer_base<T, D, C> {
 
   // Returns false when the step was skipped (a gradient overflowed under a loss scale).
   bool step() {
+    memory::tracing::phase_scope const stepping(memory::phase::optimizer);
     detail::grad_prelude pre;
     if (!this->begin_step(g_, o_.clip_norm, pre)) {
       this->end_step(false);
