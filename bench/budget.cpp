@@ -108,6 +108,70 @@ double mib(std::size_t b) {
   return double(b) / double(1 << 20);
 }
 
+// What the memory timeline costs: the stored model's step with no timeline attached, attached but
+// not recording, and recording, in interleaved rounds (median of each); and the layer frames every
+// step keeps whether or not anything records (ns per layer call, timed alone, times the calls of a
+// step, against the step).
+void timeline_cost(std::size_t batch, int rounds) {
+  memory::caching_allocator<host> alloc;
+  model<Chain> m(seed{1}, alloc);
+  AdamW opt(m, {.lr = 1e-4});
+  auto x = tensor<float>(index_t(batch), index_t(D));
+  auto t = tensor<float>(index_t(batch), index_t(Out));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(2.0 * philox::uniform(3, 0, i) - 1.0);
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = float(2.0 * philox::uniform(3, 1, i) - 1.0);
+  memory::timeline tl;
+  m.train_step<MSE>(x, t, opt);  // warm
+  std::vector<double> off, attached, on;
+  std::size_t spans = 0, events = 0;
+  for (int r = 0; r < rounds; ++r) {
+    double t0 = now();
+    m.train_step<MSE>(x, t, opt);
+    off.push_back(now() - t0);
+    alloc.attach(tl);
+    t0 = now();
+    m.train_step<MSE>(x, t, opt);
+    attached.push_back(now() - t0);
+    tl.clear();
+    t0 = now();
+    {
+      auto const recording = tl.recording();
+      m.train_step<MSE>(x, t, opt);
+    }
+    on.push_back(now() - t0);
+    spans = tl.spans().size();
+    events = tl.events().size();
+    alloc.detach();
+  }
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  // The frame alone: push and pop a leaf layer's frame, many times.
+  constexpr int frames = 1 << 22;
+  double const f0 = now();
+  for (int i = 0; i < frames; ++i) {
+    memory::tracing::layer_scope const frame(std::uint32_t(i), &memory::tracing::type_name<Block>, true,
+                                             memory::phase::forward);
+    asm volatile("" ::: "memory");
+  }
+  double const frame_ns = (now() - f0) / frames * 1e9;
+  // Each leaf layer call pushes a frame in the forward and one in the backward (spans count the
+  // calls of leaves; composites push theirs too: counted as many again).
+  double const frame_share = double(2 * spans) * frame_ns * 1e-9 / med(off);
+  std::printf("\nThe memory timeline's cost on the stored model (median of %d interleaved rounds):\n\n", rounds);
+  std::printf("| timeline | step time | relative |\n|---|---:|---:|\n");
+  std::printf("| none attached | %.3f s | 1.000x |\n", med(off));
+  std::printf("| attached, not recording | %.3f s | %.3fx |\n", med(attached), med(attached) / med(off));
+  std::printf("| recording (%zu events, %zu layer spans) | %.3f s | %.3fx |\n", events, spans, med(on), med(on) / med(off));
+  std::printf("\nLayer frames, kept whether or not anything records: %.1f ns per frame, about %zu a step: %.4f%% of a step.\n",
+              frame_ns, 2 * spans, 100.0 * frame_share);
+  std::printf("json: {\"library\": \"remat\", \"kind\": \"timeline_cost\", \"off_s\": %.6f, \"attached_s\": %.6f, "
+              "\"recording_s\": %.6f, \"events\": %zu, \"spans\": %zu, \"frame_ns\": %.2f, \"frame_share\": %.8f, "
+              "\"blocks\": %zu, \"batch\": %zu, \"width\": %zu}\n",
+              med(off), med(attached), med(on), events, spans, frame_ns, frame_share, N, batch, D);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -192,5 +256,6 @@ int main(int argc, char** argv) {
   measured const stored_again = run<Chain>(batch, steps, warmup);
   std::printf("\nThe stored model again at the end: %.3fx of its first time (the machine's drift over the run).\n",
               stored_again.step_s / stored.step_s);
+  timeline_cost(batch, std::max(steps, 5));
   return 0;
 }

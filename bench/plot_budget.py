@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def main(src, out):
     rows = [json.loads(line) for line in open(src) if line.strip()]
+    rows = [r for r in rows if r.get("kind") == "budget"]
     sweep = [r for r in rows if r["row"] == "budget"]
     hand = [r for r in rows if r["row"] != "budget"]
     mib = 1 << 20

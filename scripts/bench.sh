@@ -9,7 +9,8 @@
 #   policies-host.*  the residual-MLP training step under every storage policy, interleaved with
 #                    PyTorch on the same model (bench/compare_torch.py), and a plot (.png)
 #   budget-host.*    the budget policy's choice and step time per activation budget, beside the
-#                    hand-chosen policies, and a plot (.png)
+#                    hand-chosen policies, and a plot (.png); the memory timeline's cost
+#   memory-trace-charlm.* charlm's checkpointed step as a memory timeline (JSON for Perfetto, PNG, table)
 #   dist-host.*      data-parallel scaling from 1 to 2 MPI ranks beside PyTorch DDP (bench/dist_scaling.sh)
 # Arguments go to compare_torch.py (e.g. --quick for a smoke run, --steps 9).
 set -euo pipefail
@@ -48,6 +49,13 @@ sed -n 's/^json: //p' "$raw" > bench/results/float-math-host.jsonl
 } > bench/results/budget-host.md
 sed -n 's/^json: //p' "$raw" > bench/results/budget-host.jsonl
 /usr/bin/python3 bench/plot_budget.py bench/results/budget-host.jsonl bench/results/budget-host.png
+# The README's memory timeline: charlm's second step with every block checkpointed (three steps
+# are far from charlm's loss bar, so its exit status is not this script's concern).
+cmake --build --preset default --target charlm -j"$(nproc)"
+./build/default/examples/charlm --checkpoint --steps 3 --memory-trace bench/results/memory-trace-charlm.json \
+  | sed -n '/per layer/,/^$/p' > bench/results/memory-trace-charlm.md || true
+/usr/bin/python3 bench/plot_memory_trace.py bench/results/memory-trace-charlm.json bench/results/memory-trace-charlm.png \
+  --title "charlm --checkpoint: one training step (4 blocks, batch 32 x 128)"
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --out bench/results/policies-host "$@"
 # Mixed precision: remat's mixed<bfloat16> against torch.autocast('cpu', dtype=torch.bfloat16).
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --precision bf16 \

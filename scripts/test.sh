@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
-bash scripts/setup.sh
+bash scripts/setup.sh python3-matplotlib  # (the plot scripts' tests draw with it)
 
 step() { printf '\n=== %s\n' "$*"; }
 

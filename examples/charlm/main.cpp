@@ -4,7 +4,11 @@
 // and the memory summary.
 //
 //   charlm [--steps N] [--batch B] [--corpus DIR] [--seed S] [--precision fp32|bf16] [--checkpoint]
-//          [--sample N] [--out charlm.safetensors]
+//          [--sample N] [--out charlm.safetensors] [--memory-trace FILE]
+//
+// --memory-trace records the second training step's memory timeline (allocations and frees with
+// their layer and phase, each layer's time), writes it to FILE in the Chrome trace event format
+// and prints the per-layer table.
 //
 // --checkpoint trains with every block checkpointed (Repeat<N, Checkpointed<Block>>): the same
 // losses bit for bit in less activation memory; both plans are printed either way. The program
@@ -20,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +86,7 @@ struct options {
   std::string corpus = "/usr/share/games/fortunes", out = "charlm.safetensors", precision = "fp32";
   std::uint64_t seed_value = 1;
   bool checkpoint = false;
+  std::string memory_trace;  // a file to write the second step's memory timeline to
 };
 
 // Fills a batch of windows at random offsets: ids and the next characters.
@@ -158,10 +164,15 @@ static int run(options const& o, std::vector<std::int32_t> const& text) {
   auto const t0 = std::chrono::steady_clock::now();
   double smooth = 0;
   std::size_t const every = std::max<std::size_t>(1, o.steps / 10);
+  memory::timeline tl;
+  if (!o.memory_trace.empty()) alloc.attach(tl);
   for (std::size_t s = 0; s < o.steps; ++s) {
     fill_batch(text, 0, split, o.seed_value, s, ids, next);
     opt.set_lr(schedule(opt.steps()));
+    std::optional<memory::timeline::scope> recording;
+    if (!o.memory_trace.empty() && s == 1) recording.emplace(tl);
     double const l = m.template train_step<SoftmaxCrossEntropy>(ids, next, opt);
+    recording.reset();
     smooth = s == 0 ? l : 0.95 * smooth + 0.05 * l;
     double const seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double const tps = double((s + 1) * o.batch * context) / seconds;
@@ -196,7 +207,20 @@ static int run(options const& o, std::vector<std::int32_t> const& text) {
   std::printf("  this run      peak %10s  kept by forward %10s\n\n",
               memory::format_bytes(alloc.stats()[memory::tag::activations].peak).c_str(),
               memory::format_bytes(m.last_pass().saved_bytes).c_str());
+  auto const step_plan = memory_plan<Net, P, AdamW, SoftmaxCrossEntropy>(o.batch, {.sequence = context});
+  std::printf("the whole step planned: weights %s, gradients %s, optimizer state %s, activations %s, workspace %s; "
+              "peak %s\n",
+              memory::format_bytes(step_plan.parameters()).c_str(), memory::format_bytes(step_plan.gradients).c_str(),
+              memory::format_bytes(step_plan.optimizer_state).c_str(),
+              memory::format_bytes(step_plan.activations.peak_bytes).c_str(),
+              memory::format_bytes(step_plan.workspace).c_str(), memory::format_bytes(step_plan.peak).c_str());
   std::printf("%s\n", alloc.summary().c_str());
+  if (!o.memory_trace.empty()) {
+    alloc.detach();
+    memory_trace(tl, o.memory_trace);
+    std::printf("the second training step, per layer (memory timeline in %s):\n%s\n", o.memory_trace.c_str(),
+                tl.table().c_str());
+  }
 
   std::printf("sample:\n----\n%s\n----\n", generate(m, "\n", o.sample, o.seed_value).c_str());
   save(m, o.out);
@@ -221,6 +245,7 @@ int main(int argc, char** argv) {
     else if (has_value && !std::strcmp(argv[i], "--out")) o.out = argv[++i];
     else if (has_value && !std::strcmp(argv[i], "--precision")) o.precision = argv[++i];
     else if (has_value && !std::strcmp(argv[i], "--seed")) o.seed_value = std::strtoull(argv[++i], nullptr, 10);
+    else if (has_value && !std::strcmp(argv[i], "--memory-trace")) o.memory_trace = argv[++i];
     else {
       std::fprintf(stderr, "charlm: unknown or incomplete option '%s'\n", argv[i]);
       return 1;

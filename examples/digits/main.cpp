@@ -4,7 +4,11 @@
 // and saves the weights as safetensors.
 //
 //   digits [--epochs N] [--data digits.csv] [--out digits.safetensors] [--seed S]
-//          [--precision fp32|bf16|half] [--against-fp32] [--mpi [--shard]]
+//          [--precision fp32|bf16|half] [--against-fp32] [--mpi [--shard]] [--memory-trace FILE]
+//
+// --memory-trace records the second training step (every allocation and free with its layer and
+// phase, and each layer's time), writes it to FILE in the Chrome trace event format (Perfetto,
+// chrome://tracing; bench/plot_memory_trace.py draws it) and prints the per-layer table.
 //
 // --precision bf16 trains mixed<bfloat16>, half trains mixed<half, DynamicLossScale> (fp32 master
 // weights either way); --against-fp32 then trains the fp32 model too and fails if the test
@@ -100,6 +104,7 @@ struct options {
   std::string data = REMAT_DIGITS_CSV, out = "digits.safetensors";
   std::uint64_t seed_value = 1;
   bool mpi = false, shard = false;
+  std::string memory_trace;  // a file to write the second step's memory timeline to
 };
 
 // Trains model<Net, host, P> and returns its test accuracy.
@@ -132,6 +137,17 @@ double run(options const& o, dataset const& train, dataset const& test) {
   tensor<std::int32_t> yb(index_t(batch), 1);
   std::vector<std::size_t> order(train.n);
   for (std::size_t i = 0; i < train.n; ++i) order[i] = i;
+  memory::timeline tl;
+  if (!o.memory_trace.empty()) alloc.attach(tl);
+  // The whole step, planned at compile time (this rank's rows; the sharded optimizer's share).
+  auto const step_plan = memory_plan<Net, P, AdamW, SoftmaxCrossEntropy>(
+      hi - lo, {.ranks = std::size_t(ranks), .rank = std::size_t(rank), .shard_optimizer = o.shard});
+  std::printf("training step planned: weights %s, gradients %s, optimizer state %s, activations %s, workspace %s; "
+              "peak %s\n",
+              memory::format_bytes(step_plan.parameters()).c_str(), memory::format_bytes(step_plan.gradients).c_str(),
+              memory::format_bytes(step_plan.optimizer_state).c_str(),
+              memory::format_bytes(step_plan.activations.peak_bytes).c_str(),
+              memory::format_bytes(step_plan.workspace).c_str(), memory::format_bytes(step_plan.peak).c_str());
   auto const t0 = std::chrono::steady_clock::now();
   bool const tty = isatty(fileno(stdout));  // a live bar on a terminal, one line per epoch in a log
 
@@ -149,12 +165,15 @@ double run(options const& o, dataset const& train, dataset const& test) {
       opt.set_lr(schedule(opt.steps()));
       auto const x = xb.view().row_range(lo, hi - lo);
       auto const y = yb.view().row_range(lo, hi - lo);
+      std::optional<memory::timeline::scope> recording;
+      if (!o.memory_trace.empty() && epoch == 1 && s == 1) recording.emplace(tl);
 #ifdef REMAT_DIGITS_MPI
       if (dp) {
         loss_sum += dp->template train_step<SoftmaxCrossEntropy>(x, y, opt);  // the loss over all ranks
       } else
 #endif
         loss_sum += m.template train_step<SoftmaxCrossEntropy>(x, y, opt);
+      recording.reset();
       if (!tty) continue;
       int const done = int(20 * (s + 1) / steps_per_epoch);
       std::printf("\repoch %3d/%d [%.*s%.*s] loss %.4f", epoch, epochs, done, "####################", 20 - done,
@@ -174,6 +193,14 @@ double run(options const& o, dataset const& train, dataset const& test) {
   std::printf("\n%s: test accuracy %.2f%% (%zu images), %.1f s of training\n\n", P::name, 100 * test_acc, test.n,
               seconds);
   std::printf("%s", alloc.summary().c_str());
+  if (!o.memory_trace.empty()) {
+    alloc.detach();
+    if (rank == 0) {
+      memory_trace(tl, o.memory_trace);
+      std::printf("\nthe second training step, per layer (memory timeline in %s):\n%s\n", o.memory_trace.c_str(),
+                  tl.table().c_str());
+    }
+  }
 #ifdef REMAT_DIGITS_MPI
   if (dp) {
     dist::save(*dp, o.out);  // from rank 0
@@ -198,6 +225,7 @@ int main(int argc, char** argv) {
     else if (has_value && !std::strcmp(argv[i], "--precision")) precision = argv[++i];
     else if (!std::strcmp(argv[i], "--mpi")) o.mpi = true;
     else if (!std::strcmp(argv[i], "--shard")) o.shard = true;
+    else if (has_value && !std::strcmp(argv[i], "--memory-trace")) o.memory_trace = argv[++i];
     else {
       std::fprintf(stderr, "digits: unknown or incomplete option '%s'\n", argv[i]);
       return 1;
