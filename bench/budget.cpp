@@ -11,11 +11,12 @@
 // time, as the compile-time Budget<Bytes, Batch, S> runs it with the choice made by the compiler
 // (tests/plan/test_budget.cpp checks both against each other and against the stored model, bit for
 // bit): one model type measures every budget. Prints a markdown table and `json: ` lines.
+#include <remat/remat.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <remat/remat.hpp>
 #include <string>
 #include <vector>
 

@@ -3,9 +3,11 @@
 // to the stored peak), it recomputes no more than Revolve at Revolve's own peak; every choice
 // trains bit for bit like the stored model with the measured peak equal to its plan; the compile-
 // time policy does the same; a larger batch than planned is refused with nothing changed.
-#include <catch2/catch.hpp>
-#include <cmath>
 #include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
 #include <vector>
 
 using namespace remat;

@@ -1,9 +1,11 @@
 // The whole-step plan: constexpr, and equal per tag and in total to what the model's allocator
 // measures over training steps, across models, policies, precisions, optimizers and losses.
 // Every tensor the step does not own (the caller's input and targets) lives in another allocator.
-#include <catch2/catch.hpp>
-#include <cmath>
 #include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
 
 using namespace remat;
 

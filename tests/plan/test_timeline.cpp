@@ -1,10 +1,12 @@
 // The memory timeline: every allocation and free of a step, with its layer path and phase, adding
 // up to the allocator's counts; the per-layer summary's kept and peak bytes against the plans; the
 // Chrome trace; an out-of-memory error naming the layer, the phase and the plan at that point.
+#include <remat/remat.hpp>
+
 #include <catch2/catch.hpp>
+
 #include <cmath>
 #include <fstream>
-#include <remat/remat.hpp>
 #include <set>
 #include <sstream>
 

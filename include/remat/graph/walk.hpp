@@ -9,15 +9,15 @@
 // rebuilt as `P<C>` or `P<N, C>` without declaring anything.
 #pragma once
 
+#include "../layers/layer.hpp"
+#include "../memory/trace.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
-
-#include "../layers/layer.hpp"
-#include "../memory/trace.hpp"
 
 namespace REMAT_NAMESPACE {
 
@@ -31,16 +31,12 @@ struct children_of {
   using type = type_list<>;
 };
 template <class L>
-requires requires {
-  typename L::segment;
-}
+  requires requires { typename L::segment; }
 struct children_of<L> {
   using type = type_list<typename L::segment>;
 };
 template <class L>
-requires requires {
-  typename L::children;
-}
+  requires requires { typename L::children; }
 struct children_of<L> {
   using type = typename L::children;
 };
@@ -63,9 +59,7 @@ struct rebuild_by_template<P<N, S>, C> {
 template <class L, class... C>
 struct rebuilt : rebuild_by_template<L, C...> {};
 template <class L, class... C>
-requires requires {
-  typename L::template rebuild<C...>;
-}
+  requires requires { typename L::template rebuild<C...>; }
 struct rebuilt<L, C...> {
   using type = typename L::template rebuild<C...>;
 };
@@ -177,9 +171,6 @@ struct parameters_of {
     S::init(p, global_offset, seed);
   }
 };
-
-}  // namespace detail
-namespace detail {
 
 // The frame of a layer call (memory/trace.hpp): the layer's index in its Seq or Repeat, its type
 // and the phase (forward, recomputation when a policy runs it again, backward). Only a pass that

@@ -12,13 +12,13 @@
 // counter track as a PNG.
 #pragma once
 
-#include <cstdio>
-#include <fstream>
-#include <string>
-
 #include "../error.hpp"
 #include "../memory/allocator.hpp"
 #include "../memory/trace.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
 
 namespace REMAT_NAMESPACE {
 

@@ -15,6 +15,8 @@
 // caller's input converted, the loss, the optimizer) have the path "" and their phase.
 #pragma once
 
+#include "../config.hpp"
+
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -27,8 +29,6 @@
 #include <tuple>
 #include <unordered_map>
 #include <vector>
-
-#include "../config.hpp"
 
 namespace REMAT_NAMESPACE {
 namespace memory {

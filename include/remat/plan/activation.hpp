@@ -12,13 +12,13 @@
 //   static_assert(plan.peak_bytes <= (std::size_t(64) << 20), "the model's activations must fit in 64 MiB");
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-
 #include "../graph/walk.hpp"
 #include "../numeric/precision.hpp"
 #include "../runtime/training_pass.hpp"
 #include "state.hpp"
+
+#include <cstddef>
+#include <cstdint>
 
 namespace REMAT_NAMESPACE {
 

@@ -23,11 +23,11 @@
 //   static_assert(plan.peak <= (std::size_t(8) << 30), "the training step must fit in 8 GiB");
 #pragma once
 
-#include <cstddef>
-
 #include "../layers/loss.hpp"
 #include "../train/optimizers.hpp"
 #include "activation.hpp"
+
+#include <cstddef>
 
 namespace REMAT_NAMESPACE {
 

@@ -32,19 +32,19 @@
 // those of the stored model, like every policy's.
 #pragma once
 
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <initializer_list>
-#include <utility>
-#include <vector>
-
 #include "../plan/state.hpp"
 #include "checkpoint_sequential.hpp"
 #include "checkpointed.hpp"
 #include "revolve.hpp"
 #include "selective.hpp"
 #include "wraps.hpp"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+#include <vector>
 
 namespace REMAT_NAMESPACE {
 

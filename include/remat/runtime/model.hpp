@@ -3,13 +3,6 @@
 // accumulates gradients, and a training step. Every input is checked before anything changes.
 #pragma once
 
-#include <cmath>
-#include <cstdio>
-#include <memory>
-#include <string>
-#include <type_traits>
-#include <vector>
-
 #include "../graph/walk.hpp"
 #include "../kernels/reduce.hpp"
 #include "../numeric/precision.hpp"
@@ -18,6 +11,13 @@
 #include "../train/gradient_sync.hpp"
 #include "../train/loss_scale.hpp"
 #include "training_pass.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 namespace REMAT_NAMESPACE {
 
@@ -61,8 +61,8 @@ struct model_stream<cuda> {
 
 // What the last training pass of a model did.
 struct pass_report {
-  std::size_t saved_bytes = 0;   // activation bytes kept when the forward ended (its output excluded)
-  std::uint64_t recomputed = 0;  // block forwards that storage policies ran again
+  std::size_t saved_bytes = 0;      // activation bytes kept when the forward ended (its output excluded)
+  std::uint64_t recomputed = 0;     // block forwards that storage policies ran again
 };
 
 // What a data-parallel wrapper (remat::dist) plugs into a model, and the optimizers built from the
@@ -98,7 +98,7 @@ class model {
   using net = Net;
   using device = Device;
   using precision = Precision;
-  using value_type = typename Precision::master;     // parameters, gradients and what the caller sees
+  using value_type = typename Precision::master;  // parameters, gradients and what the caller sees
   using compute_type = typename Precision::compute;  // activations and the weights layers read
   using T = value_type;
   using C = compute_type;
@@ -133,8 +133,7 @@ class model {
         grads_(index_t(stored_count()), 1, memory::tag::gradients, alloc),
         seed_(s.value) {
     [[maybe_unused]] auto const on_stream = stream_.scope();
-    if constexpr (mixed_precision)
-      compute_params_ = tensor<C, Device>(index_t(stored_count()), 1, memory::tag::parameters, alloc);
+    if constexpr (mixed_precision) compute_params_ = tensor<C, Device>(index_t(stored_count()), 1, memory::tag::parameters, alloc);
     std::vector<T> host_params(stored_count(), T(0));
     Net::init(host_params.data(), 0, seed_);
     params_.copy_from(host_params);
@@ -267,8 +266,8 @@ class model {
   void set_sequence_length(std::size_t n) {
     static_assert(sequence_model, "model::set_sequence_length: this model has no sequence layers");
     if (n == 0 || n > max_sequence)
-      detail::raise<argument_error>("model::set_sequence_length: expected a length in [1, ", max_sequence, "], found ",
-                                    n);
+      detail::raise<argument_error>("model::set_sequence_length: expected a length in [1, ", max_sequence,
+                                    "], found ", n);
     seq_len_ = n;
   }
   std::size_t sequence_length() const { return seq_len_; }
