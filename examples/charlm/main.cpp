@@ -208,12 +208,7 @@ static int run(options const& o, std::vector<std::int32_t> const& text) {
               memory::format_bytes(alloc.stats()[memory::tag::activations].peak).c_str(),
               memory::format_bytes(m.last_pass().saved_bytes).c_str());
   auto const step_plan = memory_plan<Net, P, AdamW, SoftmaxCrossEntropy>(o.batch, {.sequence = context});
-  std::printf("the whole step planned: weights %s, gradients %s, optimizer state %s, activations %s, workspace %s; "
-              "peak %s\n",
-              memory::format_bytes(step_plan.parameters()).c_str(), memory::format_bytes(step_plan.gradients).c_str(),
-              memory::format_bytes(step_plan.optimizer_state).c_str(),
-              memory::format_bytes(step_plan.activations.peak_bytes).c_str(),
-              memory::format_bytes(step_plan.workspace).c_str(), memory::format_bytes(step_plan.peak).c_str());
+  std::printf("the whole step planned: %s\n", step_plan.describe().c_str());
   std::printf("%s\n", alloc.summary().c_str());
   if (!o.memory_trace.empty()) {
     alloc.detach();

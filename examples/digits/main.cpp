@@ -142,12 +142,7 @@ double run(options const& o, dataset const& train, dataset const& test) {
   // The whole step, planned at compile time (this rank's rows; the sharded optimizer's share).
   auto const step_plan = memory_plan<Net, P, AdamW, SoftmaxCrossEntropy>(
       hi - lo, {.ranks = std::size_t(ranks), .rank = std::size_t(rank), .shard_optimizer = o.shard});
-  std::printf("training step planned: weights %s, gradients %s, optimizer state %s, activations %s, workspace %s; "
-              "peak %s\n",
-              memory::format_bytes(step_plan.parameters()).c_str(), memory::format_bytes(step_plan.gradients).c_str(),
-              memory::format_bytes(step_plan.optimizer_state).c_str(),
-              memory::format_bytes(step_plan.activations.peak_bytes).c_str(),
-              memory::format_bytes(step_plan.workspace).c_str(), memory::format_bytes(step_plan.peak).c_str());
+  std::printf("training step planned: %s\n", step_plan.describe().c_str());
   auto const t0 = std::chrono::steady_clock::now();
   bool const tty = isatty(fileno(stdout));  // a live bar on a terminal, one line per epoch in a log
 

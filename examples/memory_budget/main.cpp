@@ -72,12 +72,7 @@ int main() {
                 depth - c.checkpointed - c.selective);
   std::printf(" (%llu block forwards recomputed)\n", static_cast<unsigned long long>(chosen_plan.recomputed));
   print_plan<Chosen>("Budget<256 MiB>");
-  std::printf("the whole step: weights %s, gradients %s, optimizer state %s, activations %s, workspace %s; "
-              "peak %s\n",
-              memory::format_bytes(step_plan.parameters()).c_str(), memory::format_bytes(step_plan.gradients).c_str(),
-              memory::format_bytes(step_plan.optimizer_state).c_str(),
-              memory::format_bytes(step_plan.activations.peak_bytes).c_str(),
-              memory::format_bytes(step_plan.workspace).c_str(), memory::format_bytes(step_plan.peak).c_str());
+  std::printf("the whole step: %s\n", step_plan.describe().c_str());
 
 #if defined(REMAT_EXAMPLE_CUDA)
   int devices = 0;

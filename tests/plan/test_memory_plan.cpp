@@ -103,6 +103,8 @@ TEST_CASE("memory_plan: hand-computed parts of a step", "[plan]") {
   constexpr auto c = memory_plan<Seq<Linear<4, 8>>, fp32, AdamW, SoftmaxCrossEntropy>(300);
   static_assert(c.workspace == 1280 && c.activations.peak_bytes == 2 * 9728);
   static_assert(c.peak == c.persistent + 2 * 9728 + 1280);
+  CHECK(a.describe() == "weights 256 B, gradients 256 B, optimizer state 512 B, activations 512 B, workspace 0 B; "
+                        "peak 1.50 KiB");
   // ZeRO-1 over 3 ranks: 40 parameters shard as 13, 13, 14.
   static_assert(memory_plan<Seq<Linear<4, 8>>, fp32, AdamW>(2, {.ranks = 3, .rank = 2, .shard_optimizer = true})
                     .optimizer_state == 2 * 256);

@@ -28,6 +28,7 @@
 #include "activation.hpp"
 
 #include <cstddef>
+#include <string>
 
 namespace REMAT_NAMESPACE {
 
@@ -66,6 +67,13 @@ struct memory_plan_result {
   std::size_t peak = 0;                  // the total in use at the step's peak
 
   constexpr std::size_t parameters() const { return master_weights + compute_copy; }
+  // "weights 1.00 MiB, gradients ..., peak ...": one line for a program's log.
+  std::string describe() const {
+    return "weights " + memory::format_bytes(parameters()) + ", gradients " + memory::format_bytes(gradients) +
+           ", optimizer state " + memory::format_bytes(optimizer_state) + ", activations " +
+           memory::format_bytes(activations.peak_bytes) + ", workspace " + memory::format_bytes(workspace) +
+           "; peak " + memory::format_bytes(peak);
+  }
   // The peak of tag t, as the model's allocator reports it in stats()[t].peak after reset_peak.
   constexpr std::size_t operator[](memory::tag t) const {
     switch (t) {
