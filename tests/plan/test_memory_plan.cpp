@@ -70,6 +70,20 @@ void require_step_plan(std::size_t batch, std::size_t sequence, step_options o =
     CHECK(s[memory::tag::parameters].in_use == plan.parameters());
     CHECK(s.total.peak == plan.peak);
     CHECK(s.total.in_use == plan.persistent);  // activations and workspace all given back
+    // Reserved: the persistent buffers and the arena, to the byte; the arena is the lower bound
+    // (the most activation and workspace bytes in use at once), and every activation lay in it.
+    CHECK(m.last_pass().planned);
+    CHECK(m.last_pass().unplanned == 0);
+    CHECK(s.arena == plan.arena);
+    CHECK(s[memory::tag::activations].reserved == plan.arena);
+    CHECK(s[memory::tag::workspace].reserved == 0);
+    CHECK(s.total.reserved == plan.reserved);
+    CHECK(plan.arena == plan.peak - plan.persistent);
+    // Nothing else came from the system: weights (and their compute copy), gradients, the
+    // optimizer's buffers and the arena, once each.
+    constexpr bool adamw = std::is_same_v<Opt<float, host, float>, AdamW<float, host, float>>;
+    std::size_t const buffers = adamw ? 2 : (o.momentum ? 1 : 0);
+    CHECK(s.system_allocations == 2 + (M::mixed_precision ? 1 : 0) + buffers + 1);
   }
 }
 
@@ -90,6 +104,8 @@ TEST_CASE("memory_plan: hand-computed parts of a step", "[plan]") {
   static_assert(a.master_weights == 256 && a.compute_copy == 0 && a.gradients == 256 && a.optimizer_state == 512);
   static_assert(a.activations.peak_bytes == 512 && a.workspace == 0);
   static_assert(a.persistent == 1024 && a.peak == 1536);
+  // The arena: the output and its gradient, alive together: 512 B, the peak.
+  static_assert(a.arena == 512 && a.reserved == 1536);
   // mixed<bfloat16>: a 16-bit copy (80 B -> 256); activations in bf16 (32 B -> 256 each), and the
   // caller's fp32 input converted (16 B -> 256).
   constexpr auto b = memory_plan<Seq<Linear<4, 8>>, mixed<bfloat16>, AdamW>(2);
@@ -103,8 +119,9 @@ TEST_CASE("memory_plan: hand-computed parts of a step", "[plan]") {
   constexpr auto c = memory_plan<Seq<Linear<4, 8>>, fp32, AdamW, SoftmaxCrossEntropy>(300);
   static_assert(c.workspace == 1280 && c.activations.peak_bytes == 2 * 9728);
   static_assert(c.peak == c.persistent + 2 * 9728 + 1280);
+  static_assert(c.arena == 2 * 9728 + 1280);
   CHECK(a.describe() == "weights 256 B, gradients 256 B, optimizer state 512 B, activations 512 B, workspace 0 B; "
-                        "peak 1.50 KiB");
+                        "peak 1.50 KiB, reserved 1.50 KiB");
   // ZeRO-1 over 3 ranks: 40 parameters shard as 13, 13, 14.
   static_assert(memory_plan<Seq<Linear<4, 8>>, fp32, AdamW>(2, {.ranks = 3, .rank = 2, .shard_optimizer = true})
                     .optimizer_state == 2 * 256);

@@ -176,8 +176,14 @@ TEST_CASE("out of memory names the layer, the phase and the plan at that point",
   fixture f;
   f.step();
   auto const plan = memory_plan<Net, fp32, AdamW, SoftmaxCrossEntropy>(Batch);
+  // The model gives its arena back (so the next step must reserve it again), and the allocator
+  // what it caches.
+  f.m.use_planned_arena(false);
+  f.m.use_planned_arena(true);
   f.alloc.release_cached();
-  // Room for everything but the last 256 bytes of the step's peak.
+  CHECK(f.alloc.stats().total.reserved == plan.persistent);
+  // Room for everything but the last 256 bytes of the step's peak: the arena cannot be had, and
+  // the step, allocating as usual, fails where its plan says it needs more.
   f.alloc.set_limit(plan.peak - 256);
   auto const params = tensor_to_host(f.m.parameters());
   try {
@@ -194,6 +200,8 @@ TEST_CASE("out of memory names the layer, the phase and the plan at that point",
   }
   CHECK(tensor_to_host(f.m.parameters()) == params);
   CHECK(memory::current_phase() == memory::phase::none);
-  f.alloc.set_limit(memory::unlimited);
-  f.step();  // and trains on when there is room
+  f.alloc.set_limit(plan.reserved);
+  f.step();  // and trains on when there is room: exactly what the plan reserves
+  CHECK(f.m.last_pass().planned);
+  CHECK(f.alloc.stats().total.reserved == plan.reserved);
 }

@@ -6,6 +6,11 @@
 // counts are of rounded bytes. Freed blocks are cached per tag and per rounded size and reused
 // for the next request of the same tag and size, so a training loop stops calling the system
 // after its first step.
+//
+// Arenas: a planned training step reserves one block (reserve_arena) and lays its activations and
+// workspace out in it at offsets its plan computed (plan/arena.hpp); allocate_at serves a block at
+// an offset, counted in use like any other, unless a live block of the arena overlaps it (then the
+// caller allocates as usual). An arena counts as reserved activations, and apart in stats().arena.
 #pragma once
 
 #include "../device.hpp"
@@ -21,6 +26,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace REMAT_NAMESPACE {
@@ -58,6 +64,8 @@ struct statistics {
   std::size_t limit = unlimited;
   std::size_t system_allocations = 0;  // requests that went to the system
   std::size_t cache_hits = 0;          // requests served from the cache
+  std::size_t arena = 0;               // bytes reserved as arenas (part of activations' reserved)
+  std::size_t planned = 0;             // requests served from an arena
   usage const& operator[](tag t) const { return by_tag[static_cast<std::size_t>(t)]; }
 };
 
@@ -93,7 +101,10 @@ class caching_allocator {
   caching_allocator(caching_allocator const&) = delete;
   caching_allocator& operator=(caching_allocator const&) = delete;
   // Returns cached blocks to the system. Blocks still in use belong to their owners' lifetimes.
-  ~caching_allocator() { release_cached(); }
+  ~caching_allocator() {
+    release_cached();
+    for (auto& [p, a] : arenas_) system<Device>::deallocate(p);
+  }
 
   // Memory for `bytes` bytes holding `t`. Throws argument_error for zero bytes and
   // out_of_memory (with the summary) past the limit or when the system has none left.
@@ -105,6 +116,10 @@ class caching_allocator {
                                    " cannot be represented\n", summary());
     std::size_t const size = rounded(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
+    if (next_.base && next_.t == t && next_.bytes == size) {
+      planned_slot const slot = std::exchange(next_, planned_slot{});
+      if (void* q = allocate_at_locked(slot.base, slot.offset, size, t)) return q;
+    }
     auto& bin = cache_[index(t)][size];
     void* p = nullptr;
     if (!bin.empty()) {
@@ -124,13 +139,57 @@ class caching_allocator {
       add(stats_.by_tag[index(t)].reserved, stats_.total.reserved, size);
     }
     live_.emplace(p, block{size, t});
-    usage& u = stats_.by_tag[index(t)];
-    u.in_use += size;
-    stats_.total.in_use += size;
-    if (u.in_use > u.peak) u.peak = u.in_use;
-    if (stats_.total.in_use > stats_.total.peak) stats_.total.peak = stats_.total.in_use;
-    if (timeline_) note(p, std::int64_t(size), t);
+    count_in(p, size, t);
     return p;
+  }
+
+  // Reserves `bytes` from the system as an arena: counted as reserved activations (and in
+  // stats().arena), in use only as allocate_at serves it. nullptr when it does not fit under the
+  // limit (after giving back what is cached) or the system has none.
+  void* reserve_arena(std::size_t bytes) {
+    if (bytes == 0 || bytes > std::numeric_limits<std::size_t>::max() - granularity) return nullptr;
+    std::size_t const size = rounded(bytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stats_.total.reserved + size > stats_.limit) release_cached_locked();
+    if (stats_.total.reserved + size > stats_.limit) return nullptr;
+    void* p = system<Device>::allocate(size);
+    if (!p) {
+      release_cached_locked();
+      p = system<Device>::allocate(size);
+    }
+    if (!p) return nullptr;
+    arenas_.emplace(p, arena_record{size});
+    ++stats_.system_allocations;
+    add(stats_.by_tag[index(tag::activations)].reserved, stats_.total.reserved, size);
+    stats_.arena += size;
+    return p;
+  }
+
+  // Gives an arena back to the system: now, or when the last block served from it is freed.
+  void release_arena(void* base) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = arenas_.find(base);
+    if (it == arenas_.end()) return;
+    it->second.doomed = true;
+    if (it->second.live.empty()) drop_arena(it);
+  }
+
+  // `bytes` of tag t at `offset` in the arena at `base`, counted in use as allocate counts; nullptr
+  // when the range leaves the arena or a live block served from it overlaps the range.
+  void* allocate_at(void* base, std::size_t offset, std::size_t bytes, tag t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return allocate_at_locked(base, offset, rounded(bytes), t);
+  }
+
+  // The next allocate() of tag t and of `bytes` (rounded) is served by allocate_at(base, offset)
+  // (what a loss allocates inside a planned step); unplan() forgets it if nothing came.
+  void plan_next(void* base, std::size_t offset, std::size_t bytes, tag t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    next_ = {base, offset, rounded(bytes), t};
+  }
+  void unplan() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    next_ = {};
   }
 
   // Returns a block to the cache of its tag. Pointers this allocator did not hand out are ignored.
@@ -144,6 +203,18 @@ class caching_allocator {
     stats_.by_tag[index(b.t)].in_use -= b.bytes;
     stats_.total.in_use -= b.bytes;
     if (timeline_) note(p, -std::int64_t(b.bytes), b.t);
+    if (b.arena) {
+      auto a = arenas_.find(b.arena);
+      auto& live = a->second.live;
+      for (std::size_t i = 0; i < live.size(); ++i)
+        if (live[i].first == b.offset) {
+          live[i] = live.back();
+          live.pop_back();
+          break;
+        }
+      if (a->second.doomed && live.empty()) drop_arena(a);
+      return;
+    }
     try {
       cache_[index(b.t)][b.bytes].push_back(p);
     } catch (...) {  // no room to remember it: give it back instead
@@ -206,7 +277,53 @@ class caching_allocator {
   struct block {
     std::size_t bytes;
     tag t;
+    void* arena = nullptr;  // the arena it was served from, at `offset`
+    std::size_t offset = 0;
   };
+  struct arena_record {
+    std::size_t bytes;
+    std::vector<std::pair<std::size_t, std::size_t>> live{};  // (offset, end) of blocks in use
+    bool doomed = false;
+  };
+  struct planned_slot {
+    void* base = nullptr;
+    std::size_t offset = 0, bytes = 0;
+    tag t = tag::activations;
+  };
+
+  void count_in(void* p, std::size_t size, tag t) {
+    usage& u = stats_.by_tag[index(t)];
+    u.in_use += size;
+    stats_.total.in_use += size;
+    if (u.in_use > u.peak) u.peak = u.in_use;
+    if (stats_.total.in_use > stats_.total.peak) stats_.total.peak = stats_.total.in_use;
+    if (timeline_) note(p, std::int64_t(size), t);
+  }
+
+  void* allocate_at_locked(void* base, std::size_t offset, std::size_t size, tag t) {
+    auto a = arenas_.find(base);
+    if (a == arenas_.end() || a->second.doomed || offset > a->second.bytes || size > a->second.bytes - offset)
+      return nullptr;
+    auto& live = a->second.live;
+    for (auto const& [begin, end] : live)
+      if (begin < offset + size && offset < end) return nullptr;
+    void* p = static_cast<char*>(base) + offset;
+    if (live_.count(p)) return nullptr;
+    live.reserve(live.size() + 1);
+    live_.emplace(p, block{size, t, base, offset});
+    live.push_back({offset, offset + size});
+    ++stats_.planned;
+    count_in(p, size, t);
+    return p;
+  }
+
+  void drop_arena(typename std::unordered_map<void*, arena_record>::iterator it) noexcept {
+    system<Device>::deallocate(it->first);
+    stats_.by_tag[index(tag::activations)].reserved -= it->second.bytes;
+    stats_.total.reserved -= it->second.bytes;
+    stats_.arena -= it->second.bytes;
+    arenas_.erase(it);
+  }
 
   static constexpr std::size_t index(tag t) { return static_cast<std::size_t>(t); }
 
@@ -266,6 +383,11 @@ class caching_allocator {
     std::snprintf(line, sizeof line, "  %zu system allocations, %zu served from the cache\n",
                   stats_.system_allocations, stats_.cache_hits);
     out += line;
+    if (stats_.arena) {
+      std::snprintf(line, sizeof line, "  %s reserved as planned arenas (in activations), %zu served from them\n",
+                    format_bytes(stats_.arena).c_str(), stats_.planned);
+      out += line;
+    }
     return out;
   }
 
@@ -273,6 +395,8 @@ class caching_allocator {
   timeline* timeline_ = nullptr;
   statistics stats_{};
   std::unordered_map<void*, block> live_;
+  std::unordered_map<void*, arena_record> arenas_;
+  planned_slot next_{};
   std::array<std::unordered_map<std::size_t, std::vector<void*>>, tag_count> cache_;
 };
 

@@ -28,6 +28,15 @@ struct gradient_listener {
   }
 };
 
+// Where a planned step's activations go (plan/arena.hpp): make number k of the pass at
+// offset[k] of the arena at `base`, when it takes bytes[k] (rounded) as planned.
+struct arena_slots {
+  void* base = nullptr;
+  std::size_t const* offset = nullptr;
+  std::size_t const* bytes = nullptr;
+  std::size_t count = 0;
+};
+
 template <class T, class D, class G = T>
 class pass_state
     : public pass_vocabulary<act<T, D>, pass_state<T, D, G>,
@@ -60,14 +69,20 @@ class pass_state
 
   act_type make(std::size_t rows, std::size_t cols) {
     making_ = true;
-    auto a = std::make_shared<tensor<T, D>>(index_t(rows), index_t(cols), memory::tag::activations, *alloc_);
+    act_type a = arena_.base ? from_arena(rows, cols) : nullptr;
+    if (!a) a = std::make_shared<tensor<T, D>>(index_t(rows), index_t(cols), memory::tag::activations, *alloc_);
     making_ = false;
     ++makes_;
     return a;
   }
+  // Serve the pass's activations from a planned arena (the model's, reserved in alloc).
+  void use_arena(arena_slots const& slots) { arena_ = slots; }
   // Activations made so far in this pass (the plan's state counts the same: plan/activation.hpp),
   // and whether the last one failed to be made.
   std::size_t makes() const { return makes_; }
+  // Of those, made outside the arena because the plan did not foresee them (0 when the step
+  // follows its plan).
+  std::size_t unplanned() const { return unplanned_; }
   bool make_failed() const { return making_; }
   // A shape without memory (what a selective recomputation passes on past its last product).
   act_type hollow(std::size_t rows, std::size_t cols) {
@@ -116,7 +131,28 @@ class pass_state
   detail::offload_channel<D> const& offload_target() const { return offload_; }
 
  private:
+  act_type from_arena(std::size_t rows, std::size_t cols) {
+    std::size_t const k = makes_;
+    std::size_t const bytes = rows * cols * sizeof(T);
+    void* p = nullptr;
+    if (k < arena_.count && bytes > 0 && arena_.bytes[k] == memory::caching_allocator<D>::rounded(bytes))
+      p = alloc_->allocate_at(arena_.base, arena_.offset[k], bytes, memory::tag::activations);
+    if (!p) {
+      ++unplanned_;
+      return nullptr;
+    }
+    try {
+      return std::make_shared<tensor<T, D>>(tensor<T, D>::adopted, static_cast<T*>(p), rows, cols,
+                                            memory::tag::activations, *alloc_);
+    } catch (...) {
+      alloc_->deallocate(p);
+      throw;
+    }
+  }
+
   memory::caching_allocator<D>* alloc_;
+  arena_slots arena_{};
+  std::size_t unplanned_ = 0;
   detail::offload_channel<D> offload_;
   G const* grad_base_ = nullptr;
   gradient_listener listener_{};

@@ -66,12 +66,12 @@ struct pass_plan {
   std::size_t live_before_watch = 0;  // activation bytes in use before make number `watch`
 };
 
+// Runs the pass on `mem` (which keeps every buffer's lifetime: plan/arena.hpp lays them out).
 template <class Net, class Precision>
-constexpr pass_plan plan_pass(std::size_t batch, std::size_t features, std::size_t sequence, input_gradient dx,
-                              std::size_t loss_workspace, std::size_t watch = std::size_t(-1)) {
+constexpr pass_plan plan_pass_into(plan::counter& mem, std::size_t batch, std::size_t features, std::size_t sequence,
+                                   input_gradient dx, std::size_t loss_workspace) {
   using T = typename Precision::compute;
-  plan::counter mem, offloaded;
-  mem.watch = watch;
+  plan::counter offloaded;
   pass_plan r;
   std::size_t at_loss = 0;
   {
@@ -81,16 +81,28 @@ constexpr pass_plan plan_pass(std::size_t batch, std::size_t features, std::size
     plan::state<T> s(mem, offloaded, o);
     plan::ref x = detail::input_activation<Net, Precision>(s, plan::input_shape{rows, features}, true);
     plan::ref g = detail::training_pass<Net>(s, plan::no_params{}, plan::no_params{}, std::move(x),
-                                             [&](plan::ref const&, plan::ref const&) { at_loss = mem.live; });
+                                             [&](plan::ref const&, plan::ref const&) {
+                                               at_loss = mem.live;
+                                               if (loss_workspace) mem.workspace_while(loss_workspace);
+                                             });
     g.reset();
     r.activations.saved_bytes = s.saved_bytes();
     r.activations.recomputed = s.recomputed();
   }
   r.activations.peak_bytes = mem.peak;
   r.activations.offloaded_bytes = offloaded.peak;
-  r.live_before_watch = watch < mem.made ? mem.live_before_watch : mem.live;
-  r.transient_peak = at_loss + loss_workspace > mem.peak ? at_loss + loss_workspace : mem.peak;
+  r.live_before_watch = mem.watch < mem.made ? mem.live_before_watch : mem.live;
+  std::size_t const workspace = memory::caching_allocator<host>::rounded(loss_workspace);
+  r.transient_peak = at_loss + workspace > mem.peak ? at_loss + workspace : mem.peak;
   return r;
+}
+
+template <class Net, class Precision>
+constexpr pass_plan plan_pass(std::size_t batch, std::size_t features, std::size_t sequence, input_gradient dx,
+                              std::size_t loss_workspace, std::size_t watch = std::size_t(-1)) {
+  plan::counter mem;
+  mem.watch = watch;
+  return plan_pass_into<Net, Precision>(mem, batch, features, sequence, dx, loss_workspace);
 }
 
 }  // namespace detail

@@ -20,6 +20,10 @@ struct buffer {
   std::size_t rows_ = 0, cols_ = 0, bytes = 0;
   long refs = 0;
   bool hollow = false;
+  // Its lifetime in the counter's clock (one tick per make and per free): made at `born`, freed
+  // at `died` (or never, if the pass ends holding it). The arena's layout reads them
+  // (plan/arena.hpp).
+  std::size_t born = 0, died = std::size_t(-1);
   constexpr std::size_t rows() const { return rows_; }
   constexpr std::size_t cols() const { return cols_; }
   constexpr std::size_t size() const { return rows_ * cols_; }
@@ -88,11 +92,17 @@ class counter {
   // The bytes in use just before make number `watch` (from 0): what a step had in use when its
   // allocation of that number failed.
   std::size_t made = 0, watch = std::size_t(-1), live_before_watch = 0;
+  std::size_t clock = 0;
+  // The buffer of each make, in order (what the arena serves make number k from).
+  std::vector<int> made_ids;
+  // The loss's workspace: its bytes and lifetime, while the loss runs (workspace_while).
+  std::size_t workspace_bytes = 0, workspace_born = 0, workspace_died = 0;
 
   constexpr ref make(std::size_t rows, std::size_t cols, std::size_t element_bytes) {
     if (made++ == watch) live_before_watch = live;
     std::size_t const bytes = memory::caching_allocator<host>::rounded(rows * cols * element_bytes);
-    buffers.push_back(buffer{rows, cols, bytes, 1});
+    buffers.push_back(buffer{rows, cols, bytes, 1, false, clock++});
+    made_ids.push_back(int(buffers.size()) - 1);
     live += bytes;
     if (live > peak) peak = live;
     return ref(this, int(buffers.size()) - 1);
@@ -106,7 +116,18 @@ class counter {
     return ref(this, int(buffers.size()) - 1);
   }
   constexpr void release(int id) {
-    if (--buffers[std::size_t(id)].refs == 0) live -= buffers[std::size_t(id)].bytes;
+    buffer& b = buffers[std::size_t(id)];
+    if (--b.refs == 0 && b.bytes) {
+      live -= b.bytes;
+      b.died = clock++;
+    }
+  }
+  // `bytes` of workspace (the loss's, untagged as activations) in use from now until the next
+  // event: counted apart from the activations.
+  constexpr void workspace_while(std::size_t bytes) {
+    workspace_bytes = memory::caching_allocator<host>::rounded(bytes);
+    workspace_born = clock++;
+    workspace_died = clock++;
   }
 };
 

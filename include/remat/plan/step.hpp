@@ -12,6 +12,9 @@
 //   peak             the most in use at once: what lives for the model's life (parameters,
 //                    gradients, optimizer state) plus the most activations and workspace in use
 //                    together (the loss's workspace is counted at the point of the step it runs)
+//   arena            the block a step's activations and workspace are laid out in
+//                    (plan/arena.hpp): what the allocator reserves for them
+//   reserved         everything the model's allocator reserves: persistent plus arena
 //
 // Not in the plan: the scratch a matrix-product library picks at run time (oneDNN's scratchpad,
 // cuBLASLt's workspace, a converting product's fp32 copies, CUB's temporary storage). It is
@@ -26,6 +29,7 @@
 #include "../layers/loss.hpp"
 #include "../train/optimizers.hpp"
 #include "activation.hpp"
+#include "arena.hpp"
 
 #include <cstddef>
 #include <string>
@@ -65,6 +69,8 @@ struct memory_plan_result {
   std::size_t workspace = 0;             // the tag's peak
   std::size_t persistent = 0;            // in use for the model's and optimizer's life
   std::size_t peak = 0;                  // the total in use at the step's peak
+  std::size_t arena = 0;                 // reserved for activations and workspace (>= their peak)
+  std::size_t reserved = 0;              // the total reserved: persistent + arena
 
   constexpr std::size_t parameters() const { return master_weights + compute_copy; }
   // "weights 1.00 MiB, gradients ..., peak ...": one line for a program's log.
@@ -72,7 +78,7 @@ struct memory_plan_result {
     return "weights " + memory::format_bytes(parameters()) + ", gradients " + memory::format_bytes(gradients) +
            ", optimizer state " + memory::format_bytes(optimizer_state) + ", activations " +
            memory::format_bytes(activations.peak_bytes) + ", workspace " + memory::format_bytes(workspace) +
-           "; peak " + memory::format_bytes(peak);
+           "; peak " + memory::format_bytes(peak) + ", reserved " + memory::format_bytes(reserved);
   }
   // The peak of tag t, as the model's allocator reports it in stats()[t].peak after reset_peak.
   constexpr std::size_t operator[](memory::tag t) const {
@@ -112,11 +118,14 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   std::size_t const rows = batch * o.sequence;
   std::size_t const out = Net::out_width == any_width ? features : Net::out_width;
   std::size_t const loss_workspace = Loss::template workspace_bytes<C>(rows, out);
-  auto const pass = detail::plan_pass<Net, Precision>(batch, features, o.sequence, o.dx, loss_workspace);
+  plan::counter mem;
+  auto const pass = detail::plan_pass_into<Net, Precision>(mem, batch, features, o.sequence, o.dx, loss_workspace);
   r.activations = pass.activations;
   r.workspace = loss_workspace;
   r.persistent = r.parameters() + r.gradients + r.optimizer_state;
   r.peak = r.persistent + pass.transient_peak;
+  r.arena = detail::lay_out(mem).size;
+  r.reserved = r.persistent + r.arena;
   return r;
 }
 

@@ -8,6 +8,7 @@
 #include "../numeric/precision.hpp"
 #include "../pass/step.hpp"
 #include "../plan/activation.hpp"
+#include "../plan/arena.hpp"
 #include "../train/gradient_sync.hpp"
 #include "../train/loss_scale.hpp"
 #include "training_pass.hpp"
@@ -17,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace REMAT_NAMESPACE {
@@ -63,7 +65,55 @@ struct model_stream<cuda> {
 struct pass_report {
   std::size_t saved_bytes = 0;      // activation bytes kept when the forward ended (its output excluded)
   std::uint64_t recomputed = 0;     // block forwards that storage policies ran again
+  bool planned = false;             // its activations and the loss's workspace lay in the planned arena
+  std::size_t unplanned = 0;        // activations the arena did not hold (0 when the step followed its plan)
 };
+
+namespace detail {
+
+// A planned arena a model holds in its allocator (move-only; given back when dropped).
+template <class Device>
+class arena_hold {
+ public:
+  arena_hold() = default;
+  arena_hold(arena_hold&& o) noexcept
+      : alloc_(std::exchange(o.alloc_, nullptr)), base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  arena_hold& operator=(arena_hold&& o) noexcept {
+    if (this != &o) {
+      reset();
+      alloc_ = std::exchange(o.alloc_, nullptr);
+      base_ = std::exchange(o.base_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  ~arena_hold() { reset(); }
+  // At least `bytes` in `alloc`: the arena held, grown when needed (false when it cannot be had).
+  bool hold(memory::caching_allocator<Device>& alloc, std::size_t bytes) {
+    if (base_ && alloc_ == &alloc && bytes_ >= bytes) return true;
+    reset();
+    base_ = alloc.reserve_arena(bytes);
+    if (!base_) return false;
+    alloc_ = &alloc;
+    bytes_ = memory::caching_allocator<Device>::rounded(bytes);
+    return true;
+  }
+  void reset() noexcept {
+    if (base_) alloc_->release_arena(base_);
+    alloc_ = nullptr;
+    base_ = nullptr;
+    bytes_ = 0;
+  }
+  void* base() const { return base_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  memory::caching_allocator<Device>* alloc_ = nullptr;
+  void* base_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace detail
 
 // What a data-parallel wrapper (remat::dist) plugs into a model, and the optimizers built from the
 // model read: the wrapper told of the passes and gradients (null when training alone), and the
@@ -233,8 +283,22 @@ class model {
   // The host memory Offloaded<S> segments move activations to.
   offload_allocator_t<Device>& offload_allocator() const { return *offload_alloc_; }
   std::uint64_t seed_value() const { return seed_; }
-  // What the last training pass kept and recomputed.
+  // What the last training pass kept and recomputed, and whether it ran in the planned arena.
   pass_report const& last_pass() const { return report_; }
+  // Training passes lay their activations and the loss's workspace out in one arena at offsets
+  // their plan computed (plan/arena.hpp), so the allocator reserves for them exactly the arena's
+  // bytes; the layout is computed once per batch shape. Off: every activation comes from the
+  // caching allocator (which may reserve more than the plan: blocks cached per size).
+  void use_planned_arena(bool on) {
+    use_arena_ = on;
+    if (!on) {
+      arena_.reset();
+      layouts_.clear();
+    }
+  }
+  bool uses_planned_arena() const { return use_arena_; }
+  // The bytes of the arena held now (reserved in the model's allocator as activations).
+  std::size_t arena_bytes() const { return arena_.bytes(); }
   // Training passes run so far; each draws its own dropout stream.
   std::uint64_t passes() const { return passes_; }
   void set_passes(std::uint64_t p) { passes_ = p; }
@@ -310,6 +374,8 @@ class model {
       s.listen_gradients(grads_.data(), {sync, [](void* to, std::size_t offset) {
                                            static_cast<detail::gradient_sync*>(to)->gradients_ready(offset);
                                          }});
+    arena_layout const* const layout = planned_arena<Loss>(x, dx != nullptr);
+    if (layout) s.use_arena({arena_.base(), layout->offset.data(), layout->bytes.data(), layout->offset.size()});
     kernels::pending_scalar<Device> l;
     // The loss's gradient is multiplied by the loss scale (gradients stay scaled until the
     // optimizer's update divides it out); the loss itself is not.
@@ -320,6 +386,15 @@ class model {
                                      [&](act<C, Device> const& y, act<C, Device> const& dy) {
                                        {
                                          memory::tracing::phase_scope const in_loss(memory::phase::loss);
+                                         struct unplan_at_end {
+                                           allocator_type* a;
+                                           ~unplan_at_end() {
+                                             if (a) a->unplan();
+                                           }
+                                         } const planned_workspace{layout && layout->workspace_bytes ? alloc_ : nullptr};
+                                         if (planned_workspace.a)
+                                           alloc_->plan_next(arena_.base(), layout->workspace_offset,
+                                                             layout->workspace_bytes, memory::tag::workspace);
                                          l = loss_and_gradient<Loss>(*y, target, scale, dy.get());
                                        }
                                        memory::tracing::current_trace().current =
@@ -331,8 +406,49 @@ class model {
     if (dx && g) evaluate(*dx, to_expr(*g));
     if (sync) sync->gradients_ready(0);
     ++passes_;
-    report_ = {s.saved_bytes(), s.recomputed()};
+    report_ = {s.saved_bytes(), s.recomputed(), layout != nullptr, s.unplanned()};
     return l;
+  }
+
+  // The batch, features and sequence length a pass on x plans for.
+  struct pass_shape {
+    std::size_t batch, features, sequence;
+  };
+  pass_shape shape_of(input_view x) const {
+    std::size_t const seq = reads_ids ? (sequence_model ? x.cols() : 1) : (sequence_model ? seq_len_ : 1);
+    return {(reads_ids ? x.size() : x.rows()) / seq, reads_ids ? in_width : x.cols(), seq};
+  }
+
+  // The arena layout of a training pass on x (computed on the first pass of its shape; the last
+  // few shapes are kept), with the arena held for it; null when the arena is off, the model cannot
+  // be planned, or the arena cannot be had (the pass then allocates as usual).
+  template <class Loss>
+  arena_layout const* planned_arena(input_view x, bool dx) {
+    if constexpr (!detail::plannable_v<Net>) {
+      (void)x;
+      (void)dx;
+      return nullptr;
+    } else {
+      if (!use_arena_) return nullptr;
+      pass_shape const p = shape_of(x);
+      std::size_t workspace = 0;
+      if constexpr (requires { Loss::template workspace_bytes<C>(std::size_t(1), std::size_t(1)); })
+        workspace = Loss::template workspace_bytes<C>(p.batch * p.sequence, out_cols(x));
+      layout_entry* found = nullptr;
+      for (layout_entry& e : layouts_)
+        if (e.shape.batch == p.batch && e.shape.features == p.features && e.shape.sequence == p.sequence &&
+            e.dx == dx && e.workspace == workspace)
+          found = &e;
+      if (!found) {
+        if (layouts_.size() == 4) layouts_.erase(layouts_.begin());
+        layouts_.push_back({p, dx, workspace,
+                            detail::plan_arena<Net, Precision>(p.batch, p.features, p.sequence, input_gradient(dx),
+                                                               workspace)});
+        found = &layouts_.back();
+      }
+      if (found->layout.size == 0 || !arena_.hold(*alloc_, found->layout.size)) return nullptr;
+      return &found->layout;
+    }
   }
 
   // Out of memory in a training pass: the allocator's message (with the layer and phase), and what
@@ -340,9 +456,7 @@ class model {
   // activation number `made` (from 0), which failed or is the next to be made.
   [[noreturn]] void explain_out_of_memory(out_of_memory const& e, input_view x, bool dx, std::size_t made,
                                           bool activation_failed) const {
-    std::size_t const seq = reads_ids ? (sequence_model ? x.cols() : 1) : (sequence_model ? seq_len_ : 1);
-    std::size_t const batch = (reads_ids ? x.size() : x.rows()) / seq;
-    std::size_t const features = reads_ids ? in_width : x.cols();
+    auto const [batch, features, seq] = shape_of(x);
     if constexpr (!detail::plannable_v<Net>) {
       (void)batch;
       (void)features;
@@ -487,6 +601,15 @@ class model {
   std::size_t seq_len_ = 0;  // a sequence model reading features: rows per sequence
   model_link link_;
   pass_report report_{};
+  struct layout_entry {
+    pass_shape shape;
+    bool dx;
+    std::size_t workspace;
+    arena_layout layout;
+  };
+  std::vector<layout_entry> layouts_;
+  bool use_arena_ = true;
+  detail::arena_hold<Device> arena_;  // (declared last: given back before the allocator's blocks)
 };
 
 }  // namespace REMAT_NAMESPACE

@@ -146,6 +146,14 @@ class tensor {
     requires(Width == dynamic_width)
       : view_(data, rows, cols) {}
 
+  // A tensor over a block `alloc` already handed out (allocate_at: a planned arena's), which it
+  // gives back to `alloc` as any tensor does.
+  struct adopted_t {};
+  static constexpr adopted_t adopted{};
+  tensor(adopted_t, T* data, std::size_t rows, std::size_t cols, memory::tag tag, allocator_type& alloc)
+    requires(Width == dynamic_width)
+      : view_(data, rows, cols), tag_(tag), alloc_(&alloc) {}
+
   tensor(tensor&& o) noexcept : view_(std::exchange(o.view_, view_type{})), tag_(o.tag_), alloc_(o.alloc_) {}
   tensor& operator=(tensor&& o) noexcept {
     if (this != &o) {
