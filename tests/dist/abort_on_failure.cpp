@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < y.size(); ++i) y.data()[i] = std::int32_t(i % 4);
     dp.train_step<SoftmaxCrossEntropy>(x.view(), y.view(), opt);
     if (dp.rank() == dp.size() - 1) {  // no room left for activations
+      m.use_planned_arena(false);        // (its arena given back: activations come as the step goes)
       alloc.release_cached();
       alloc.set_limit(alloc.stats().total.reserved + 1024);
     }

@@ -56,16 +56,39 @@ constexpr bool lifetimes_overlap(arena_item const& a, arena_item const& b) {
 }
 
 // Places items in the given order, each at the lowest offset where it overlaps no placed item
-// that is alive at the same time (`overlapping[i]`: the items whose lifetimes meet item i's).
-// Returns the arena's size.
+// that is alive at the same time. Returns the arena's size. Two ways to the same placement: with
+// `overlapping[i]` (the items whose lifetimes meet item i's) it sorts those placed by offset; with
+// no lists (a constant expression, where sorting costs most), it walks every placed item in a
+// list kept in offset order.
 struct span {
   std::size_t begin, end;
 };
 constexpr std::size_t first_fit(std::vector<arena_item>& items, std::vector<std::vector<std::size_t>> const& overlapping,
                                 std::vector<std::size_t> const& order, std::vector<char>& placed,
                                 std::vector<span>& busy) {
-  placed.assign(items.size(), 0);
   std::size_t size = 0;
+  if (overlapping.empty()) {
+    std::vector<std::size_t> by_offset;
+    by_offset.reserve(items.size());
+    for (std::size_t i : order) {
+      arena_item& it = items[i];
+      std::size_t at = 0;
+      for (std::size_t j : by_offset) {
+        arena_item const& o = items[j];
+        if (!lifetimes_overlap(o, it)) continue;
+        if (o.offset >= at + it.bytes) break;  // the gap before o fits
+        if (o.offset + o.bytes > at) at = o.offset + o.bytes;
+      }
+      it.offset = at;
+      std::size_t k = by_offset.size();
+      by_offset.push_back(i);
+      for (; k > 0 && items[by_offset[k - 1]].offset > at; --k) by_offset[k] = by_offset[k - 1];
+      by_offset[k] = i;
+      if (at + it.bytes > size) size = at + it.bytes;
+    }
+    return size;
+  }
+  placed.assign(items.size(), 0);
   for (std::size_t i : order) {
     arena_item& it = items[i];
     busy.clear();
@@ -110,14 +133,21 @@ constexpr arena_layout lay_out(std::vector<arena_item> items, std::size_t makes)
   r.bytes.assign(makes, 0);
   r.lower_bound = most_alive(items);
   std::size_t const n = items.size();
-  std::vector<std::vector<std::size_t>> overlapping(n);
-  std::size_t pairs = 0;
-  for (std::size_t i = 0; i < n; ++i)
-    for (std::size_t j = 0; j < n; ++j)
-      if (i != j && lifetimes_overlap(items[i], items[j])) {
-        overlapping[i].push_back(j);
-        ++pairs;
-      }
+  bool compiling = false;  // (not `bool const c = is_constant_evaluated()`: that is always true)
+  if (std::is_constant_evaluated()) compiling = true;
+  // The work of one layout: the pairs of lifetimes that meet (at run time), or all pairs.
+  std::size_t cost = n * n;
+  std::vector<std::vector<std::size_t>> overlapping;
+  if (!compiling) {
+    overlapping.resize(n);
+    cost = n;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < n; ++j)
+        if (i != j && lifetimes_overlap(items[i], items[j])) {
+          overlapping[i].push_back(j);
+          ++cost;
+        }
+  }
   std::vector<char> placed;
   std::vector<span> busy;
   std::vector<std::size_t> order(n), best_order;
@@ -141,9 +171,9 @@ constexpr arena_layout lay_out(std::vector<arena_item> items, std::size_t makes)
   }
   // Then, from the best order: move an item that reaches the top of the arena to the front of
   // the order, and lay out again.
-  bool const compiling = std::is_constant_evaluated();
+  // (A constant expression tries a prefix of what run time tries: its arena is never smaller.)
   std::size_t const rounds = compiling ? 256 : 4096, work = std::size_t(1) << (compiling ? 20 : 28);
-  std::size_t const tries = n < 2 ? 0 : std::min<std::size_t>(rounds, work / (pairs + n));
+  std::size_t const tries = n < 2 ? 0 : std::min<std::size_t>(rounds, work / cost);
   order = best_order;
   for (std::size_t i = 0; i < n; ++i) items[i].offset = best_offsets[i];
   for (std::size_t t = 0; t < tries && best > r.lower_bound; ++t) {
