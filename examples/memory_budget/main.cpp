@@ -42,7 +42,9 @@ constexpr auto chosen_plan = activation_plan<Chosen, fp32>(batch);
 static_assert(chosen_plan.peak_bytes <= budget);
 // The whole training step with AdamW: 48 blocks of 1.05 M parameters, four copies of each
 // (weights, gradients, two moments), and the activations.
-constexpr auto step_plan = memory_plan<Chosen, fp32, AdamW>(batch);
+// (Its arena, the layout of about 420 activations, is planned at run time below: a constant
+// expression that large passes nvcc's evaluation limits.)
+constexpr auto step_plan = memory_plan<Chosen, fp32, AdamW>(batch, {.arena = false});
 static_assert(step_plan.peak <= (std::size_t(5) << 28), "the training step must fit in 1.25 GiB");
 
 template <class Net>
@@ -73,7 +75,8 @@ int main() {
                 depth - c.checkpointed - c.selective);
   std::printf(" (%llu block forwards recomputed)\n", static_cast<unsigned long long>(chosen_plan.recomputed));
   print_plan<Chosen>("Budget<256 MiB>");
-  std::printf("the whole step: %s\n", step_plan.describe().c_str());
+  auto const whole_step = memory_plan<Chosen, fp32, AdamW>(batch);  // the same, with the arena laid out
+  std::printf("the whole step: %s\n", whole_step.describe().c_str());
 
 #if defined(REMAT_EXAMPLE_CUDA)
   int devices = 0;
@@ -101,14 +104,13 @@ int main() {
         step, loss, memory::format_bytes(alloc.stats()[memory::tag::activations].peak).c_str(),
         memory::format_bytes(chosen_plan.peak_bytes).c_str(), memory::format_bytes(alloc.stats().total.peak).c_str(),
         memory::format_bytes(step_plan.peak).c_str(), memory::format_bytes(alloc.stats().total.reserved).c_str(),
-        memory::format_bytes(step_plan.reserved).c_str());
+        memory::format_bytes(whole_step.reserved).c_str());
     if (alloc.stats()[memory::tag::activations].peak != chosen_plan.peak_bytes) return 1;
     for (memory::tag t : memory::all_tags)
       if (alloc.stats()[t].peak != step_plan[t]) return 1;
     if (alloc.stats().total.peak != step_plan.peak) return 1;
-    // The step's activations lay in one arena laid out by the plan: reserved is the plan too
-    // (the compiler's layout is an upper bound on the run-time one, which searches longer).
-    if (alloc.stats().total.reserved > step_plan.reserved || m.last_pass().unplanned != 0) return 1;
+    // The step's activations lie in one arena laid out by the plan: reserved is the plan too.
+    if (alloc.stats().total.reserved != whole_step.reserved || m.last_pass().unplanned != 0) return 1;
   }
   std::printf("%s", alloc.summary().c_str());
   return 0;

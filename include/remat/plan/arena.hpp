@@ -4,19 +4,24 @@
 // The activation plan (plan/activation.hpp) knows each tensor a step makes, its rounded size, and
 // when it is made and freed (plan::counter's clock). Laying them out in one block is colouring the
 // intervals of their lifetimes with addresses: two tensors alive at the same time must not
-// overlap. No layout is smaller than the most bytes in use at once (the plan's peak, which is the
-// lower bound below); finding the smallest is NP-hard in general (dynamic storage allocation), so
-// the layout takes the best of three greedy first-fit orders (largest first, made first, longest
-// lived first). Every model the tests plan lays out at exactly its lower bound; the bound the
-// layout guarantees is the sum of all sizes (first-fit never leaves a gap a later tensor fits in
-// when nothing overlapping it would be moved), and the tests check that, for each of them, the
-// arena equals the peak to the byte.
+// overlap. No layout is smaller than the most bytes alive at once (the plan's peak of activations
+// and workspace together: `lower_bound`). The smallest layout is NP-hard to find in general
+// (dynamic storage allocation), so lay_out searches: first-fit (each tensor at the lowest offset
+// free for its whole life) in three orders (largest first, made first, longest lived first), then
+// from the best, repeatedly moves a tensor that reaches the top of the arena to the front of the
+// order, until the layout meets the lower bound or the search's work runs out. Every model and
+// batch the tests plan (stored, checkpointed, selective, revolve, mixed precision, GPT) meets it
+// to the byte; where the search runs out the layout is still valid, only larger, and `size` says
+// by how much.
 //
-// The layout is a constant expression (plan_arena is constexpr and its size can be checked by
-// static_assert); the model computes it at run time for each new batch shape, reserves the arena
-// once, and serves make number k from offset k (pass_state::make). A make the plan did not foresee
-// (a size or a lifetime that differs) is served by the caching allocator instead and counted: the
-// arena is never written where a live tensor is.
+// The model computes the layout at run time for each new batch shape (milliseconds), reserves the
+// arena once, and serves make number k at offset k (pass_state::make). A make the plan did not
+// foresee (a size or a lifetime that differs) is served by the caching allocator instead and
+// counted (pass_report::unplanned): the arena is never written where a live tensor is.
+//
+// The layout is also a constant expression (arena_plan, memory_plan's `arena`); there the search
+// stops sooner (the compilers' evaluation limits), so a compile-time arena is never smaller than
+// the run-time one and equal to it whenever the shorter search already meets the lower bound.
 #pragma once
 
 #include "activation.hpp"

@@ -46,6 +46,10 @@ struct step_options {
   std::size_t ranks = 1, rank = 0;
   bool shard_optimizer = false;
   bool momentum = true;  // SGD only: a momentum buffer (SGD with momentum 0 keeps no state)
+  // Also lay out the step's arena (fills `arena` and `reserved`). A constant expression over a
+  // model of hundreds of activations can pass a compiler's evaluation limits with it (nvcc's
+  // front end first): there, leave it out and plan the arena at run time.
+  bool arena = true;
 };
 
 // How many parameter-sized buffers of state an optimizer keeps. A user's optimizer specialises it.
@@ -69,7 +73,7 @@ struct memory_plan_result {
   std::size_t workspace = 0;             // the tag's peak
   std::size_t persistent = 0;            // in use for the model's and optimizer's life
   std::size_t peak = 0;                  // the total in use at the step's peak
-  std::size_t arena = 0;                 // reserved for activations and workspace (>= their peak)
+  std::size_t arena = 0;                 // reserved for activations and workspace (>= their peak; 0: not laid out)
   std::size_t reserved = 0;              // the total reserved: persistent + arena
 
   constexpr std::size_t parameters() const { return master_weights + compute_copy; }
@@ -78,7 +82,7 @@ struct memory_plan_result {
     return "weights " + memory::format_bytes(parameters()) + ", gradients " + memory::format_bytes(gradients) +
            ", optimizer state " + memory::format_bytes(optimizer_state) + ", activations " +
            memory::format_bytes(activations.peak_bytes) + ", workspace " + memory::format_bytes(workspace) +
-           "; peak " + memory::format_bytes(peak) + ", reserved " + memory::format_bytes(reserved);
+           "; peak " + memory::format_bytes(peak) + (arena ? ", reserved " + memory::format_bytes(reserved) : "");
   }
   // The peak of tag t, as the model's allocator reports it in stats()[t].peak after reset_peak.
   constexpr std::size_t operator[](memory::tag t) const {
@@ -124,8 +128,10 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   r.workspace = loss_workspace;
   r.persistent = r.parameters() + r.gradients + r.optimizer_state;
   r.peak = r.persistent + pass.transient_peak;
-  r.arena = detail::lay_out(mem).size;
-  r.reserved = r.persistent + r.arena;
+  if (o.arena) {
+    r.arena = detail::lay_out(mem).size;
+    r.reserved = r.persistent + r.arena;
+  }
   return r;
 }
 
