@@ -1,0 +1,106 @@
+// Conv2d<InChannels, OutChannels, Kernel, Height, Width, Stride, Padding, Bias>: PyTorch's
+// nn.Conv2d (square kernel, the same stride and zero padding on both axes) over images of
+// Height x Width, fixed in the type so that the plan knows every activation's size.
+//
+// An activation row is one image in NCHW order (kernels/conv.hpp says why), so the layer's widths
+// are InChannels * Height * Width in and OutChannels * out_height * out_width out, and a Seq checks
+// them against its neighbours at compile time as it checks every layer's. Weights are
+// [OutChannels, InChannels, Kernel, Kernel] and the bias [OutChannels], as PyTorch stores them
+// (a safetensors file reads into nn.Conv2d unchanged).
+//
+// The convolution goes through s.product, so Selective keeps its output and a recomputation takes
+// it back. Host: oneDNN for fp32 (im2col + GEMM for double, the gradient checker's precision). Not
+// yet: 16-bit activations and the GPU (cuDNN); both are refused at compile time.
+#pragma once
+
+#include "../kernels/conv.hpp"
+#include "layer.hpp"
+
+#include <cmath>
+
+namespace REMAT_NAMESPACE {
+
+// The shape of an image a layer reads or writes.
+struct image_shape {
+  std::size_t channels, height, width;
+  constexpr std::size_t size() const { return channels * height * width; }
+};
+
+template <std::size_t InChannels, std::size_t OutChannels, std::size_t Kernel, std::size_t Height, std::size_t Width,
+          std::size_t Stride = 1, std::size_t Padding = 0, bool Bias = true>
+struct Conv2d {
+  static_assert(InChannels > 0 && OutChannels > 0, "remat::Conv2d: channels must be positive");
+  static_assert(Kernel > 0 && Stride > 0, "remat::Conv2d: the kernel and the stride must be positive");
+  static_assert(Height + 2 * Padding >= Kernel && Width + 2 * Padding >= Kernel,
+                "remat::Conv2d: the kernel is larger than the padded image");
+  static constexpr image_shape in_image{InChannels, Height, Width};
+  static constexpr image_shape out_image{OutChannels, (Height + 2 * Padding - Kernel) / Stride + 1,
+                                         (Width + 2 * Padding - Kernel) / Stride + 1};
+  static constexpr std::size_t in_width = in_image.size();
+  static constexpr std::size_t out_width = out_image.size();
+  static constexpr std::size_t weight_count = OutChannels * InChannels * Kernel * Kernel;
+  static constexpr std::size_t param_count = weight_count + (Bias ? OutChannels : 0);
+  static constexpr bool handles_hollow = true;  // it needs its input, and says so itself
+
+  static std::vector<param_desc> params() {
+    std::vector<param_desc> p{{"weight", 0, {OutChannels, InChannels, Kernel, Kernel}}};
+    if constexpr (Bias) p.push_back({"bias", weight_count, {OutChannels}});
+    return p;
+  }
+
+  // PyTorch's nn.Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the weights and the bias, fan_in
+  // = InChannels * Kernel².
+  template <class T>
+  static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
+    init::uniform(p, param_count, global_offset, seed, 1.0 / std::sqrt(double(InChannels * Kernel * Kernel)));
+  }
+
+  static constexpr kernels::conv_shape shape(std::size_t batch) {
+    return {batch, InChannels, Height, Width, OutChannels, Kernel, Stride, Padding};
+  }
+
+  template <class S>
+  static constexpr void check_state() {
+    if constexpr (S::computes) {
+      static_assert(std::is_same_v<typename S::device, host>,
+                    "remat::Conv2d: the GPU convolution (cuDNN) is not built yet; Conv2d runs on the host");
+      static_assert(std::is_same_v<typename S::value_type, float> || std::is_same_v<typename S::value_type, double>,
+                    "remat::Conv2d: fp32 (and double) activations only; mixed precision is not built yet");
+    }
+  }
+
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
+    check_state<S>();
+    std::size_t const rows = x->rows();
+    s.save(x);  // (first: it marks the products before this one needed, not this one)
+    return s.product(rows, out_width, InChannels * Kernel * Kernel, [&](auto& out) {
+      if constexpr (S::computes)
+        kernels::conv2d_forward(host{}, shape(rows), x->data(), p, Bias ? p + weight_count : nullptr, out.data());
+    });
+  }
+
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                 typename S::act_type dy) {
+    check_state<S>();
+    using A = typename S::act_type;
+    std::size_t const rows = dy->rows();
+    A x = s.restore();
+    bool const wanted = s.needs_gradient(x);
+    A dx;
+    if (wanted)
+      dx = s.make(rows, in_width);
+    else
+      dx = s.hollow(rows, in_width);
+    if constexpr (S::computes) {
+      static_assert(std::is_same_v<typename S::grad_type, typename S::value_type>,
+                    "remat::Conv2d: gradients in the activations' type only");
+      kernels::conv2d_backward(host{}, shape(rows), x->data(), p, dy->data(), wanted ? dx->data() : nullptr, g,
+                               Bias ? g + weight_count : nullptr);
+    }
+    return dx;
+  }
+};
+
+}  // namespace REMAT_NAMESPACE
