@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -145,6 +146,8 @@ TEST_CASE("timeline: the Chrome trace holds every event and span", "[trace]") {
   std::stringstream ss;
   ss << in.rdbuf();
   std::string const text = ss.str();
+  in.close();
+  std::remove(path.c_str());  // (the test leaves nothing behind where it ran)
   CHECK(text.rfind("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [", 0) == 0);
   CHECK(text.substr(text.size() - 4) == "\n]}\n");
   auto count = [&](std::string const& what) {
