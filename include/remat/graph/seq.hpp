@@ -23,6 +23,19 @@ struct width_mismatch {
   static constexpr bool ok = LeftOut == RightIn;
 };
 
+// Fails to compile with both layers and both images (channels, height, width) in the
+// instantiation the compiler prints: neighbouring image layers whose widths agree but whose
+// images do not (16 channels of 32 x 32 into 64 channels of 16 x 16).
+template <class Left, std::size_t LeftChannels, std::size_t LeftHeight, std::size_t LeftWidth, class Right,
+          std::size_t RightChannels, std::size_t RightHeight, std::size_t RightWidth>
+struct image_mismatch {
+  static constexpr bool ok = LeftChannels == RightChannels && LeftHeight == RightHeight && LeftWidth == RightWidth;
+  static_assert(ok,
+                "remat: image mismatch between neighbouring layers: the first layer named in image_mismatch<First, "
+                "its output channels, height, width, Second, its input channels, height, width> writes images the "
+                "second does not read");
+};
+
 namespace detail {
 
 template <class... L>
@@ -65,7 +78,16 @@ constexpr bool check_neighbour() {
   using W = seq_widths<L...>;
   constexpr std::size_t j = W::setter[I];
   if constexpr (j != W::n && W::ins[I] != any_width) {
-    return width_mismatch<nth<j, L...>, W::outs[j], nth<I, L...>, W::ins[I]>::ok;
+    if constexpr (W::outs[j] != W::ins[I]) {
+      return width_mismatch<nth<j, L...>, W::outs[j], nth<I, L...>, W::ins[I]>::ok;
+    } else {
+      constexpr image_shape a = image_out_v<nth<j, L...>>, b = image_in_v<nth<I, L...>>;
+      if constexpr (a.known() && b.known())
+        return image_mismatch<nth<j, L...>, a.channels, a.height, a.width, nth<I, L...>, b.channels, b.height,
+                              b.width>::ok;
+      else
+        return true;
+    }
   } else {
     return true;
   }

@@ -129,6 +129,42 @@ struct sequence_walk<L, type_list<C...>> {
 
 }  // namespace detail
 
+namespace detail {
+template <class L, class Children = children_t<L>>
+struct image_walk;
+template <class L, class... C>
+struct image_walk<L, type_list<C...>> {
+  // The image L reads: its own in_image, or that of its first child that fixes its input width.
+  static constexpr image_shape in = [] {
+    if constexpr (requires { L::in_image; }) {
+      return image_shape(L::in_image);
+    } else {
+      image_shape r{};
+      bool found = false;
+      ((found ? void() : (C::in_width != any_width ? (r = image_walk<C>::in, found = true, void()) : void())), ...);
+      return r;
+    }
+  }();
+  // The image L writes: its own out_image, or that of its last child that fixes its output width.
+  static constexpr image_shape out = [] {
+    if constexpr (requires { L::out_image; }) {
+      return image_shape(L::out_image);
+    } else {
+      image_shape r{};
+      ((C::out_width != any_width ? (r = image_walk<C>::out, void()) : void()), ...);
+      return r;
+    }
+  }();
+};
+}  // namespace detail
+
+// The image (channels, height, width) a layer or segment reads and writes; all zero when it
+// declares none (a Linear, a point-wise layer).
+template <class L>
+inline constexpr image_shape image_in_v = detail::image_walk<L>::in;
+template <class L>
+inline constexpr image_shape image_out_v = detail::image_walk<L>::out;
+
 // The first layer a graph's input reaches, through any nesting.
 template <class Net>
 using first_layer_t = typename detail::first_leaf<Net>::type;
@@ -148,14 +184,52 @@ inline constexpr std::size_t max_sequence_v = detail::sequence_walk<Net>::longes
 
 namespace detail {
 
-// A name for each parameter tensor, PyTorch-style: "0.weight", "2.1.0.bias".
+// A visitor of running-state buffers (buffer_table) rather than parameters: each leaf layer is
+// handed to it, in the order the layers first run.
+template <class F>
+concept buffer_visitor = requires { typename std::remove_cvref_t<F>::visits_buffers; };
+
+// Running-state elements a layer itself holds (BatchNorm2d's statistics): 0 unless it declares
+// `static constexpr std::size_t buffer_count` and names them in `static std::vector<param_desc>
+// buffers()`.
+template <class L>
+constexpr std::size_t own_buffer_count() {
+  if constexpr (requires { L::buffer_count; })
+    return L::buffer_count;
+  else
+    return 0;
+}
+
+// A name for each parameter tensor, PyTorch-style: "0.weight", "2.1.0.bias". With a buffer
+// visitor, the same walk names each buffer ("1.running_mean"), offsets counted by the visitor.
 template <class L, class F>
 void visit_params(std::string const& prefix, std::size_t offset, F&& f) {
   if constexpr (requires { L::template visit<F>; })
     L::visit(prefix, offset, f);
-  else
+  else if constexpr (buffer_visitor<F>) {
+    if constexpr (own_buffer_count<L>() > 0) f.template layer<L>(prefix);
+  } else
     for (param_desc const& p : L::params()) f(prefix + p.name, offset + p.offset, p.shape);
 }
+
+// The running-state elements of a graph: its layers' buffer_count, a Repeat's block counted once
+// per block. A layer's buffers are found at run time in the order layers first run (the walk's
+// order): pass_state::buffers.
+template <class L, class Children = children_t<L>>
+struct buffer_walk;
+template <class L, class... C>
+struct buffer_walk<L, type_list<C...>> {
+  static constexpr std::size_t copies = [] {
+    if constexpr (requires {
+                    L::count;
+                    typename L::block;
+                  })
+      return std::size_t(L::count);
+    else
+      return std::size_t(1);
+  }();
+  static constexpr std::size_t count = own_buffer_count<L>() + copies * (buffer_walk<C>::count + ... + 0);
+};
 
 // A composite with one child whose parameters are all it has (Residual, every storage policy):
 // their count, names and initialisation are the child's.
@@ -192,4 +266,10 @@ constexpr memory::tracing::layer_scope trace_layer(S const& s, std::size_t index
 }
 
 }  // namespace detail
+
+// The running-state elements (BatchNorm2d's running statistics) of a graph: what a model holds
+// beside its parameters, neither trained nor given gradients.
+template <class Net>
+inline constexpr std::size_t buffer_count_v = detail::buffer_walk<Net>::count;
+
 }  // namespace REMAT_NAMESPACE

@@ -315,6 +315,13 @@ void save(model<Net, Device, Precision> const& m, std::string const& path,
   std::vector<safetensors::entry> entries;
   for (named_param const& p : m.parameter_table())
     entries.push_back({p.name, safetensors::dtype_name<T>(), p.shape, host.data() + p.offset, p.size() * sizeof(T)});
+  std::vector<T> buffers;
+  if constexpr (model<Net, Device, Precision>::buffer_count > 0) {
+    buffers = tensor_to_host(m.buffers());
+    for (named_param const& b : m.buffer_table())
+      entries.push_back(
+          {b.name, safetensors::dtype_name<T>(), b.shape, buffers.data() + b.offset, b.size() * sizeof(T)});
+  }
   metadata["format"] = "pt";
   metadata["remat.parameters"] = std::to_string(m.parameter_count);
   safetensors::write(path, entries, metadata);
@@ -326,36 +333,45 @@ void save(model<Net, Device, Precision> const& m, std::string const& path,
 template <class Net, class Device, class Precision>
 void load(model<Net, Device, Precision>& m, std::string const& path) {
   using T = typename Precision::master;
+  constexpr bool has_buffers = model<Net, Device, Precision>::buffer_count > 0;
   safetensors::file const f = safetensors::read(path);
   auto const table = m.parameter_table();
-  std::vector<T> host(m.parameter_count);
-  for (named_param const& p : table) {
-    auto it = f.tensors.find(p.name);
-    if (it == f.tensors.end())
-      detail::raise<io_error>("load '", path, "': expected a tensor '", p.name, "' for this model, found none (",
-                              f.tensors.size(), " tensors in the file: a file for another model?)");
-    safetensors::tensor_info const& t = it->second;
-    if (t.dtype != safetensors::dtype_name<T>())
-      detail::raise<io_error>("load '", path, "': tensor '", p.name, "' expected dtype ",
-                              safetensors::dtype_name<T>(), ", found ", t.dtype);
-    if (t.shape != p.shape) {
-      std::string want, got;
-      for (auto d : p.shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
-      for (auto d : t.shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
-      detail::raise<io_error>("load '", path, "': tensor '", p.name, "' expected shape [", want, "], found [", got,
-                              "]");
+  auto const buffer_table = m.buffer_table();
+  // Every tensor of `names` read into `into` (checked first; nothing is written before all are).
+  auto gather = [&](std::vector<named_param> const& names, std::vector<T>& into) {
+    for (named_param const& p : names) {
+      auto it = f.tensors.find(p.name);
+      if (it == f.tensors.end())
+        detail::raise<io_error>("load '", path, "': expected a tensor '", p.name, "' for this model, found none (",
+                                f.tensors.size(), " tensors in the file: a file for another model?)");
+      safetensors::tensor_info const& t = it->second;
+      if (t.dtype != safetensors::dtype_name<T>())
+        detail::raise<io_error>("load '", path, "': tensor '", p.name, "' expected dtype ",
+                                safetensors::dtype_name<T>(), ", found ", t.dtype);
+      if (t.shape != p.shape) {
+        std::string want, got;
+        for (auto d : p.shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+        for (auto d : t.shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+        detail::raise<io_error>("load '", path, "': tensor '", p.name, "' expected shape [", want, "], found [", got,
+                                "]");
+      }
+      std::memcpy(into.data() + p.offset, f.data.data() + t.begin, t.end - t.begin);
     }
-    std::memcpy(host.data() + p.offset, f.data.data() + t.begin, t.end - t.begin);
-  }
-  if (f.tensors.size() != table.size())
+  };
+  std::vector<T> host(m.parameter_count), buffers(m.buffer_count);
+  gather(table, host);
+  gather(buffer_table, buffers);
+  if (f.tensors.size() != table.size() + buffer_table.size())
     for (auto const& [name, t] : f.tensors) {
       bool known = false;
       for (auto const& p : table) known = known || p.name == name;
+      for (auto const& p : buffer_table) known = known || p.name == name;
       if (!known)
         detail::raise<io_error>("load '", path, "': the file has a tensor '", name,
                                 "' that this model does not (a file for another model?)");
     }
   tensor_from_host(m.parameters(), std::span<T const>(host));
+  if constexpr (has_buffers) tensor_from_host(m.buffers(), std::span<T const>(buffers));
 }
 
 namespace detail {

@@ -34,6 +34,15 @@ inline std::size_t shape_elements(std::vector<std::size_t> const& shape) {
 }
 
 // One parameter tensor of a layer: its name within the layer, offset and shape.
+// The shape of an image a layer reads or writes (NCHW rows: channels x height x width values);
+// all zero where a layer declares none.
+struct image_shape {
+  std::size_t channels = 0, height = 0, width = 0;
+  constexpr std::size_t size() const { return channels * height * width; }
+  constexpr bool known() const { return channels != 0; }
+  constexpr bool operator==(image_shape const&) const = default;
+};
+
 struct param_desc {
   char const* name;
   std::size_t offset;

@@ -20,12 +20,6 @@
 
 namespace REMAT_NAMESPACE {
 
-// The shape of an image a layer reads or writes.
-struct image_shape {
-  std::size_t channels, height, width;
-  constexpr std::size_t size() const { return channels * height * width; }
-};
-
 template <std::size_t InChannels, std::size_t OutChannels, std::size_t Kernel, std::size_t Height, std::size_t Width,
           std::size_t Stride = 1, std::size_t Padding = 0, bool Bias = true>
 struct Conv2d {

@@ -53,6 +53,7 @@ class pass_state
   using act_type = act<T, D>;
   using param_ptr = T const*;
   using grad_ptr = G*;
+  using buffer_ptr = G*;
   static constexpr bool computes = true;
 
   explicit pass_state(pass_options const& o = {},
@@ -75,6 +76,28 @@ class pass_state
     ++makes_;
     return a;
   }
+  // The model's running state (buffer_count_v<Net> elements of G, BatchNorm2d's statistics), and
+  // whether this pass updates it (a training pass does; a loss without a backward does not).
+  void use_buffers(G* base, std::size_t count, bool update) {
+    buffers_ = base;
+    buffer_count_ = count;
+    buffer_next_ = 0;
+    update_buffers_ = update;
+  }
+  // The next n elements of the running state: a layer that holds some takes them in each forward
+  // that is not a recomputation (the layers' first runs are in the walk's order, so each gets its
+  // own). Null when the pass has none (a pass state made without a model).
+  G* buffers(std::size_t n) {
+    if (!buffers_) return nullptr;
+    if (buffer_next_ + n > buffer_count_)
+      detail::raise<error>("pass_state::buffers: the layers asked for more running state than the model holds (",
+                           buffer_next_ + n, " > ", buffer_count_, "): a layer took its buffers in a recomputation?");
+    G* const p = buffers_ + buffer_next_;
+    buffer_next_ += n;
+    return p;
+  }
+  // Whether a layer's forward updates its running state now: a training pass's first forward.
+  bool updates_buffers() const { return update_buffers_ && this->training() && !this->recomputing(); }
   // Serve the pass's activations from a planned arena (the model's, reserved in alloc).
   void use_arena(arena_slots const& slots) { arena_ = slots; }
   // Activations made so far in this pass (the plan's state counts the same: plan/activation.hpp),
@@ -151,6 +174,9 @@ class pass_state
   }
 
   memory::caching_allocator<D>* alloc_;
+  G* buffers_ = nullptr;
+  std::size_t buffer_count_ = 0, buffer_next_ = 0;
+  bool update_buffers_ = false;
   arena_slots arena_{};
   std::size_t unplanned_ = 0;
   detail::offload_channel<D> offload_;

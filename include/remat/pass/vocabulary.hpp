@@ -12,6 +12,9 @@
 //   s.product(rows, cols, compute)   a matrix product's output (captured and replayed by Selective)
 //   s.training(), s.keeps(), s.recomputing(), s.sequence_length(), s.token_ids()
 //   s.needs_gradient(x)              false for the pass's input when no input gradient is wanted
+//   s.buffers(n), s.updates_buffers()  a layer's running state (BatchNorm2d's statistics), taken
+//                                    in each forward that is not a recomputation, and whether
+//                                    this forward updates it (S::buffer_ptr; see pass/step.hpp)
 //   s.hollow(rows, cols), S::is_hollow(a), S::computes
 // What composites and policies use besides:
 //   s.need_input(), s.keep_nothing(), s.recompute_from(offset), s.capture_products(list),

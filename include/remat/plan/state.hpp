@@ -169,6 +169,7 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
   using act_type = ref;
   using param_ptr = no_params;
   using grad_ptr = no_params;
+  using buffer_ptr = no_params;
   static constexpr bool computes = false;
 
   // `offloaded` counts what Offloaded<S> moves off the device (memory/offload.hpp).
@@ -176,6 +177,9 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
       : base(o), mem_(&mem), offloaded_(&offloaded) {}
 
   constexpr void grads_ready(no_params) const {}
+  // Running state lives outside the pass's activations: nothing to count.
+  constexpr no_params buffers(std::size_t) const { return {}; }
+  constexpr bool updates_buffers() const { return false; }
   constexpr void forward_done(ref const& y) { this->set_saved_bytes(mem_->live - y->bytes); }
   constexpr ref make(std::size_t rows, std::size_t cols) {
     this->note_work(std::uint64_t(rows) * cols);

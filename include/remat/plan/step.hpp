@@ -67,6 +67,7 @@ struct optimizer_state_buffers<SGD> {
 struct memory_plan_result {
   std::size_t master_weights = 0;  // tag parameters
   std::size_t compute_copy = 0;    // tag parameters (mixed precision's 16-bit weights)
+  std::size_t buffers = 0;         // tag parameters (running state and the copy a pass updates)
   std::size_t gradients = 0;
   std::size_t optimizer_state = 0;
   activation_plan_result activations{};  // activations.peak_bytes: the tag's peak
@@ -76,7 +77,7 @@ struct memory_plan_result {
   std::size_t arena = 0;                 // reserved for activations and workspace (>= their peak; 0: not laid out)
   std::size_t reserved = 0;              // the total reserved: persistent + arena
 
-  constexpr std::size_t parameters() const { return master_weights + compute_copy; }
+  constexpr std::size_t parameters() const { return master_weights + compute_copy + buffers; }
   // "weights 1.00 MiB, gradients ..., peak ...": one line for a program's log.
   std::string describe() const {
     return "weights " + memory::format_bytes(parameters()) + ", gradients " + memory::format_bytes(gradients) +
@@ -113,6 +114,7 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   r.master_weights = rounded(n * sizeof(T));
   r.compute_copy = is_mixed_v<Precision> ? rounded(n * sizeof(C)) : 0;
   r.gradients = rounded(n * sizeof(T));
+  r.buffers = buffer_count_v<Net> > 0 ? 2 * rounded(buffer_count_v<Net> * sizeof(T)) : 0;
   // The optimizer's shard: data_parallel::shard_of.
   std::size_t const p = o.ranks > 0 ? o.ranks : 1;
   std::size_t const shard =

@@ -37,6 +37,23 @@ struct named_param {
 
 namespace detail {
 
+// Names a graph's running-state buffers (and, given `init`, initialises them), each leaf that
+// holds some in the walk's order: its buffers' offsets follow the last one's.
+template <class T>
+struct buffer_walker {
+  using visits_buffers = void;
+  std::vector<named_param>* names = nullptr;
+  T* init = nullptr;
+  std::size_t at = 0;
+  template <class L>
+  void layer(std::string const& prefix) {
+    if (names)
+      for (param_desc const& b : L::buffers()) names->push_back({prefix + b.name, at + b.offset, b.shape});
+    if (init) L::init_buffers(init + at);
+    at += L::buffer_count;
+  }
+};
+
 // The stream a model's work goes to: none on the host; on the GPU one stream per model, current
 // while the model runs (so a step issues everything without waiting, and two models on two host
 // threads run side by side).
@@ -157,6 +174,9 @@ class model {
   static constexpr std::size_t in_width = Net::in_width;
   static constexpr std::size_t out_width = Net::out_width;
   static constexpr std::size_t parameter_count = Net::param_count;
+  // Running state beside the parameters (BatchNorm2d's statistics): not trained, no gradients;
+  // updated once by each training pass, whatever its storage policies recompute.
+  static constexpr std::size_t buffer_count = buffer_count_v<Net>;
   static constexpr bool reads_ids = reads_ids_v<Net>;
   // A sequence model (attention, positions) sees its rows as positions of sequences: token ids come
   // batch x seq (one sequence per row); a model reading features groups its rows by
@@ -184,6 +204,14 @@ class model {
         seed_(s.value) {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     if constexpr (mixed_precision) compute_params_ = tensor<C, Device>(index_t(stored_count()), 1, memory::tag::parameters, alloc);
+    if constexpr (buffer_count > 0) {
+      buffers_ = tensor<T, Device>(index_t(buffer_count), 1, memory::tag::parameters, alloc);
+      staged_buffers_ = tensor<T, Device>(index_t(buffer_count), 1, memory::tag::parameters, alloc);
+      std::vector<T> host_buffers(buffer_count, T(0));
+      detail::buffer_walker<T> w{nullptr, host_buffers.data()};
+      detail::visit_params<Net>("", 0, w);
+      buffers_.copy_from(host_buffers);
+    }
     std::vector<T> host_params(stored_count(), T(0));
     Net::init(host_params.data(), 0, seed_);
     params_.copy_from(host_params);
@@ -198,6 +226,7 @@ class model {
     validate_input(x);
     memory::tracing::phase_scope const running(memory::phase::forward);
     state_type s = make_state({.training = false}, x);
+    read_buffers(s);
     act<C, Device> y = Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, false));
     return take(std::move(y));
   }
@@ -233,6 +262,7 @@ class model {
     validate<Loss>(x, target);
     // Nothing is kept for a backward (nor offloaded); the values are the same.
     state_type s = make_state({.training = true, .keep = false, .stream = dropout_stream()}, x);
+    read_buffers(s);
     act<C, Device> y = Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, true));
     return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
   }
@@ -273,6 +303,10 @@ class model {
     else
       return {};
   }
+  // The running state (buffer_count elements; empty when the model has none), in the order of
+  // buffer_table(). Written through this view, it is what the next inference forward reads.
+  tensor_view<T, Device> buffers() { return buffers_.view(); }
+  tensor_view<T const, Device> buffers() const { return buffers_.view(); }
   // The loss scale: its value, skipped steps and (for DynamicLossScale) its schedule.
   loss_scaler& scaler() { return scaler_; }
   loss_scaler const& scaler() const { return scaler_; }
@@ -345,6 +379,14 @@ class model {
     detail::visit_params<Net>("", 0, f);
     return out;
   }
+  // Every running-state tensor with a PyTorch-style name ("1.running_mean"), offset into
+  // buffers() and shape.
+  static std::vector<named_param> buffer_table() {
+    std::vector<named_param> out;
+    detail::buffer_walker<T> w{&out};
+    detail::visit_params<Net>("", 0, w);
+    return out;
+  }
 
  private:
   static constexpr std::size_t stored_count() { return parameter_count > 0 ? parameter_count : 1; }
@@ -374,6 +416,11 @@ class model {
       s.listen_gradients(grads_.data(), {sync, [](void* to, std::size_t offset) {
                                            static_cast<detail::gradient_sync*>(to)->gradients_ready(offset);
                                          }});
+    // The running state is updated in a copy, which becomes the model's when the pass succeeds.
+    if constexpr (buffer_count > 0) {
+      evaluate(staged_buffers_, to_expr(buffers_));
+      s.use_buffers(staged_buffers_.data(), buffer_count, true);
+    }
     arena_layout const* const layout = planned_arena<Loss>(x, dx != nullptr);
     if (layout) s.use_arena({arena_.base(), layout->offset.data(), layout->bytes.data(), layout->offset.size()});
     kernels::pending_scalar<Device> l;
@@ -405,6 +452,7 @@ class model {
     }
     if (dx && g) evaluate(*dx, to_expr(*g));
     if (sync) sync->gradients_ready(0);
+    if constexpr (buffer_count > 0) std::swap(buffers_, staged_buffers_);
     ++passes_;
     report_ = {s.saved_bytes(), s.recomputed(), layout != nullptr, s.unplanned()};
     return l;
@@ -549,6 +597,11 @@ class model {
     }
   }
 
+  // A pass that reads the running state without updating it.
+  void read_buffers(state_type& s) const {
+    if constexpr (buffer_count > 0) s.use_buffers(const_cast<T*>(buffers_.data()), buffer_count, false);
+  }
+
   // The dropout stream of the next pass: one per pass, and per replica in data parallelism.
   std::uint64_t dropout_stream() const { return passes_ + (link_.replica() << 40); }
 
@@ -594,6 +647,7 @@ class model {
   tensor<T, Device> params_;
   tensor<T, Device> grads_;
   mutable tensor<C, Device> compute_params_;  // mixed precision only
+  tensor<T, Device> buffers_, staged_buffers_;  // running state (and the copy a pass updates)
   mutable bool compute_stale_ = true;
   loss_scaler scaler_ = loss_scaler::of<typename Precision::loss_scale>();
   std::uint64_t seed_;
