@@ -41,6 +41,11 @@
 //   reads_ids = true           reads the pass's token ids (s.ids()) instead of its input; the
 //                              model then takes ids, below `vocabulary`
 //   attention_core = true      RecomputeAttention checkpoints it
+//   buffer_count = N           holds N elements of running state (BatchNorm2d's statistics) in the
+//                              model's buffers, named by `static std::vector<param_desc> buffers()`
+//                              and initialised by `template <class T> static void init_buffers(T*)`;
+//                              its forward takes them with s.buffers(N) whenever it is not
+//                              recomputing, and updates them only when s.updates_buffers()
 #pragma once
 
 #include "../pass/vocabulary.hpp"

@@ -3,6 +3,9 @@
 //
 //   struct my_act { template <class X> static auto apply(X x) { return x * tanh(x); } };
 //   using MyAct = remat::Pointwise<my_act>;
+//
+// Backward reads x, kept by forward; or y when F says its derivative reads the same there
+// (derivative_from_output: ReLU), which saves a tensor where the next layer keeps y anyway.
 #pragma once
 
 #include "../expr/expr.hpp"
@@ -12,7 +15,9 @@ namespace REMAT_NAMESPACE {
 
 template <class F>
 struct Pointwise {
-  using pointwise_function = F;  // a fusing layer before it (Linear) may apply F in its own pass
+  using pointwise_function = F;
+  // F declares `static constexpr bool derivative_from_output = true` when F'(F(x)) = F'(x).
+  static constexpr bool derivative_from_output = requires { requires F::derivative_from_output; };  // a fusing layer before it (Linear) may apply F in its own pass
   static constexpr std::size_t in_width = any_width;
   static constexpr std::size_t out_width = any_width;
   static constexpr std::size_t param_count = 0;
@@ -31,7 +36,13 @@ struct Pointwise {
     else
       y = s.make(x->rows(), x->cols());
     if constexpr (S::computes) evaluate(*y, F::apply(to_expr(*x)));
-    s.save(std::move(x));
+    // A function whose derivative reads the same at its output (ReLU: y > 0 exactly where x > 0)
+    // keeps y, which the next layer usually keeps too (a convolution's or product's input), so
+    // the pair holds one tensor where it would hold two.
+    if constexpr (derivative_from_output)
+      s.save(y);
+    else
+      s.save(std::move(x));
     return y;
   }
 
@@ -50,6 +61,7 @@ struct Pointwise {
 
 namespace fn {
 struct relu {
+  static constexpr bool derivative_from_output = true;  // relu'(relu(x)) = relu'(x) = [x > 0]
   template <class X> static auto apply(X x) { return remat::relu(x); }
 };
 struct gelu {
