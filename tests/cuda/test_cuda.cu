@@ -587,3 +587,49 @@ TEST_CASE("cuda errors: out of device memory gives the summary and leaves model 
 TEST_CASE("cuda errors: a failing CUDA call names the call", "[cuda][errors]") {
   REQUIRE_THROWS_WITH(REMAT_CUDA_CHECK(cudaSetDevice(1 << 20)), Catch::Contains("cudaSetDevice(1 << 20) failed"));
 }
+
+namespace {
+// A convolutional model of every image layer: cuDNN's convolutions and the image kernels on the GPU.
+using ConvBlock = Residual<Seq<Conv2d<4, 4, 3, 8, 8, 1, 1, false>, BatchNorm2d<4, 8, 8>, ReLU,
+                               Conv2d<4, 4, 3, 8, 8, 1, 1>, GroupNorm<2, 4, 8, 8>>>;
+template <class Middle>
+using ConvNet = Seq<Conv2d<2, 4, 3, 8, 8, 1, 1>, BatchNorm2d<4, 8, 8>, ReLU, Middle, MaxPool2d<4, 8, 8>,
+                    Upsample2d<4, 4, 4>, AvgPool2d<4, 8, 8, 2>, Linear<64, 3>>;
+
+template <class NetT, class D>
+std::pair<std::vector<float>, std::vector<float>> train_conv(int steps = 3) {
+  model<NetT, D> m(seed{7});
+  AdamW opt(m, {.lr = 1e-2});
+  auto x = make<float, D>(6, 128, random_values<float>(6 * 128, 3));
+  auto t = make<float, D>(6, 3, random_values<float>(6 * 3, 4));
+  for (int s = 0; s < steps; ++s) m.template train_step<MSE>(x, t, opt);
+  return {tensor_to_host(m.parameters()), tensor_to_host(m.buffers())};
+}
+}  // namespace
+
+#if defined(REMAT_HAS_CUDNN)
+TEST_CASE("cuda convolutions: cuDNN and the image kernels follow the host; every policy bit for bit",
+          "[cuda][conv]") {
+  using Stored = ConvNet<Repeat<2, ConvBlock>>;
+  auto const [pg, bg] = train_conv<Stored, gpu>();
+  auto const [ph, bh] = train_conv<Stored, host>();
+  require_close(pg, ph, 1e-4, "parameters after 3 AdamW steps");
+  require_close(bg, bh, 1e-4, "running statistics after 3 passes");
+  for (auto const& other : {train_conv<ConvNet<Repeat<2, Checkpointed<ConvBlock>>>, gpu>(),
+                            train_conv<ConvNet<Repeat<2, Selective<ConvBlock>>>, gpu>(),
+                            train_conv<ConvNet<Revolve<1, Repeat<2, ConvBlock>>>, gpu>()}) {
+    CHECK(bitwise_equal(other.first, pg));
+    CHECK(bitwise_equal(other.second, bg));
+  }
+  // The plan equals the device allocator's measured peak.
+  memory::caching_allocator<gpu> alloc;
+  model<ConvNet<Repeat<2, Checkpointed<ConvBlock>>>, gpu> m(seed{1}, alloc);
+  SGD opt(m, {.lr = 0.01});
+  auto x = make<float>(5, 128, random_values<float>(5 * 128, 5));
+  auto t = make<float>(5, 3, random_values<float>(5 * 3, 6));
+  alloc.reset_peak();
+  m.train_step<MSE>(x, t, opt);
+  CHECK(alloc.stats()[memory::tag::activations].peak ==
+        activation_plan<ConvNet<Repeat<2, Checkpointed<ConvBlock>>>>(5).peak_bytes);
+}
+#endif

@@ -58,32 +58,32 @@ TEST_CASE("image layers: values by hand", "[layers][image]") {
   std::vector<float> x(16), y(4), dx(16);
   for (std::size_t i = 0; i < 16; ++i) x[i] = float(i + 1);
   kernels::pool_shape const s{4, 4, 2, 2};
-  kernels::max_pool_forward(1, s, x.data(), y.data());
+  kernels::max_pool_forward(host{}, 1, s, x.data(), y.data());
   CHECK(y == std::vector<float>{6, 8, 14, 16});
-  kernels::avg_pool_forward(1, s, x.data(), y.data());
+  kernels::avg_pool_forward(host{}, 1, s, x.data(), y.data());
   CHECK(y == std::vector<float>{3.5f, 5.5f, 11.5f, 13.5f});
   std::vector<float> const dy{1, 2, 3, 4};
-  kernels::max_pool_backward(1, s, x.data(), dy.data(), dx.data());
+  kernels::max_pool_backward(host{}, 1, s, x.data(), dy.data(), dx.data());
   CHECK(dx == std::vector<float>{0, 0, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0, 0, 3, 0, 4});
-  kernels::avg_pool_backward(1, s, dy.data(), dx.data());
+  kernels::avg_pool_backward(host{}, 1, s, dy.data(), dx.data());
   CHECK(dx == std::vector<float>{.25f, .25f, .5f, .5f, .25f, .25f, .5f, .5f, .75f, .75f, 1, 1, .75f, .75f, 1, 1});
   // Overlapping windows (kernel 3, stride 1): the centre's gradient sums every window it wins.
   std::vector<float> const peak{0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   std::vector<float> ones(4, 1.0f);
-  kernels::max_pool_backward(1, kernels::pool_shape{4, 4, 3, 1}, peak.data(), ones.data(), dx.data());
+  kernels::max_pool_backward(host{}, 1, kernels::pool_shape{4, 4, 3, 1}, peak.data(), ones.data(), dx.data());
   CHECK(dx[4] == 2.0f);  // windows at (0,0) and (1,0) hold it; the others' first largest is 0 at their corner
   // Nearest upsampling of a 2 x 2 plane by 2, and its adjoint.
   std::vector<float> const small{1, 2, 3, 4};
   std::vector<float> up(16), back(4);
-  kernels::upsample_nearest_forward(1, 2, 2, 2, small.data(), up.data());
+  kernels::upsample_nearest_forward(host{}, 1, 2, 2, 2, small.data(), up.data());
   CHECK(up == std::vector<float>{1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4});
-  kernels::upsample_nearest_backward(1, 2, 2, 2, x.data(), back.data());
+  kernels::upsample_nearest_backward(host{}, 1, 2, 2, 2, x.data(), back.data());
   CHECK(back == std::vector<float>{1 + 2 + 5 + 6, 3 + 4 + 7 + 8, 9 + 10 + 13 + 14, 11 + 12 + 15 + 16});
   // Batch normalisation of one channel holding 1, 2, 3, 4 over two images of 1 x 2: mean 2.5,
   // biased variance 1.25.
   std::vector<float> const b{1, 2, 3, 4}, gamma{2}, beta{1};
   std::vector<float> bn(4), mean(1), rstd(1), var(1);
-  kernels::batch_norm_forward_training(kernels::planes{2, 1, 2}, b.data(), gamma.data(), beta.data(), 0.0, bn.data(),
+  kernels::batch_norm_forward_training(host{}, kernels::planes{2, 1, 2}, b.data(), gamma.data(), beta.data(), 0.0, bn.data(),
                                        mean.data(), rstd.data(), var.data());
   CHECK(mean[0] == 2.5f);
   CHECK(var[0] == 1.25f);
@@ -92,7 +92,7 @@ TEST_CASE("image layers: values by hand", "[layers][image]") {
   // Group normalisation: 2 groups of 2 channels of one value each in one image.
   std::vector<float> const gx{1, 3, 10, 20}, g1(4, 1.0f), g0(4, 0.0f);
   std::vector<float> gy(4), gm(2), gr(2);
-  kernels::group_norm_forward(kernels::planes{1, 4, 1}, 2, gx.data(), g1.data(), g0.data(), 0.0, gy.data(), gm.data(),
+  kernels::group_norm_forward(host{}, kernels::planes{1, 4, 1}, 2, gx.data(), g1.data(), g0.data(), 0.0, gy.data(), gm.data(),
                               gr.data());
   CHECK(gm == std::vector<float>{2, 15});
   CHECK(gy[0] == Approx(-1));

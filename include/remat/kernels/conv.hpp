@@ -6,7 +6,13 @@
 // and remat's safetensors files hold, and what oneDNN reads without a reorder on the caller's side.
 // Weights are [Cout, Cin, K, K] (PyTorch's), the bias [Cout].
 //
-// fp32 goes to oneDNN's convolution primitives (made once per shape and cached; their scratchpad
+// On the GPU (remat::cuda with cuDNN, REMAT_HAS_CUDNN: the CMake target links it when the toolkit
+// has it), fp32 goes to cuDNN's convolutions in NCHW (its legacy API, still in cuDNN 9): the
+// algorithms its heuristics rank first for the shape, chosen once per shape, FMA math (no TF32, so
+// the GPU's results follow the host's to fp32 rounding), workspace from remat's device allocator,
+// on the model's stream; the weights' and bias' gradients accumulate in place (beta = 1).
+//
+// On the host, fp32 goes to oneDNN's convolution primitives (made once per shape and cached; their scratchpad
 // from remat's allocator, tagged workspace as the matrix products' is). Each primitive picks its
 // own layouts (blocked formats such as nChw16c, whose kernels vectorise over channels: bench_conv's
 // step went from 1.84 s to 1.00 s with 2 blocks at 64 channels, 64 x 64, batch 32, Intel Xeon, 2
@@ -21,13 +27,15 @@
 #include "../memory/allocator.hpp"
 #include "gemm.hpp"
 
-#if defined(REMAT_GEMM_ONEDNN)
+#if REMAT_HAS_CUDA && defined(REMAT_HAS_CUDNN)
+#include <cudnn.h>
+#endif
+
 #include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
-#endif
 
 #include <algorithm>
 #include <cstddef>
@@ -130,13 +138,119 @@ void im2col_backward(conv_shape const& c, T const* x, T const* w, T const* dy, T
   }
 }
 
-#if defined(REMAT_GEMM_ONEDNN)
-struct onednn_conv_key {
+// What a cached convolution is made for: the shape, and whether it has a bias.
+struct onednn_conv_key_t {
   std::size_t n, ci, h, w, co, k, s, p;
   bool bias;
   auto tie() const { return std::tie(n, ci, h, w, co, k, s, p, bias); }
-  bool operator<(onednn_conv_key const& o) const { return tie() < o.tie(); }
+  bool operator<(onednn_conv_key_t const& o) const { return tie() < o.tie(); }
 };
+
+#if REMAT_HAS_CUDA && defined(REMAT_HAS_CUDNN)
+inline void cudnn_check(cudnnStatus_t status, char const* call) {
+  if (status != CUDNN_STATUS_SUCCESS)
+    REMAT_NAMESPACE::detail::raise<cuda_error>(call, " failed: ", cudnnGetErrorString(status));
+}
+#define REMAT_CUDNN_CHECK(call) ::REMAT_NAMESPACE::kernels::detail::cudnn_check((call), #call)
+
+// One cuDNN handle per host thread, bound to the thread's current stream at each call.
+struct cudnn_handle {
+  cudnnHandle_t h = nullptr;
+  cudnn_handle() { REMAT_CUDNN_CHECK(cudnnCreate(&h)); }
+  ~cudnn_handle() {
+    if (h) (void)cudnnDestroy(h);
+  }
+  cudnn_handle(cudnn_handle const&) = delete;
+  cudnn_handle& operator=(cudnn_handle const&) = delete;
+  static cudnnHandle_t on_current_stream() {
+    thread_local cudnn_handle handle;
+    REMAT_CUDNN_CHECK(cudnnSetStream(handle.h, current_cuda_stream()));
+    return handle.h;
+  }
+};
+
+// The descriptors and algorithms of one shape.
+struct cudnn_conv {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionFwdAlgo_t forward{};
+  cudnnConvolutionBwdDataAlgo_t backward_data{};
+  cudnnConvolutionBwdFilterAlgo_t backward_filter{};
+  std::size_t forward_bytes = 0, data_bytes = 0, filter_bytes = 0;
+  cudnn_conv() = default;
+  cudnn_conv(cudnn_conv const&) = delete;
+  cudnn_conv& operator=(cudnn_conv const&) = delete;
+  ~cudnn_conv() {
+    if (x) (void)cudnnDestroyTensorDescriptor(x);
+    if (y) (void)cudnnDestroyTensorDescriptor(y);
+    if (b) (void)cudnnDestroyTensorDescriptor(b);
+    if (w) (void)cudnnDestroyFilterDescriptor(w);
+    if (conv) (void)cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+// The first algorithm of cuDNN's ranking that it says works for the shape.
+template <class Perf>
+Perf first_working(Perf const* perf, int count, char const* what) {
+  for (int i = 0; i < count; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS) return perf[i];
+  REMAT_NAMESPACE::detail::raise<cuda_error>("conv2d: cuDNN has no ", what, " algorithm for this shape");
+}
+
+inline cudnn_conv const& cudnn_conv_for(conv_shape const& c) {
+  thread_local std::map<onednn_conv_key_t, std::unique_ptr<cudnn_conv>> cache;
+  onednn_conv_key_t const key{c.batch, c.in_channels, c.height, c.width, c.out_channels, c.kernel, c.stride,
+                              c.padding, false};
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  auto p = std::make_unique<cudnn_conv>();
+  auto i = [](std::size_t v) { return int(v); };
+  REMAT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
+  REMAT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y));
+  REMAT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->b));
+  REMAT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p->w));
+  REMAT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p->conv));
+  REMAT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(c.batch),
+                                               i(c.in_channels), i(c.height), i(c.width)));
+  REMAT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(c.batch),
+                                               i(c.out_channels), i(c.out_height()), i(c.out_width())));
+  REMAT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, i(c.out_channels), 1, 1));
+  REMAT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(c.out_channels),
+                                               i(c.in_channels), i(c.kernel), i(c.kernel)));
+  REMAT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p->conv, i(c.padding), i(c.padding), i(c.stride), i(c.stride), 1,
+                                                    1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  REMAT_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
+  int n = 0, ch = 0, h = 0, w = 0;
+  REMAT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n, &ch, &h, &w));
+  if (std::size_t(h) != c.out_height() || std::size_t(w) != c.out_width())
+    REMAT_NAMESPACE::detail::raise<cuda_error>("conv2d: cuDNN's output is ", h, " x ", w, ", expected ",
+                                               c.out_height(), " x ", c.out_width());
+  cudnnHandle_t const handle = cudnn_handle::on_current_stream();
+  constexpr int ask = 8;
+  int got = 0;
+  cudnnConvolutionFwdAlgoPerf_t fwd[ask];
+  REMAT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, p->x, p->w, p->conv, p->y, ask, &got, fwd));
+  auto const f = first_working(fwd, got, "forward");
+  p->forward = f.algo;
+  p->forward_bytes = f.memory;
+  cudnnConvolutionBwdDataAlgoPerf_t data[ask];
+  REMAT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, p->w, p->y, p->conv, p->x, ask, &got, data));
+  auto const d = first_working(data, got, "backward data");
+  p->backward_data = d.algo;
+  p->data_bytes = d.memory;
+  cudnnConvolutionBwdFilterAlgoPerf_t filter[ask];
+  REMAT_CUDNN_CHECK(
+      cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, p->x, p->y, p->conv, p->w, ask, &got, filter));
+  auto const g = first_working(filter, got, "backward filter");
+  p->backward_filter = g.algo;
+  p->filter_bytes = g.memory;
+  return *cache.emplace(key, std::move(p)).first->second;
+}
+#endif
+
+#if defined(REMAT_GEMM_ONEDNN)
+using onednn_conv_key = onednn_conv_key_t;
 
 // The three primitives of one shape, the layouts each chose (oneDNN's blocked formats, faster
 // than plain NCHW for its vectorised kernels), and their scratchpads' bytes.
@@ -313,6 +427,36 @@ void conv2d_backward(host, conv_shape const& c, T const* x, T const* w, T const*
 #endif
   detail::im2col_backward(c, x, w, dy, dx, dw, db);
 }
+
+#if REMAT_HAS_CUDA && defined(REMAT_HAS_CUDNN)
+// The GPU's y = conv(x, w) + b (b may be null), fp32, on the current stream.
+inline void conv2d_forward(cuda, conv_shape const& c, float const* x, float const* w, float const* b, float* y) {
+  auto const& p = detail::cudnn_conv_for(c);
+  cudnnHandle_t const h = detail::cudnn_handle::on_current_stream();
+  memory::scratch_buffer<cuda> workspace(p.forward_bytes);
+  float const one = 1, zero = 0;
+  REMAT_CUDNN_CHECK(cudnnConvolutionForward(h, &one, p.x, x, p.w, w, p.conv, p.forward, workspace.get(),
+                                            p.forward_bytes, &zero, p.y, y));
+  if (b) REMAT_CUDNN_CHECK(cudnnAddTensor(h, &one, p.b, b, &one, p.y, y));
+}
+
+// The GPU's backward: dx (null: not wanted) written; dw += and db += (db null: no bias).
+inline void conv2d_backward(cuda, conv_shape const& c, float const* x, float const* w, float const* dy, float* dx,
+                            float* dw, float* db) {
+  auto const& p = detail::cudnn_conv_for(c);
+  cudnnHandle_t const h = detail::cudnn_handle::on_current_stream();
+  float const one = 1, zero = 0;
+  if (dx) {
+    memory::scratch_buffer<cuda> workspace(p.data_bytes);
+    REMAT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, p.w, w, p.y, dy, p.conv, p.backward_data,
+                                                   workspace.get(), p.data_bytes, &zero, p.x, dx));
+  }
+  memory::scratch_buffer<cuda> workspace(p.filter_bytes);
+  REMAT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, x, p.y, dy, p.conv, p.backward_filter,
+                                                   workspace.get(), p.filter_bytes, &one, p.w, dw));
+  if (db) REMAT_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, p.y, dy, &one, p.b, db));
+}
+#endif
 
 }  // namespace kernels
 }  // namespace REMAT_NAMESPACE

@@ -1,18 +1,21 @@
-// Image kernels on the host beside the convolution (kernels/conv.hpp): batch and group
-// normalisation, max and average pooling, nearest-neighbour upsampling. NCHW rows as there: image
-// n is row n, its planes channel by channel.
+// Image kernels beside the convolution (kernels/conv.hpp): batch and group normalisation, max and
+// average pooling, nearest-neighbour upsampling. NCHW rows as there: image n is row n, its planes
+// channel by channel.
 //
-// Memory-bound passes over planes, written as plain loops: oneDNN's own versions of these would
-// want its blocked layouts to pay off, and these ones are a few lines each whose sums run in a
-// fixed order (per channel or per group, over the batch in order), so the results do not depend on
-// the thread count and every storage policy stays bit for bit. Statistics accumulate in the
-// compute type (fp32 for fp32, fp64 for double).
+// Memory-bound passes over planes, written once for both devices as loops over an index
+// (for_each_index: OpenMP threads on the host, one GPU thread per index on CUDA): oneDNN's and
+// cuDNN's own versions would want their own layouts to pay off, and these are a few lines each
+// whose sums run in a fixed order (per channel or per group, over the batch in order), so the
+// results do not depend on the thread count and every storage policy stays bit for bit.
+// Statistics accumulate in the compute type (fp32 for fp32, fp64 for double). On the GPU the
+// per-channel passes (batch normalisation's statistics and gradients) are one thread per channel:
+// correct, not tuned (a block per channel is the next step).
 #pragma once
 
+#include "../expr/math.hpp"
 #include "../numeric/compute.hpp"
 #include "rows.hpp"
 
-#include <cmath>
 #include <cstddef>
 
 namespace REMAT_NAMESPACE {
@@ -29,7 +32,7 @@ namespace detail {
 // The sum of f(i) over the `count` values of channel c in every image, images in order (each
 // image's plane summed in 16 lanes: row_sum).
 template <class V, class F>
-V channel_sum(planes const& p, std::size_t c, F&& f) {
+REMAT_INLINE_HOST_DEVICE V channel_sum(planes const& p, std::size_t c, F&& f) {
   V s = 0;
   for (std::size_t n = 0; n < p.batch; ++n) {
     std::size_t const base = n * p.image() + c * p.plane;
@@ -37,25 +40,30 @@ V channel_sum(planes const& p, std::size_t c, F&& f) {
   }
   return s;
 }
+// NaN is the only value unequal to itself (std::isnan is not a device function).
+template <class T>
+REMAT_INLINE_HOST_DEVICE bool is_nan(T v) {
+  return !(v == v);
+}
 }  // namespace detail
 
 // ---- batch normalisation (per channel, over the batch and the plane)
 
 // Training: the batch's mean and rstd = 1 / sqrt(biased variance + eps) per channel into
 // mean/rstd (and the biased variance into var), y = (x - mean) * rstd * gamma + beta.
-template <class T>
-void batch_norm_forward_training(planes const& p, T const* x, T const* gamma, T const* beta, double eps, T* y,
+template <class T, device_tag D>
+void batch_norm_forward_training(D, planes const& p, T const* x, T const* gamma, T const* beta, double eps, T* y,
                                  compute_type_t<T>* mean, compute_type_t<T>* rstd, compute_type_t<T>* var) {
   using V = compute_type_t<T>;
   V const count = V(p.batch * p.plane);
-  for_each_index(host{}, p.channels, p.size(), [=](std::size_t c) {
+  for_each_index(D{}, p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t c) {
     V const m = detail::channel_sum<V>(p, c, [&](std::size_t i) { return V(x[i]); }) / count;
     V const q = detail::channel_sum<V>(p, c, [&](std::size_t i) {
       V const d = V(x[i]) - m;
       return d * d;
     });
     V const v = q / count;
-    V const r = V(1) / std::sqrt(v + V(eps));
+    V const r = V(1) / expr::math::sqrt(v + V(eps));
     V const a = r * V(gamma[c]), b = V(beta[c]) - m * a;
     for (std::size_t n = 0; n < p.batch; ++n) {
       std::size_t const base = n * p.image() + c * p.plane;
@@ -68,13 +76,13 @@ void batch_norm_forward_training(planes const& p, T const* x, T const* gamma, T 
 }
 
 // Inference: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta.
-template <class T, class B>
-void batch_norm_forward_inference(planes const& p, T const* x, T const* gamma, T const* beta, B const* running_mean,
+template <class T, class B, device_tag D>
+void batch_norm_forward_inference(D, planes const& p, T const* x, T const* gamma, T const* beta, B const* running_mean,
                                   B const* running_var, double eps, T* y) {
   using V = compute_type_t<T>;
-  for_each_index(host{}, p.batch * p.channels, p.size(), [=](std::size_t k) {
+  for_each_index(D{}, p.batch * p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t k) {
     std::size_t const c = k % p.channels;
-    V const a = V(gamma[c]) / std::sqrt(V(running_var[c]) + V(eps)), b = V(beta[c]) - V(running_mean[c]) * a;
+    V const a = V(gamma[c]) / expr::math::sqrt(V(running_var[c]) + V(eps)), b = V(beta[c]) - V(running_mean[c]) * a;
     T const* xr = x + k * p.plane;
     T* yr = y + k * p.plane;
     for (std::size_t i = 0; i < p.plane; ++i) yr[i] = T(V(xr[i]) * a + b);
@@ -82,25 +90,25 @@ void batch_norm_forward_inference(planes const& p, T const* x, T const* gamma, T
 }
 
 // running = (1 - momentum) running + momentum batch, the variance unbiased (PyTorch's update).
-template <class B, class V>
-void batch_norm_update_running(std::size_t channels, std::size_t count, double momentum, V const* mean, V const* var,
+template <class B, class V, device_tag D>
+void batch_norm_update_running(D, std::size_t channels, std::size_t count, double momentum, V const* mean, V const* var,
                                B* running_mean, B* running_var) {
   double const unbias = count > 1 ? double(count) / double(count - 1) : 1.0;
-  for (std::size_t c = 0; c < channels; ++c) {
+  for_each_index(D{}, channels, channels, [=] REMAT_LAMBDA(std::size_t c) {
     running_mean[c] = B((1 - momentum) * double(running_mean[c]) + momentum * double(mean[c]));
     running_var[c] = B((1 - momentum) * double(running_var[c]) + momentum * double(var[c]) * unbias);
-  }
+  });
 }
 
 // With xhat = (x - mean) * rstd: dgamma += sum dy * xhat, dbeta += sum dy per channel, and
 // dx = gamma * rstd * (dy - mean(dy) - xhat * mean(dy * xhat)) (null dx: parameter gradients only).
 // dx may alias dy.
-template <class T, class G>
-void batch_norm_backward(planes const& p, T const* x, T const* gamma, compute_type_t<T> const* mean,
+template <class T, class G, device_tag D>
+void batch_norm_backward(D, planes const& p, T const* x, T const* gamma, compute_type_t<T> const* mean,
                          compute_type_t<T> const* rstd, T const* dy, T* dx, G* dgamma, G* dbeta) {
   using V = compute_type_t<T>;
   V const count = V(p.batch * p.plane);
-  for_each_index(host{}, p.channels, 2 * p.size(), [=](std::size_t c) {
+  for_each_index(D{}, p.channels, 2 * p.size(), [=] REMAT_LAMBDA(std::size_t c) {
     V const m = mean[c], r = rstd[c];
     V const sd = detail::channel_sum<V>(p, c, [&](std::size_t i) { return V(dy[i]); });
     V const sdx = detail::channel_sum<V>(p, c, [&](std::size_t i) { return V(dy[i]) * ((V(x[i]) - m) * r); });
@@ -121,12 +129,12 @@ void batch_norm_backward(planes const& p, T const* x, T const* gamma, compute_ty
 // ---- group normalisation (per image and group of channels; affine per channel)
 
 // mean and rstd per (image, group), `groups` per image, in mean/rstd[n * groups + g].
-template <class T>
-void group_norm_forward(planes const& p, std::size_t groups, T const* x, T const* gamma, T const* beta, double eps,
+template <class T, device_tag D>
+void group_norm_forward(D, planes const& p, std::size_t groups, T const* x, T const* gamma, T const* beta, double eps,
                         T* y, compute_type_t<T>* mean, compute_type_t<T>* rstd) {
   using V = compute_type_t<T>;
   std::size_t const per = p.channels / groups, span = per * p.plane;
-  for_each_index(host{}, p.batch * groups, p.size(), [=](std::size_t k) {
+  for_each_index(D{}, p.batch * groups, p.size(), [=] REMAT_LAMBDA(std::size_t k) {
     std::size_t const n = k / groups, g = k % groups;
     T const* xg = x + n * p.image() + g * span;
     V const m = detail::row_sum<V>(span, [&](std::size_t i) { return V(xg[i]); }) / V(span);
@@ -134,7 +142,7 @@ void group_norm_forward(planes const& p, std::size_t groups, T const* x, T const
       V const d = V(xg[i]) - m;
       return d * d;
     });
-    V const r = V(1) / std::sqrt(q / V(span) + V(eps));
+    V const r = V(1) / expr::math::sqrt(q / V(span) + V(eps));
     T* yg = y + n * p.image() + g * span;
     for (std::size_t j = 0; j < per; ++j) {
       std::size_t const c = g * per + j;
@@ -149,13 +157,13 @@ void group_norm_forward(planes const& p, std::size_t groups, T const* x, T const
 // dgamma += sum dy * xhat, dbeta += sum dy per channel (images in order); per (image, group) with
 // h = dy * gamma: dx = rstd * (h - mean(h) - xhat * mean(h * xhat)). dx may alias dy (the
 // parameter gradients are done first).
-template <class T, class G>
-void group_norm_backward(planes const& p, std::size_t groups, T const* x, T const* gamma,
+template <class T, class G, device_tag D>
+void group_norm_backward(D, planes const& p, std::size_t groups, T const* x, T const* gamma,
                          compute_type_t<T> const* mean, compute_type_t<T> const* rstd, T const* dy, T* dx, G* dgamma,
                          G* dbeta) {
   using V = compute_type_t<T>;
   std::size_t const per = p.channels / groups, span = per * p.plane;
-  for_each_index(host{}, p.channels, p.size(), [=](std::size_t c) {
+  for_each_index(D{}, p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t c) {
     std::size_t const g = c / per;
     V sdx = 0, sd = 0;
     for (std::size_t n = 0; n < p.batch; ++n) {
@@ -168,7 +176,7 @@ void group_norm_backward(planes const& p, std::size_t groups, T const* x, T cons
     dbeta[c] = G(V(dbeta[c]) + sd);
   });
   if (!dx) return;
-  for_each_index(host{}, p.batch * groups, 2 * p.size(), [=](std::size_t k) {
+  for_each_index(D{}, p.batch * groups, 2 * p.size(), [=] REMAT_LAMBDA(std::size_t k) {
     std::size_t const n = k / groups, g = k % groups;
     std::size_t const base = n * p.image() + g * span;
     V const m = mean[k], r = rstd[k];
@@ -192,10 +200,10 @@ struct pool_shape {
 };
 
 // y = the largest value of each window (a NaN wins, as in PyTorch).
-template <class T>
-void max_pool_forward(std::size_t planes_count, pool_shape const& s, T const* x, T* y) {
+template <class T, device_tag D>
+void max_pool_forward(D, std::size_t planes_count, pool_shape const& s, T const* x, T* y) {
   std::size_t const ho = s.out_height(), wo = s.out_width();
-  for_each_index(host{}, planes_count, planes_count * s.height * s.width, [=](std::size_t k) {
+  for_each_index(D{}, planes_count, planes_count * s.height * s.width, [=] REMAT_LAMBDA(std::size_t k) {
     T const* xp = x + k * s.height * s.width;
     T* yp = y + k * ho * wo;
     for (std::size_t oi = 0; oi < ho; ++oi)
@@ -205,8 +213,8 @@ void max_pool_forward(std::size_t planes_count, pool_shape const& s, T const* x,
         for (std::size_t a = 0; a < s.kernel; ++a)
           for (std::size_t b = 0; b < s.kernel; ++b) {
             T const v = w0[a * s.width + b];
-            if (v > best || std::isnan(v)) best = v;
-            if (std::isnan(best)) break;
+            if (v > best || detail::is_nan(v)) best = v;
+            if (detail::is_nan(best)) break;
           }
         yp[oi * wo + oj] = best;
       }
@@ -215,10 +223,10 @@ void max_pool_forward(std::size_t planes_count, pool_shape const& s, T const* x,
 
 // dx = each window's dy at the window's first largest value (in row-major order), summed where
 // windows overlap.
-template <class T>
-void max_pool_backward(std::size_t planes_count, pool_shape const& s, T const* x, T const* dy, T* dx) {
+template <class T, device_tag D>
+void max_pool_backward(D, std::size_t planes_count, pool_shape const& s, T const* x, T const* dy, T* dx) {
   std::size_t const ho = s.out_height(), wo = s.out_width(), hw = s.height * s.width;
-  for_each_index(host{}, planes_count, planes_count * hw, [=](std::size_t k) {
+  for_each_index(D{}, planes_count, planes_count * hw, [=] REMAT_LAMBDA(std::size_t k) {
     T const* xp = x + k * hw;
     T* dxp = dx + k * hw;
     for (std::size_t i = 0; i < hw; ++i) dxp[i] = T(0);
@@ -229,7 +237,7 @@ void max_pool_backward(std::size_t planes_count, pool_shape const& s, T const* x
         for (std::size_t a = 0; a < s.kernel; ++a)
           for (std::size_t b = 0; b < s.kernel; ++b) {
             std::size_t const i = w0 + a * s.width + b;
-            if (xp[i] > xp[at] || (std::isnan(xp[i]) && !std::isnan(xp[at]))) at = i;
+            if (xp[i] > xp[at] || (detail::is_nan(xp[i]) && !detail::is_nan(xp[at]))) at = i;
           }
         dxp[at] += dy[k * ho * wo + oi * wo + oj];
       }
@@ -237,12 +245,12 @@ void max_pool_backward(std::size_t planes_count, pool_shape const& s, T const* x
 }
 
 // y = the mean of each window.
-template <class T>
-void avg_pool_forward(std::size_t planes_count, pool_shape const& s, T const* x, T* y) {
+template <class T, device_tag D>
+void avg_pool_forward(D, std::size_t planes_count, pool_shape const& s, T const* x, T* y) {
   using V = compute_type_t<T>;
   std::size_t const ho = s.out_height(), wo = s.out_width();
   V const inv = V(1) / V(s.kernel * s.kernel);
-  for_each_index(host{}, planes_count, planes_count * s.height * s.width, [=](std::size_t k) {
+  for_each_index(D{}, planes_count, planes_count * s.height * s.width, [=] REMAT_LAMBDA(std::size_t k) {
     T const* xp = x + k * s.height * s.width;
     T* yp = y + k * ho * wo;
     for (std::size_t oi = 0; oi < ho; ++oi)
@@ -257,12 +265,12 @@ void avg_pool_forward(std::size_t planes_count, pool_shape const& s, T const* x,
 }
 
 // dx = dy / kernel² spread over each window, summed where windows overlap.
-template <class T>
-void avg_pool_backward(std::size_t planes_count, pool_shape const& s, T const* dy, T* dx) {
+template <class T, device_tag D>
+void avg_pool_backward(D, std::size_t planes_count, pool_shape const& s, T const* dy, T* dx) {
   using V = compute_type_t<T>;
   std::size_t const ho = s.out_height(), wo = s.out_width(), hw = s.height * s.width;
   V const inv = V(1) / V(s.kernel * s.kernel);
-  for_each_index(host{}, planes_count, planes_count * hw, [=](std::size_t k) {
+  for_each_index(D{}, planes_count, planes_count * hw, [=] REMAT_LAMBDA(std::size_t k) {
     T* dxp = dx + k * hw;
     for (std::size_t i = 0; i < hw; ++i) dxp[i] = T(0);
     for (std::size_t oi = 0; oi < ho; ++oi)
@@ -276,11 +284,11 @@ void avg_pool_backward(std::size_t planes_count, pool_shape const& s, T const* d
 }
 
 // Nearest-neighbour upsampling by `factor` on both axes: y[i, j] = x[i / factor, j / factor].
-template <class T>
-void upsample_nearest_forward(std::size_t planes_count, std::size_t height, std::size_t width, std::size_t factor,
+template <class T, device_tag D>
+void upsample_nearest_forward(D, std::size_t planes_count, std::size_t height, std::size_t width, std::size_t factor,
                               T const* x, T* y) {
   std::size_t const wo = width * factor, ho = height * factor;
-  for_each_index(host{}, planes_count, planes_count * ho * wo, [=](std::size_t k) {
+  for_each_index(D{}, planes_count, planes_count * ho * wo, [=] REMAT_LAMBDA(std::size_t k) {
     T const* xp = x + k * height * width;
     T* yp = y + k * ho * wo;
     for (std::size_t i = 0; i < ho; ++i)
@@ -289,12 +297,12 @@ void upsample_nearest_forward(std::size_t planes_count, std::size_t height, std:
 }
 
 // dx[i, j] = the sum of dy over the factor x factor block that copied x[i, j] (in row-major order).
-template <class T>
-void upsample_nearest_backward(std::size_t planes_count, std::size_t height, std::size_t width, std::size_t factor,
+template <class T, device_tag D>
+void upsample_nearest_backward(D, std::size_t planes_count, std::size_t height, std::size_t width, std::size_t factor,
                                T const* dy, T* dx) {
   using V = compute_type_t<T>;
   std::size_t const wo = width * factor, ho = height * factor;
-  for_each_index(host{}, planes_count, planes_count * ho * wo, [=](std::size_t k) {
+  for_each_index(D{}, planes_count, planes_count * ho * wo, [=] REMAT_LAMBDA(std::size_t k) {
     T const* dyp = dy + k * ho * wo;
     T* dxp = dx + k * height * width;
     for (std::size_t i = 0; i < height; ++i)

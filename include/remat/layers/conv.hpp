@@ -9,8 +9,8 @@
 // (a safetensors file reads into nn.Conv2d unchanged).
 //
 // The convolution goes through s.product, so Selective keeps its output and a recomputation takes
-// it back. Host: oneDNN for fp32 (im2col + GEMM for double, the gradient checker's precision). Not
-// yet: 16-bit activations and the GPU (cuDNN); both are refused at compile time.
+// it back. Host: oneDNN for fp32 (im2col + GEMM for double, the gradient checker's precision). GPU:
+// cuDNN, fp32. Not yet: 16-bit activations (refused at compile time).
 #pragma once
 
 #include "../kernels/conv.hpp"
@@ -56,10 +56,20 @@ struct Conv2d {
   template <class S>
   static constexpr void check_state() {
     if constexpr (S::computes) {
-      static_assert(std::is_same_v<typename S::device, host>,
-                    "remat::Conv2d: the GPU convolution (cuDNN) is not built yet; Conv2d runs on the host");
       static_assert(std::is_same_v<typename S::value_type, float> || std::is_same_v<typename S::value_type, double>,
                     "remat::Conv2d: fp32 (and double) activations only; mixed precision is not built yet");
+#if REMAT_HAS_CUDA
+      if constexpr (std::is_same_v<typename S::device, cuda>) {
+#if defined(REMAT_HAS_CUDNN)
+        static_assert(std::is_same_v<typename S::value_type, float>,
+                      "remat::Conv2d: on the GPU, fp32 activations only (cuDNN)");
+#else
+        static_assert(sizeof(S*) == 0,
+                      "remat::Conv2d: the GPU convolution needs cuDNN (remat::cuda links it when the CUDA toolkit "
+                      "has it; REMAT_HAS_CUDNN is not defined)");
+#endif
+      }
+#endif
     }
   }
 
@@ -70,7 +80,8 @@ struct Conv2d {
     s.save(x);  // (first: it marks the products before this one needed, not this one)
     return s.product(rows, out_width, InChannels * Kernel * Kernel, [&](auto& out) {
       if constexpr (S::computes)
-        kernels::conv2d_forward(host{}, shape(rows), x->data(), p, Bias ? p + weight_count : nullptr, out.data());
+        kernels::conv2d_forward(typename S::device{}, shape(rows), x->data(), p, Bias ? p + weight_count : nullptr,
+                                out.data());
     });
   }
 
@@ -90,7 +101,7 @@ struct Conv2d {
     if constexpr (S::computes) {
       static_assert(std::is_same_v<typename S::grad_type, typename S::value_type>,
                     "remat::Conv2d: gradients in the activations' type only");
-      kernels::conv2d_backward(host{}, shape(rows), x->data(), p, dy->data(), wanted ? dx->data() : nullptr, g,
+      kernels::conv2d_backward(typename S::device{}, shape(rows), x->data(), p, dy->data(), wanted ? dx->data() : nullptr, g,
                                Bias ? g + weight_count : nullptr);
     }
     return dx;

@@ -11,7 +11,7 @@
 // second time in its recomputation). The update goes to a copy the model keeps, which becomes its
 // state only when the pass succeeds, so a pass that fails changes nothing.
 //
-// Host only, fp32 and double (as Conv2d).
+// fp32 and double, on the host and on the GPU (as Conv2d).
 #pragma once
 
 #include "../kernels/image.hpp"
@@ -23,12 +23,10 @@
 namespace REMAT_NAMESPACE {
 
 namespace detail {
-// The image layers' run-time requirements, checked at compile time: the host, fp32 or double.
+// The image layers' run-time requirements, checked at compile time: fp32 or double.
 template <class S>
 constexpr void check_image_state(char const*) {
   if constexpr (S::computes) {
-    static_assert(std::is_same_v<typename S::device, host>,
-                  "remat: the image layers (BatchNorm2d, GroupNorm, pooling, Upsample2d) run on the host only");
     static_assert(std::is_same_v<typename S::value_type, float> || std::is_same_v<typename S::value_type, double>,
                   "remat: the image layers take fp32 (and double) activations only; mixed precision is not built yet");
   }
@@ -82,7 +80,7 @@ struct BatchNorm2d {
       if constexpr (S::computes) {
         if (!running)
           detail::raise<error>("remat::BatchNorm2d: inference reads the model's running statistics; this pass has none");
-        kernels::batch_norm_forward_inference(planes(rows), x->data(), p, p + Channels, running, running + Channels,
+        kernels::batch_norm_forward_inference(typename S::device{}, planes(rows), x->data(), p, p + Channels, running, running + Channels,
                                               eps, y->data());
       }
       s.save(std::move(x));
@@ -95,10 +93,10 @@ struct BatchNorm2d {
         detail::raise<argument_error>("remat::BatchNorm2d: training expects more than one value per channel, found ",
                                       rows * Height * Width, " (batch ", rows, " of ", Height, " x ", Width, ")");
       auto* st = stat_data(stats->data());
-      kernels::batch_norm_forward_training(planes(rows), x->data(), p, p + Channels, eps, y->data(), st,
+      kernels::batch_norm_forward_training(typename S::device{}, planes(rows), x->data(), p, p + Channels, eps, y->data(), st,
                                            st + Channels, st + 2 * Channels);
       if (running && s.updates_buffers())
-        kernels::batch_norm_update_running(Channels, rows * Height * Width, momentum, st, st + 2 * Channels, running,
+        kernels::batch_norm_update_running(typename S::device{}, Channels, rows * Height * Width, momentum, st, st + 2 * Channels, running,
                                            running + Channels);
     }
     s.save(std::move(x));
@@ -119,7 +117,7 @@ struct BatchNorm2d {
       dx = s.hollow(dy->rows(), in_width);
     if constexpr (S::computes) {
       auto const* st = stat_data(stats->data());
-      kernels::batch_norm_backward(planes(dy->rows()), x->data(), p, st, st + Channels, dy->data(),
+      kernels::batch_norm_backward(typename S::device{}, planes(dy->rows()), x->data(), p, st, st + Channels, dy->data(),
                                    wanted ? dx->data() : nullptr, g, g + Channels);
     }
     return dx;
@@ -161,14 +159,14 @@ struct GroupNorm {
       A stats = s.make(rows, stat_columns<T>(2 * Groups));  // mean of every (image, group), then rstd
       if constexpr (S::computes) {
         auto* st = stat_data(stats->data());
-        kernels::group_norm_forward(planes(rows), Groups, x->data(), p, p + Channels, eps, y->data(), st,
+        kernels::group_norm_forward(typename S::device{}, planes(rows), Groups, x->data(), p, p + Channels, eps, y->data(), st,
                                     st + rows * Groups);
       }
       s.save(std::move(x));
       s.save(std::move(stats));
     } else {
       if constexpr (S::computes)
-        kernels::group_norm_forward<T>(planes(rows), Groups, x->data(), p, p + Channels, eps, y->data(), nullptr,
+        kernels::group_norm_forward<T>(typename S::device{}, planes(rows), Groups, x->data(), p, p + Channels, eps, y->data(), nullptr,
                                        nullptr);
       s.save(std::move(x));
     }
@@ -189,7 +187,7 @@ struct GroupNorm {
       dx = s.hollow(rows, in_width);
     if constexpr (S::computes) {
       auto const* st = stat_data(stats->data());
-      kernels::group_norm_backward(planes(rows), Groups, x->data(), p, st, st + rows * Groups, dy->data(),
+      kernels::group_norm_backward(typename S::device{}, planes(rows), Groups, x->data(), p, st, st + rows * Groups, dy->data(),
                                    wanted ? dx->data() : nullptr, g, g + Channels);
     }
     return dx;
@@ -229,7 +227,7 @@ struct MaxPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride
     detail::check_image_state<S>("MaxPool2d");
     std::size_t const rows = x->rows();
     typename S::act_type y = s.make(rows, out_width);
-    if constexpr (S::computes) kernels::max_pool_forward(rows * Channels, shape, x->data(), y->data());
+    if constexpr (S::computes) kernels::max_pool_forward(typename S::device{}, rows * Channels, shape, x->data(), y->data());
     s.save(std::move(x));
     return y;
   }
@@ -241,7 +239,7 @@ struct MaxPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride
     typename S::act_type dx;
     if (!s.needs_gradient(x)) return s.hollow(rows, in_width);
     dx = s.make(rows, in_width);
-    if constexpr (S::computes) kernels::max_pool_backward(rows * Channels, shape, x->data(), dy->data(), dx->data());
+    if constexpr (S::computes) kernels::max_pool_backward(typename S::device{}, rows * Channels, shape, x->data(), dy->data(), dx->data());
     return dx;
   }
 };
@@ -259,14 +257,14 @@ struct AvgPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
     detail::check_image_state<S>("AvgPool2d");
     typename S::act_type y = s.make(x->rows(), out_width);
-    if constexpr (S::computes) kernels::avg_pool_forward(x->rows() * Channels, shape, x->data(), y->data());
+    if constexpr (S::computes) kernels::avg_pool_forward(typename S::device{}, x->rows() * Channels, shape, x->data(), y->data());
     return y;
   }
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr,
                                                  typename S::act_type dy) {
     typename S::act_type dx = s.make(dy->rows(), in_width);
-    if constexpr (S::computes) kernels::avg_pool_backward(dy->rows() * Channels, shape, dy->data(), dx->data());
+    if constexpr (S::computes) kernels::avg_pool_backward(typename S::device{}, dy->rows() * Channels, shape, dy->data(), dx->data());
     return dx;
   }
 };
@@ -290,7 +288,7 @@ struct Upsample2d {
     detail::check_image_state<S>("Upsample2d");
     typename S::act_type y = s.make(x->rows(), out_width);
     if constexpr (S::computes)
-      kernels::upsample_nearest_forward(x->rows() * Channels, Height, Width, Factor, x->data(), y->data());
+      kernels::upsample_nearest_forward(typename S::device{}, x->rows() * Channels, Height, Width, Factor, x->data(), y->data());
     return y;
   }
   template <class S>
@@ -298,7 +296,7 @@ struct Upsample2d {
                                                  typename S::act_type dy) {
     typename S::act_type dx = s.make(dy->rows(), in_width);
     if constexpr (S::computes)
-      kernels::upsample_nearest_backward(dy->rows() * Channels, Height, Width, Factor, dy->data(), dx->data());
+      kernels::upsample_nearest_backward(typename S::device{}, dy->rows() * Channels, Height, Width, Factor, dy->data(), dx->data());
     return dx;
   }
 };
