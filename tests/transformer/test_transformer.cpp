@@ -321,6 +321,9 @@ TEST_CASE("transformer: bad input is refused with a clear error and changes noth
   SECTION("a sequence model reading features needs whole sequences") {
     model<Seq<Linear<5, 8>, GPTBlock<8, 2>>> f;
     tensor<float> x(6, 5), t(6, 8);
+    // (values: a new tensor's memory is whatever the allocator held, NaN included)
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * float(i % 7);
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.0f;
     CHECK_THROWS_WITH(f.forward(x), Catch::Contains("call set_sequence_length first"));
     f.set_sequence_length(4);
     CHECK_THROWS_AS(f.accumulate<MSE>(x, t), shape_error);
