@@ -21,7 +21,11 @@
 // activation plans stored and checkpointed, and then shows a budget that only checkpointing fits:
 // the same model on a 128² grid at batch 32, under an allocator limit between the two plans.
 //
-//   surrogate [--steps 400] [--batch 16] [--runs 12] [--ahead 4] [--checkpoint] [--seed 1] [--quick]
+//   surrogate [--steps 400] [--batch 16] [--runs 12] [--ahead 4] [--checkpoint] [--bf16] [--seed 1] [--quick]
+//
+// --bf16 trains in mixed<bfloat16>: activations and the weights' compute copy in bfloat16
+// (oneDNN's bf16 convolutions where the processor has them), master weights, gradients, AdamW's
+// state and BatchNorm's running statistics in fp32.
 //
 // Exits non-zero unless the validation error is at most half of persistence's (relative RMSE of
 // the next state <= 0.5), or the budget demonstration fails. On an Intel Xeon with 2 cores the
@@ -144,18 +148,18 @@ dataset simulate(std::size_t g, std::size_t runs, std::uint64_t seed, std::uint6
 
 // Relative RMSE of the model's next state against the solver's, and persistence's (which is 1 by
 // this measure's definition: its error is the increment). Inference: BatchNorm's running statistics.
-template <class Net>
-double validation_error(model<Net> const& m, dataset const& d, double du_scale) {
+template <class Net, class P>
+double validation_error(model<Net, host, P> const& m, dataset const& d, double du_scale) {
   std::size_t const w = 2 * d.g * d.g, chunk = 16;
   double err = 0, base = 0;
   for (std::size_t first = 0; first < d.count; first += chunk) {
     std::size_t const rows = std::min(chunk, d.count - first);
     tensor<float> x{index_t(rows), index_t(w)};
     std::memcpy(x.data(), d.x.data() + first * w, rows * w * sizeof(float));
-    tensor<float> const y = m.forward(x);
+    auto const y = m.forward(x);  // (16-bit under mixed precision)
     for (std::size_t i = 0; i < rows * w; ++i) {
       std::size_t const k = first * w + i;
-      double const predicted = d.now[k] + double(y.data()[i]) / du_scale;  // (the training set's scale)
+      double const predicted = d.now[k] + double(float(y.data()[i])) / du_scale;  // (the training set's scale)
       err += (predicted - d.next[k]) * (predicted - d.next[k]);
       base += (d.now[k] - d.next[k]) * (d.now[k] - d.next[k]);
     }
@@ -166,13 +170,13 @@ double validation_error(model<Net> const& m, dataset const& d, double du_scale) 
 struct options {
   std::size_t steps = 400, batch = 16, runs = 12, ahead = 4;
   std::uint64_t seed = 1;
-  bool checkpoint = false, quick = false;
+  bool checkpoint = false, quick = false, bf16 = false;
 };
 
-template <class Net>
+template <class Net, class P>
 double train(options const& o, dataset const& train_set, dataset const& val) {
   memory::caching_allocator<host> alloc;
-  model<Net> m(seed{o.seed}, alloc);
+  model<Net, host, P> m(seed{o.seed}, alloc);
   AdamW opt(m, {.lr = 1e-2, .weight_decay = 1e-4});
   warmup_cosine schedule{.base_lr = 1e-2, .warmup = o.steps / 20 + 1, .total = o.steps, .min_lr = 1e-5};
   std::size_t const w = 2 * train_set.g * train_set.g;
@@ -208,8 +212,8 @@ double train(options const& o, dataset const& train_set, dataset const& val) {
   double const e = validation_error(m, val, train_set.du_scale);
   std::printf("\nvalidation error %.3f of persistence's (relative RMSE of the next state) after %zu steps, %.0f s\n",
               e, o.steps, seconds);
-  auto const plan = memory_plan<Net, fp32, AdamW>(o.batch);
-  std::printf("this run's step: activations %s measured, %s planned (%s)\n",
+  auto const plan = memory_plan<Net, P, AdamW>(o.batch);
+  std::printf("this run's step (%s): activations %s measured, %s planned (%s)\n", P::name,
               memory::format_bytes(alloc.stats()[memory::tag::activations].peak).c_str(),
               memory::format_bytes(plan.activations.peak_bytes).c_str(), o.checkpoint ? "checkpointed" : "stored");
   return e;
@@ -268,8 +272,11 @@ int main(int argc, char** argv) {
     else if (a == "--ahead") o.ahead = std::stoul(next());
     else if (a == "--checkpoint") o.checkpoint = true;
     else if (a == "--quick") o.quick = true;
+    else if (a == "--bf16") o.bf16 = true;
     else {
-      std::fprintf(stderr, "usage: %s [--steps 400] [--batch 16] [--runs 12] [--ahead 4] [--checkpoint] [--seed 1] [--quick]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--steps 400] [--batch 16] [--runs 12] [--ahead 4] [--checkpoint] [--bf16] [--seed 1] "
+                   "[--quick]\n",
                    argv[0]);
       return 2;
     }
@@ -290,15 +297,23 @@ int main(int argc, char** argv) {
   dataset const train_set = simulate(g, o.runs, o.seed, 0, ahead, 12);
   dataset const val = simulate(g, 3, o.seed, 1000, ahead, 8);
   std::printf("%zu training samples, %zu validation samples\n", train_set.count, val.count);
-  std::printf("model: %zu residual blocks of %zu channels, %zu parameters; %s\n", n::blocks, Width,
+  std::printf("model: %zu residual blocks of %zu channels, %zu parameters; %s; %s\n", n::blocks, Width,
               std::size_t(model<n::Stored>::parameter_count),
-              o.checkpoint ? "every block checkpointed" : "activations stored");
-  double const e = o.checkpoint ? train<n::Checkpointed_>(o, train_set, val) : train<n::Stored>(o, train_set, val);
+              o.checkpoint ? "every block checkpointed" : "activations stored",
+              o.bf16 ? "mixed<bfloat16> (bf16 activations, fp32 master weights)" : "fp32");
+  using B = mixed<bfloat16>;
+  double const e = o.bf16 ? (o.checkpoint ? train<n::Checkpointed_, B>(o, train_set, val)
+                                          : train<n::Stored, B>(o, train_set, val))
+                          : (o.checkpoint ? train<n::Checkpointed_, fp32>(o, train_set, val)
+                                          : train<n::Stored, fp32>(o, train_set, val));
 
   constexpr auto stored = activation_plan<n::Stored>(16), ckpt = activation_plan<n::Checkpointed_>(16);
-  std::printf("\nactivation plans at %zu², batch 16: stored %s, checkpointed %s (%.1fx less)\n", g,
-              memory::format_bytes(stored.peak_bytes).c_str(), memory::format_bytes(ckpt.peak_bytes).c_str(),
-              double(stored.peak_bytes) / double(ckpt.peak_bytes));
+  constexpr auto stored16 = activation_plan<n::Stored, mixed<bfloat16>>(16),
+                 ckpt16 = activation_plan<n::Checkpointed_, mixed<bfloat16>>(16);
+  std::printf("\nactivation plans at %zu², batch 16: stored %s, checkpointed %s (%.1fx less); in bf16 %s and %s\n",
+              g, memory::format_bytes(stored.peak_bytes).c_str(), memory::format_bytes(ckpt.peak_bytes).c_str(),
+              double(stored.peak_bytes) / double(ckpt.peak_bytes), memory::format_bytes(stored16.peak_bytes).c_str(),
+              memory::format_bytes(ckpt16.peak_bytes).c_str());
   int const budget = budget_demo();
   constexpr double bar = 0.5;
   if (e > bar) {

@@ -596,9 +596,9 @@ template <class Middle>
 using ConvNet = Seq<Conv2d<2, 4, 3, 8, 8, 1, 1>, BatchNorm2d<4, 8, 8>, ReLU, Middle, MaxPool2d<4, 8, 8>,
                     Upsample2d<4, 4, 4>, AvgPool2d<4, 8, 8, 2>, Linear<64, 3>>;
 
-template <class NetT, class D>
+template <class NetT, class D, class P = fp32>
 std::pair<std::vector<float>, std::vector<float>> train_conv(int steps = 3) {
-  model<NetT, D> m(seed{7});
+  model<NetT, D, P> m(seed{7});
   AdamW opt(m, {.lr = 1e-2});
   auto x = make<float, D>(6, 128, random_values<float>(6 * 128, 3));
   auto t = make<float, D>(6, 3, random_values<float>(6 * 3, 4));
@@ -631,5 +631,36 @@ TEST_CASE("cuda convolutions: cuDNN and the image kernels follow the host; every
   m.train_step<MSE>(x, t, opt);
   CHECK(alloc.stats()[memory::tag::activations].peak ==
         activation_plan<ConvNet<Repeat<2, Checkpointed<ConvBlock>>>>(5).peak_bytes);
+}
+
+TEST_CASE("cuda convolutions in mixed<bfloat16>: every policy bit for bit, gradients follow the host's",
+          "[cuda][conv][mixed]") {
+  using B = mixed<bfloat16>;
+  using Stored = ConvNet<Repeat<2, ConvBlock>>;
+  auto const [pg, bg] = train_conv<Stored, gpu, B>();
+  for (auto const& other : {train_conv<ConvNet<Repeat<2, Checkpointed<ConvBlock>>>, gpu, B>(),
+                            train_conv<ConvNet<Repeat<2, Selective<ConvBlock>>>, gpu, B>()}) {
+    CHECK(bitwise_equal(other.first, pg));
+    CHECK(bitwise_equal(other.second, bg));
+  }
+  // One pass's gradients against the host's bf16 model (oneDNN's bf16 convolution or the widened
+  // one there, cuDNN in fp32 on widened values here: the same rounded inputs, sums in other orders).
+  model<Stored, gpu, B> mg(seed{7});
+  model<Stored, host, B> mh(seed{7});
+  auto xg = make<float, gpu>(6, 128, random_values<float>(6 * 128, 3));
+  auto tg = make<float, gpu>(6, 3, random_values<float>(6 * 3, 4));
+  auto xh = make<float, host>(6, 128, random_values<float>(6 * 128, 3));
+  auto th = make<float, host>(6, 3, random_values<float>(6 * 3, 4));
+  mg.accumulate<MSE>(xg, tg);
+  mh.accumulate<MSE>(xh, th);
+  require_close(tensor_to_host(mg.gradients()), tensor_to_host(mh.gradients()), 0x1p-5, "bf16 gradients, one pass");
+  // The plan equals the measured peak in bf16 too.
+  memory::caching_allocator<gpu> alloc;
+  model<ConvNet<Repeat<2, Checkpointed<ConvBlock>>>, gpu, B> m(seed{1}, alloc);
+  SGD opt(m, {.lr = 0.01});
+  alloc.reset_peak();
+  m.train_step<MSE>(xg, tg, opt);
+  CHECK(alloc.stats()[memory::tag::activations].peak ==
+        activation_plan<ConvNet<Repeat<2, Checkpointed<ConvBlock>>>, B>(6).peak_bytes);
 }
 #endif

@@ -1,7 +1,9 @@
 // Conv2d: values by hand; oneDNN's fp32 forward and backward against the im2col + GEMM oracle in
 // double; the oracle (the double model's path) against central differences; every storage policy
 // over residual convolution blocks bit for bit, with the plan equal to the measured peak and what
-// the step reserves; bad input refused with nothing changed.
+// the step reserves; bad input refused with nothing changed. 16-bit: the bf16 path (oneDNN's, or
+// the widened one where the processor has no bf16 convolution) and the widened half path against
+// the fp32 convolution of the same rounded values.
 #include <remat/remat.hpp>
 
 #include <catch2/catch.hpp>
@@ -53,6 +55,54 @@ void require_matches_oracle(kernels::conv_shape c, bool bias) {
   kernels::conv2d_backward(host{}, c, xf.data(), wf.data(), dyf.data(), static_cast<float*>(nullptr), dw2.data(),
                            static_cast<float*>(nullptr));
   CHECK(dw2 == dwf);
+}
+
+
+// A 16-bit convolution against the fp32 one of the same (rounded) values: the products of 16-bit
+// values are exact in fp32 and the sums run in fp32, so the fp32 outputs and the weights' fp32
+// gradients agree to fp32 rounding, and the 16-bit outputs are those rounded once.
+template <class T>
+void require_matches_fp32(kernels::conv_shape c, bool widened) {
+  INFO((widened ? "widened" : "library path") << ", batch " << c.batch << ", " << c.in_channels << " -> "
+                                                << c.out_channels << " channels, " << c.height << " x " << c.width
+                                                << ", kernel " << c.kernel << ", stride " << c.stride);
+  auto rounded = [](std::vector<double> const& v) {
+    std::vector<T> r;
+    for (double e : v) r.push_back(T(float(e)));
+    return r;
+  };
+  auto widen = [](std::vector<T> const& v) {
+    std::vector<float> r;
+    for (T e : v) r.push_back(float(e));
+    return r;
+  };
+  auto const x = rounded(draw(c.batch * c.in_features(), 1)), w = rounded(draw(c.weight_count(), 2)),
+             b = rounded(draw(c.out_channels, 3)), dy = rounded(draw(c.batch * c.out_features(), 4));
+  auto const xf = widen(x), wf = widen(w), bf = widen(b), dyf = widen(dy);
+  std::vector<float> yf(c.batch * c.out_features()), dxf(xf.size()), dwf = to_float(draw(c.weight_count(), 5)),
+      dbf = to_float(draw(c.out_channels, 6));
+  std::vector<float> dw = dwf, db = dbf;
+  kernels::conv2d_forward(host{}, c, xf.data(), wf.data(), bf.data(), yf.data());
+  kernels::conv2d_backward(host{}, c, xf.data(), wf.data(), dyf.data(), dxf.data(), dwf.data(), dbf.data());
+  std::vector<T> y(yf.size()), dx(xf.size());
+  if (widened) {
+    kernels::detail::conv2d_forward_widened(host{}, c, x.data(), w.data(), b.data(), y.data());
+    kernels::detail::conv2d_backward_widened(host{}, c, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data());
+  } else {
+    kernels::conv2d_forward(host{}, c, x.data(), w.data(), b.data(), y.data());
+    kernels::conv2d_backward(host{}, c, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data());
+  }
+  double const unit = std::is_same_v<T, bfloat16> ? 0x1p-8 : 0x1p-11;  // (one rounding: half of this)
+  auto close16 = [&](std::vector<T> const& got, std::vector<float> const& want) {
+    double e = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      e = std::max(e, std::abs(double(float(got[i])) - double(want[i])) - unit * std::abs(double(want[i])));
+    return e;
+  };
+  CHECK(close16(y, yf) < 1e-5);
+  CHECK(close16(dx, dxf) < 1e-5);
+  CHECK(worst(dw, {dwf.begin(), dwf.end()}) < 1e-4);
+  CHECK(worst(db, {dbf.begin(), dbf.end()}) < 1e-4);
 }
 
 constexpr std::size_t C = 4, H = 8;
@@ -113,6 +163,15 @@ TEST_CASE("Conv2d: the fp32 path (oneDNN) against the im2col oracle in double", 
   require_matches_oracle({2, 3, 10, 7, 2, 5, 2, 2}, true);
   require_matches_oracle({5, 16, 12, 12, 16, 3, 1, 1}, true);
   require_matches_oracle({2, 2, 6, 6, 3, 4, 3, 0}, false);  // (the right padding oneDNN needs differs)
+}
+
+TEST_CASE("Conv2d in 16 bits against fp32 on the same rounded values", "[layers][conv][mixed]") {
+  for (kernels::conv_shape const c : {kernels::conv_shape{2, 3, 7, 6, 5, 3, 1, 1}, kernels::conv_shape{3, 16, 9, 9, 16, 3, 2, 1},
+                                      kernels::conv_shape{4, 8, 12, 12, 8, 3, 1, 1}}) {
+    require_matches_fp32<bfloat16>(c, false);
+    require_matches_fp32<bfloat16>(c, true);
+    require_matches_fp32<half>(c, false);
+  }
 }
 
 TEST_CASE("gradients: Conv2d against central differences", "[layers][conv][grad]") {

@@ -10,16 +10,21 @@
 // has it), fp32 goes to cuDNN's convolutions in NCHW (its legacy API, still in cuDNN 9): the
 // algorithms its heuristics rank first for the shape, chosen once per shape, FMA math (no TF32, so
 // the GPU's results follow the host's to fp32 rounding), workspace from remat's device allocator,
-// on the model's stream; the weights' and bias' gradients accumulate in place (beta = 1).
+// on the model's stream; the weights' and bias' gradients accumulate in place (beta = 1). 16-bit
+// activations (mixed<bfloat16>, mixed<half>) are widened to fp32 into scratch for the same calls
+// and the results rounded back once: correct, not tuned (cuDNN's own 16-bit convolutions are next).
 //
 // On the host, fp32 goes to oneDNN's convolution primitives (made once per shape and cached; their scratchpad
 // from remat's allocator, tagged workspace as the matrix products' is). Each primitive picks its
 // own layouts (blocked formats such as nChw16c, whose kernels vectorise over channels: bench_conv's
 // step went from 1.84 s to 1.00 s with 2 blocks at 64 channels, 64 x 64, batch 32, Intel Xeon, 2
 // cores); the arguments are reordered into them and the outputs back, per call, through buffers
-// of the same allocator. double, and fp32 when remat
-// was built without oneDNN, go to im2col + GEMM: the test oracle (tests check oneDNN's results
-// against it, and it against central differences).
+// of the same allocator. bfloat16 goes to oneDNN's bf16 primitives (AVX-512 BF16 and AMX where the
+// processor has them: bf16 inputs, fp32 accumulation, bf16 outputs, the weights' and bias' gradients
+// in fp32, the master gradients' type); where oneDNN has no bf16 convolution for the processor, and
+// for half, the inputs are widened to fp32 into scratch and the fp32 path runs. double, and fp32
+// when remat was built without oneDNN, go to im2col + GEMM: the test oracle (tests check oneDNN's
+// results against it, and it against central differences).
 #pragma once
 
 #include "../device.hpp"
@@ -138,11 +143,22 @@ void im2col_backward(conv_shape const& c, T const* x, T const* w, T const* dy, T
   }
 }
 
+// out[i] = float(in[i]) and back, on either device (the 16-bit paths that go through fp32).
+template <class T, device_tag D>
+void widen_to_float(D, T const* in, float* out, std::size_t n) {
+  for_each_index(D{}, n, n, [=] REMAT_LAMBDA(std::size_t i) { out[i] = float(in[i]); });
+}
+template <class T, device_tag D>
+void narrow_from_float(D, float const* in, T* out, std::size_t n) {
+  for_each_index(D{}, n, n, [=] REMAT_LAMBDA(std::size_t i) { out[i] = T(in[i]); });
+}
+
 // What a cached convolution is made for: the shape, and whether it has a bias.
 struct onednn_conv_key_t {
   std::size_t n, ci, h, w, co, k, s, p;
   bool bias;
-  auto tie() const { return std::tie(n, ci, h, w, co, k, s, p, bias); }
+  bool bf16 = false;  // bf16 activations and weights (fp32 gradients of the weights)
+  auto tie() const { return std::tie(n, ci, h, w, co, k, s, p, bias, bf16); }
   bool operator<(onednn_conv_key_t const& o) const { return tie() < o.tie(); }
 };
 
@@ -260,32 +276,37 @@ struct onednn_conv {
   dnnl::convolution_backward_weights backward_weights;
   std::size_t forward_pad, data_pad, weights_pad;
   dnnl::memory::desc src, weights, bias, dst;           // the caller's: NCHW, OIHW, X
+  dnnl::memory::desc diff_weights, diff_bias;           // the caller's gradients (fp32 for bf16)
   dnnl::memory::desc f_src, f_weights, f_dst;           // forward's
   dnnl::memory::desc d_src, d_weights, d_dst;           // backward data's (diff_src, weights, diff_dst)
   dnnl::memory::desc w_src, w_weights, w_dst, w_bias;   // backward weights' (src, diff_weights, diff_dst)
 };
 
-inline onednn_conv const& onednn_conv_for(conv_shape const& c, bool bias) {
+// The primitives of a shape in fp32, or in bf16 (null where oneDNN has no bf16 convolution for
+// this processor: the caller widens to fp32 instead).
+inline onednn_conv const* onednn_conv_for(conv_shape const& c, bool bias, bool bf16 = false) {
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   using dnnl::memory;
   static std::mutex mutex;
-  static std::map<onednn_conv_key, onednn_conv> cache;
-  onednn_conv_key const key{c.batch, c.in_channels, c.height, c.width, c.out_channels, c.kernel, c.stride,
-                            c.padding, bias};
+  static std::map<onednn_conv_key, std::unique_ptr<onednn_conv>> cache;  // (null: not supported)
+  onednn_conv_key const key{c.batch,  c.in_channels, c.height, c.width, c.out_channels,
+                            c.kernel, c.stride,      c.padding, bias,   bf16};
   std::lock_guard lock(mutex);
   auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+  if (it != cache.end()) return it->second.get();
   dnnl::engine const& eng = onednn_context::get().eng;
   auto d = [](std::size_t v) { return memory::dim(v); };
+  dt const act = bf16 ? dt::bf16 : dt::f32;
   memory::dims const src_dims{d(c.batch), d(c.in_channels), d(c.height), d(c.width)},
       wei_dims{d(c.out_channels), d(c.in_channels), d(c.kernel), d(c.kernel)},
       dst_dims{d(c.batch), d(c.out_channels), d(c.out_height()), d(c.out_width())};
-  memory::desc const src(src_dims, dt::f32, tag::nchw), wei(wei_dims, dt::f32, tag::oihw),
-      dst(dst_dims, dt::f32, tag::nchw);
-  memory::desc const any_src(src_dims, dt::f32, tag::any), any_wei(wei_dims, dt::f32, tag::any),
-      any_dst(dst_dims, dt::f32, tag::any);
-  memory::desc const bia = bias ? memory::desc({d(c.out_channels)}, dt::f32, tag::x) : memory::desc();
+  memory::desc const src(src_dims, act, tag::nchw), wei(wei_dims, act, tag::oihw), dst(dst_dims, act, tag::nchw),
+      dwei(wei_dims, dt::f32, tag::oihw);
+  memory::desc const any_src(src_dims, act, tag::any), any_wei(wei_dims, act, tag::any),
+      any_dst(dst_dims, act, tag::any), any_dwei(wei_dims, dt::f32, tag::any);
+  memory::desc const bia = bias ? memory::desc({d(c.out_channels)}, act, tag::x) : memory::desc();
+  memory::desc const dbia = bias ? memory::desc({d(c.out_channels)}, dt::f32, tag::x) : memory::desc();
   memory::dims const strides{d(c.stride), d(c.stride)}, left{d(c.padding), d(c.padding)};
   // (the right padding that makes oneDNN's output size PyTorch's floor division)
   memory::dims const right{d((c.out_height() - 1) * c.stride + c.kernel) - d(c.height) - d(c.padding),
@@ -293,26 +314,31 @@ inline onednn_conv const& onednn_conv_for(conv_shape const& c, bool bias) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   auto const alg = dnnl::algorithm::convolution_direct;
-  dnnl::convolution_forward::primitive_desc fwd(
-      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei, bia, any_dst, strides,
-                                      left, right),
-      attr, eng);
-  dnnl::convolution_backward_data::primitive_desc bwd_data(
-      dnnl::convolution_backward_data::desc(alg, any_src, any_wei, any_dst, strides, left, right), attr, eng, fwd);
-  dnnl::convolution_backward_weights::primitive_desc bwd_weights(
-      dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, bia, any_dst, strides, left, right), attr, eng,
-      fwd);
-  it = cache
-           .emplace(key, onednn_conv{dnnl::convolution_forward(fwd), dnnl::convolution_backward_data(bwd_data),
-                                     dnnl::convolution_backward_weights(bwd_weights),
-                                     fwd.scratchpad_desc().get_size(), bwd_data.scratchpad_desc().get_size(),
-                                     bwd_weights.scratchpad_desc().get_size(), src, wei, bia, dst, fwd.src_desc(),
-                                     fwd.weights_desc(), fwd.dst_desc(), bwd_data.diff_src_desc(),
-                                     bwd_data.weights_desc(), bwd_data.diff_dst_desc(), bwd_weights.src_desc(),
-                                     bwd_weights.diff_weights_desc(), bwd_weights.diff_dst_desc(),
-                                     bias ? bwd_weights.diff_bias_desc() : memory::desc()})
-           .first;
-  return it->second;
+  try {
+    dnnl::convolution_forward::primitive_desc fwd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei, bia, any_dst,
+                                        strides, left, right),
+        attr, eng);
+    dnnl::convolution_backward_data::primitive_desc bwd_data(
+        dnnl::convolution_backward_data::desc(alg, any_src, any_wei, any_dst, strides, left, right), attr, eng, fwd);
+    dnnl::convolution_backward_weights::primitive_desc bwd_weights(
+        dnnl::convolution_backward_weights::desc(alg, any_src, any_dwei, dbia, any_dst, strides, left, right), attr,
+        eng, fwd);
+    auto p = std::unique_ptr<onednn_conv>(new onednn_conv{
+        dnnl::convolution_forward(fwd), dnnl::convolution_backward_data(bwd_data),
+        dnnl::convolution_backward_weights(bwd_weights), fwd.scratchpad_desc().get_size(),
+        bwd_data.scratchpad_desc().get_size(), bwd_weights.scratchpad_desc().get_size(), src, wei, bia, dst, dwei,
+        dbia, fwd.src_desc(), fwd.weights_desc(), fwd.dst_desc(), bwd_data.diff_src_desc(), bwd_data.weights_desc(),
+        bwd_data.diff_dst_desc(), bwd_weights.src_desc(), bwd_weights.diff_weights_desc(),
+        bwd_weights.diff_dst_desc(), bias ? bwd_weights.diff_bias_desc() : memory::desc()});
+    return cache.emplace(key, std::move(p)).first->second.get();
+  } catch (dnnl::error const& e) {
+    // bf16 on a processor without the instructions oneDNN wants for it: not an error, the
+    // caller widens. fp32 always has a primitive; a failure there is one.
+    if (!bf16 || e.status != dnnl_unimplemented)
+      REMAT_NAMESPACE::detail::raise<error>("conv2d: oneDNN could not make the convolution: ", e.what());
+    return cache.emplace(key, nullptr).first->second.get();
+  }
 }
 
 // One argument of a primitive: the caller's memory in its layout, and the layout the primitive
@@ -364,68 +390,132 @@ void onednn_run(Prim const& prim, std::size_t pad_bytes, std::initializer_list<o
 
 }  // namespace detail
 
-// y = conv(x, w) + b (b may be null).
+namespace detail {
+#if defined(REMAT_GEMM_ONEDNN)
+// The oneDNN paths of fp32 and bf16 (p: the shape's primitives in that type); G is the gradients'
+// type (fp32 in both).
+template <class T>
+void onednn_conv_forward(onednn_conv const& p, T const* x, T const* w, T const* b, T* y) {
+  auto* const xv = const_cast<T*>(x);
+  auto* const wv = const_cast<T*>(w);
+  if (b)
+    onednn_run(p.forward, p.forward_pad,
+               {{DNNL_ARG_SRC, &p.src, &p.f_src, xv, false},
+                {DNNL_ARG_WEIGHTS, &p.weights, &p.f_weights, wv, false},
+                {DNNL_ARG_BIAS, &p.bias, &p.bias, const_cast<T*>(b), false},
+                {DNNL_ARG_DST, &p.dst, &p.f_dst, y, true}});
+  else
+    onednn_run(p.forward, p.forward_pad,
+               {{DNNL_ARG_SRC, &p.src, &p.f_src, xv, false},
+                {DNNL_ARG_WEIGHTS, &p.weights, &p.f_weights, wv, false},
+                {DNNL_ARG_DST, &p.dst, &p.f_dst, y, true}});
+}
+
+template <class T>
+void onednn_conv_backward(conv_shape const& c, onednn_conv const& p, T const* x, T const* w, T const* dy, T* dx,
+                          float* dw, float* db) {
+  auto* const xv = const_cast<T*>(x);
+  auto* const wv = const_cast<T*>(w);
+  auto* const dyv = const_cast<T*>(dy);
+  if (dx)
+    onednn_run(p.backward_data, p.data_pad,
+               {{DNNL_ARG_DIFF_DST, &p.dst, &p.d_dst, dyv, false},
+                {DNNL_ARG_WEIGHTS, &p.weights, &p.d_weights, wv, false},
+                {DNNL_ARG_DIFF_SRC, &p.src, &p.d_src, dx, true}});
+  // oneDNN writes the weights' gradient; the model's gradients accumulate, so it goes through a
+  // scratch copy.
+  std::size_t const nw = c.weight_count(), nb = db ? c.out_channels : 0;
+  memory::scratch_buffer<host> tmp((nw + nb) * sizeof(float));
+  float* const tw = tmp.as<float>();
+  if (db)
+    onednn_run(p.backward_weights, p.weights_pad,
+               {{DNNL_ARG_SRC, &p.src, &p.w_src, xv, false},
+                {DNNL_ARG_DIFF_DST, &p.dst, &p.w_dst, dyv, false},
+                {DNNL_ARG_DIFF_WEIGHTS, &p.diff_weights, &p.w_weights, tw, true},
+                {DNNL_ARG_DIFF_BIAS, &p.diff_bias, &p.w_bias, tw + nw, true}});
+  else
+    onednn_run(p.backward_weights, p.weights_pad,
+               {{DNNL_ARG_SRC, &p.src, &p.w_src, xv, false},
+                {DNNL_ARG_DIFF_DST, &p.dst, &p.w_dst, dyv, false},
+                {DNNL_ARG_DIFF_WEIGHTS, &p.diff_weights, &p.w_weights, tw, true}});
+  for (std::size_t i = 0; i < nw; ++i) dw[i] += tw[i];
+  for (std::size_t i = 0; i < nb; ++i) db[i] += tw[nw + i];
+}
+#endif
+
+// 16-bit activations through the fp32 convolution of the device: the inputs widened into scratch,
+// the outputs rounded back once; the weights' and bias' gradients (fp32) accumulate directly.
+template <class T, device_tag D>
+void conv2d_forward_widened(D, conv_shape const& c, T const* x, T const* w, T const* b, T* y) {
+  std::size_t const nx = c.batch * c.in_features(), nw = c.weight_count(), nb = b ? c.out_channels : 0,
+                    ny = c.batch * c.out_features();
+  memory::scratch_buffer<D> buf((nx + nw + nb + ny) * sizeof(float));
+  float* const xf = buf.template as<float>();
+  float* const wf = xf + nx;
+  float* const bf = wf + nw;
+  float* const yf = bf + nb;
+  widen_to_float(D{}, x, xf, nx);
+  widen_to_float(D{}, w, wf, nw);
+  if (b) widen_to_float(D{}, b, bf, nb);
+  conv2d_forward(D{}, c, static_cast<float const*>(xf), static_cast<float const*>(wf),
+                 b ? static_cast<float const*>(bf) : nullptr, yf);
+  narrow_from_float(D{}, static_cast<float const*>(yf), y, ny);
+}
+
+template <class T, device_tag D>
+void conv2d_backward_widened(D, conv_shape const& c, T const* x, T const* w, T const* dy, T* dx, float* dw,
+                             float* db) {
+  std::size_t const nx = c.batch * c.in_features(), nw = c.weight_count(), ny = c.batch * c.out_features();
+  memory::scratch_buffer<D> buf((nx + nw + ny + (dx ? nx : 0)) * sizeof(float));
+  float* const xf = buf.template as<float>();
+  float* const wf = xf + nx;
+  float* const dyf = wf + nw;
+  float* const dxf = dyf + ny;
+  widen_to_float(D{}, x, xf, nx);
+  widen_to_float(D{}, w, wf, nw);
+  widen_to_float(D{}, dy, dyf, ny);
+  conv2d_backward(D{}, c, static_cast<float const*>(xf), static_cast<float const*>(wf),
+                  static_cast<float const*>(dyf), dx ? dxf : nullptr, dw, db);
+  if (dx) narrow_from_float(D{}, static_cast<float const*>(dxf), dx, nx);
+}
+}  // namespace detail
+
+// y = conv(x, w) + b (b may be null). T: float, double, bfloat16 or half.
 template <class T>
 void conv2d_forward(host, conv_shape const& c, T const* x, T const* w, T const* b, T* y) {
 #if defined(REMAT_GEMM_ONEDNN)
-  if constexpr (std::is_same_v<T, float>) {
-    auto const& p = detail::onednn_conv_for(c, b != nullptr);
-    auto* const xv = const_cast<T*>(x);
-    auto* const wv = const_cast<T*>(w);
-    if (b)
-      detail::onednn_run(p.forward, p.forward_pad,
-                         {{DNNL_ARG_SRC, &p.src, &p.f_src, xv, false},
-                          {DNNL_ARG_WEIGHTS, &p.weights, &p.f_weights, wv, false},
-                          {DNNL_ARG_BIAS, &p.bias, &p.bias, const_cast<T*>(b), false},
-                          {DNNL_ARG_DST, &p.dst, &p.f_dst, y, true}});
-    else
-      detail::onednn_run(p.forward, p.forward_pad,
-                         {{DNNL_ARG_SRC, &p.src, &p.f_src, xv, false},
-                          {DNNL_ARG_WEIGHTS, &p.weights, &p.f_weights, wv, false},
-                          {DNNL_ARG_DST, &p.dst, &p.f_dst, y, true}});
-    return;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>) {
+    if (auto const* p = detail::onednn_conv_for(c, b != nullptr, std::is_same_v<T, bfloat16>)) {
+      detail::onednn_conv_forward(*p, x, w, b, y);
+      return;
+    }
   }
 #endif
-  detail::im2col_forward(c, x, w, b, y);
+  if constexpr (is_small_float_v<T>)
+    detail::conv2d_forward_widened(host{}, c, x, w, b, y);
+  else
+    detail::im2col_forward(c, x, w, b, y);
 }
 
 // dx = the gradient with respect to x (dx may be null: not wanted); dw += and db += the
-// gradients with respect to w and b (db may be null: no bias).
-template <class T>
-void conv2d_backward(host, conv_shape const& c, T const* x, T const* w, T const* dy, T* dx, T* dw, T* db) {
+// gradients with respect to w and b (db may be null: no bias), in G: T for float and double, fp32
+// for 16-bit T (the master gradients).
+template <class T, class G>
+void conv2d_backward(host, conv_shape const& c, T const* x, T const* w, T const* dy, T* dx, G* dw, G* db) {
+  static_assert(std::is_same_v<G, compute_type_t<T>>,
+                "conv2d_backward: the weights' gradients are in the activations' compute type (fp32 for 16-bit)");
 #if defined(REMAT_GEMM_ONEDNN)
-  if constexpr (std::is_same_v<T, float>) {
-    auto const& p = detail::onednn_conv_for(c, db != nullptr);
-    auto* const xv = const_cast<T*>(x);
-    auto* const wv = const_cast<T*>(w);
-    auto* const dyv = const_cast<T*>(dy);
-    if (dx)
-      detail::onednn_run(p.backward_data, p.data_pad,
-                         {{DNNL_ARG_DIFF_DST, &p.dst, &p.d_dst, dyv, false},
-                          {DNNL_ARG_WEIGHTS, &p.weights, &p.d_weights, wv, false},
-                          {DNNL_ARG_DIFF_SRC, &p.src, &p.d_src, dx, true}});
-    // oneDNN writes the weights' gradient; the model's gradients accumulate, so it goes through
-    // a scratch copy.
-    std::size_t const nw = c.weight_count(), nb = db ? c.out_channels : 0;
-    memory::scratch_buffer<host> tmp((nw + nb) * sizeof(float));
-    float* const tw = tmp.as<float>();
-    if (db)
-      detail::onednn_run(p.backward_weights, p.weights_pad,
-                         {{DNNL_ARG_SRC, &p.src, &p.w_src, xv, false},
-                          {DNNL_ARG_DIFF_DST, &p.dst, &p.w_dst, dyv, false},
-                          {DNNL_ARG_DIFF_WEIGHTS, &p.weights, &p.w_weights, tw, true},
-                          {DNNL_ARG_DIFF_BIAS, &p.bias, &p.w_bias, tw + nw, true}});
-    else
-      detail::onednn_run(p.backward_weights, p.weights_pad,
-                         {{DNNL_ARG_SRC, &p.src, &p.w_src, xv, false},
-                          {DNNL_ARG_DIFF_DST, &p.dst, &p.w_dst, dyv, false},
-                          {DNNL_ARG_DIFF_WEIGHTS, &p.weights, &p.w_weights, tw, true}});
-    for (std::size_t i = 0; i < nw; ++i) dw[i] += tw[i];
-    for (std::size_t i = 0; i < nb; ++i) db[i] += tw[nw + i];
-    return;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>) {
+    if (auto const* p = detail::onednn_conv_for(c, db != nullptr, std::is_same_v<T, bfloat16>)) {
+      detail::onednn_conv_backward(c, *p, x, w, dy, dx, dw, db);
+      return;
+    }
   }
 #endif
-  detail::im2col_backward(c, x, w, dy, dx, dw, db);
+  if constexpr (is_small_float_v<T>)
+    detail::conv2d_backward_widened(host{}, c, x, w, dy, dx, dw, db);
+  else
+    detail::im2col_backward(c, x, w, dy, dx, dw, db);
 }
 
 #if REMAT_HAS_CUDA && defined(REMAT_HAS_CUDNN)
@@ -455,6 +545,18 @@ inline void conv2d_backward(cuda, conv_shape const& c, float const* x, float con
   REMAT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, p.x, x, p.y, dy, p.conv, p.backward_filter,
                                                    workspace.get(), p.filter_bytes, &one, p.w, dw));
   if (db) REMAT_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &one, p.y, dy, &one, p.b, db));
+}
+
+// 16-bit activations on the GPU: widened to fp32 for cuDNN, the outputs rounded back once.
+template <class T>
+  requires is_small_float_v<T>
+void conv2d_forward(cuda, conv_shape const& c, T const* x, T const* w, T const* b, T* y) {
+  detail::conv2d_forward_widened(cuda{}, c, x, w, b, y);
+}
+template <class T>
+  requires is_small_float_v<T>
+void conv2d_backward(cuda, conv_shape const& c, T const* x, T const* w, T const* dy, T* dx, float* dw, float* db) {
+  detail::conv2d_backward_widened(cuda{}, c, x, w, dy, dx, dw, db);
 }
 #endif
 

@@ -9,8 +9,9 @@
 // (a safetensors file reads into nn.Conv2d unchanged).
 //
 // The convolution goes through s.product, so Selective keeps its output and a recomputation takes
-// it back. Host: oneDNN for fp32 (im2col + GEMM for double, the gradient checker's precision). GPU:
-// cuDNN, fp32. Not yet: 16-bit activations (refused at compile time).
+// it back. Host: oneDNN for fp32 and bfloat16 (im2col + GEMM for double, the gradient checker's
+// precision). GPU: cuDNN in fp32. Under mixed precision the activations and the weights' compute
+// copy are 16-bit and the weights' gradients fp32 (kernels/conv.hpp says which paths widen).
 #pragma once
 
 #include "../kernels/conv.hpp"
@@ -55,22 +56,15 @@ struct Conv2d {
 
   template <class S>
   static constexpr void check_state() {
-    if constexpr (S::computes) {
-      static_assert(std::is_same_v<typename S::value_type, float> || std::is_same_v<typename S::value_type, double>,
-                    "remat::Conv2d: fp32 (and double) activations only; mixed precision is not built yet");
-#if REMAT_HAS_CUDA
-      if constexpr (std::is_same_v<typename S::device, cuda>) {
-#if defined(REMAT_HAS_CUDNN)
-        static_assert(std::is_same_v<typename S::value_type, float>,
-                      "remat::Conv2d: on the GPU, fp32 activations only (cuDNN)");
-#else
-        static_assert(sizeof(S*) == 0,
-                      "remat::Conv2d: the GPU convolution needs cuDNN (remat::cuda links it when the CUDA toolkit "
-                      "has it; REMAT_HAS_CUDNN is not defined)");
+#if REMAT_HAS_CUDA && !defined(REMAT_HAS_CUDNN)
+    if constexpr (S::computes && std::is_same_v<typename S::device, cuda>)
+      static_assert(sizeof(S*) == 0,
+                    "remat::Conv2d: the GPU convolution needs cuDNN (remat::cuda links it when the CUDA toolkit "
+                    "has it; REMAT_HAS_CUDNN is not defined)");
 #endif
-      }
-#endif
-    }
+    if constexpr (S::computes)
+      static_assert(std::is_same_v<typename S::grad_type, compute_type_t<typename S::value_type>>,
+                    "remat::Conv2d: the weights' gradients are in the activations' compute type");
   }
 
   template <class S>
@@ -99,8 +93,6 @@ struct Conv2d {
     else
       dx = s.hollow(rows, in_width);
     if constexpr (S::computes) {
-      static_assert(std::is_same_v<typename S::grad_type, typename S::value_type>,
-                    "remat::Conv2d: gradients in the activations' type only");
       kernels::conv2d_backward(typename S::device{}, shape(rows), x->data(), p, dy->data(), wanted ? dx->data() : nullptr, g,
                                Bias ? g + weight_count : nullptr);
     }

@@ -11,7 +11,8 @@
 // second time in its recomputation). The update goes to a copy the model keeps, which becomes its
 // state only when the pass succeeds, so a pass that fails changes nothing.
 //
-// fp32 and double, on the host and on the GPU (as Conv2d).
+// fp32, double and 16-bit activations (mixed<bfloat16>, mixed<half>: statistics, sums and the
+// running state in fp32, outputs rounded once), on the host and on the GPU (as Conv2d).
 #pragma once
 
 #include "../kernels/image.hpp"
@@ -21,17 +22,6 @@
 #include <cstddef>
 
 namespace REMAT_NAMESPACE {
-
-namespace detail {
-// The image layers' run-time requirements, checked at compile time: fp32 or double.
-template <class S>
-constexpr void check_image_state(char const*) {
-  if constexpr (S::computes) {
-    static_assert(std::is_same_v<typename S::value_type, float> || std::is_same_v<typename S::value_type, double>,
-                  "remat: the image layers take fp32 (and double) activations only; mixed precision is not built yet");
-  }
-}
-}  // namespace detail
 
 // PyTorch's nn.BatchNorm2d(Channels) (eps 1e-5, momentum 0.1, affine, running statistics): each
 // channel normalised over the batch and the plane in training, by the running statistics in
@@ -67,7 +57,6 @@ struct BatchNorm2d {
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
-    detail::check_image_state<S>("BatchNorm2d");
     using A = typename S::act_type;
     using T = typename S::value_type;
     std::size_t const rows = x->rows();
@@ -150,7 +139,6 @@ struct GroupNorm {
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
-    detail::check_image_state<S>("GroupNorm");
     using A = typename S::act_type;
     using T = typename S::value_type;
     std::size_t const rows = x->rows();
@@ -224,7 +212,6 @@ struct MaxPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
-    detail::check_image_state<S>("MaxPool2d");
     std::size_t const rows = x->rows();
     typename S::act_type y = s.make(rows, out_width);
     if constexpr (S::computes) kernels::max_pool_forward(typename S::device{}, rows * Channels, shape, x->data(), y->data());
@@ -255,7 +242,6 @@ struct AvgPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
-    detail::check_image_state<S>("AvgPool2d");
     typename S::act_type y = s.make(x->rows(), out_width);
     if constexpr (S::computes) kernels::avg_pool_forward(typename S::device{}, x->rows() * Channels, shape, x->data(), y->data());
     return y;
@@ -285,7 +271,6 @@ struct Upsample2d {
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
-    detail::check_image_state<S>("Upsample2d");
     typename S::act_type y = s.make(x->rows(), out_width);
     if constexpr (S::computes)
       kernels::upsample_nearest_forward(typename S::device{}, x->rows() * Channels, Height, Width, Factor, x->data(), y->data());
