@@ -2,7 +2,8 @@
 // results are within a fraction of a float ulp of the true values: every float input (the
 // exhaustive cases, labelled long), or a sample of 2^20 of them spread over every exponent (the
 // quick cases, also run under the sanitizers). Also: the vectorised pass (kernels::transform, the
-// widest clone this processor runs) gives the bits of a scalar call, for every input checked.
+// widest clone this processor runs) gives the bits of a scalar call, for every input of the quick
+// cases and every 7th input of the exhaustive ones.
 #include <remat/expr/expr.hpp>
 #include <remat/expr/float_math.hpp>
 #include <remat/tensor/tensor.hpp>
@@ -54,7 +55,8 @@ struct apply_fn {
 };
 
 // Checks f (vectorised through kernels::transform) against ref on the inputs whose bit patterns
-// are first, first + stride, ... below 2^32.
+// are first, first + stride, ... below 2^32, and against scalar calls on every lane_stride-th of
+// those.
 // Where a function saturates, the correctly rounded result is a constant: at or below `lo` it is
 // `at_lo`, at or above `hi` it is `at_hi` (the functions are monotone, and require_within checks
 // that the reference rounds to those constants at the two ends). Those inputs (about half of all
@@ -65,7 +67,7 @@ struct saturation {
 };
 
 template <class F, class Ref>
-report check(F f, float (*scalar)(float), Ref ref, saturation sat, std::uint64_t stride) {
+report check(F f, float (*scalar)(float), Ref ref, saturation sat, std::uint64_t stride, std::size_t lane_stride) {
   report rep;
   constexpr std::size_t chunk = std::size_t(1) << 22;
   std::vector<float> x(chunk), y(chunk);
@@ -91,7 +93,7 @@ report check(F f, float (*scalar)(float), Ref ref, saturation sat, std::uint64_t
       for (std::ptrdiff_t k = 0; k < std::ptrdiff_t(n); ++k) {
         std::size_t const i = std::size_t(k);
         float const yi = y[i];
-        if (std::bit_cast<std::uint32_t>(call(x[i])) != std::bit_cast<std::uint32_t>(yi) &&
+        if (i % lane_stride == 0 && std::bit_cast<std::uint32_t>(call(x[i])) != std::bit_cast<std::uint32_t>(yi) &&
             !(std::isnan(yi) && std::isnan(call(x[i]))))
           ++la;
         if (x[i] <= sat.lo || x[i] >= sat.hi) {
@@ -160,11 +162,11 @@ constexpr saturation exp_sat{-104.0f, 0.0f, 89.0f, INFINITY}, erf_sat{-4.0f, -1.
 
 template <class F>
 void require_within(F f, float (*scalar)(float), double (*ref)(double), saturation sat, double bound,
-                    std::uint64_t stride, char const* name) {
+                    std::uint64_t stride, char const* name, std::size_t lane_stride = 1) {
   INFO(name);
   CHECK(std::bit_cast<std::uint32_t>(float(ref(double(sat.lo)))) == std::bit_cast<std::uint32_t>(sat.at_lo));
   CHECK(std::bit_cast<std::uint32_t>(float(ref(double(sat.hi)))) == std::bit_cast<std::uint32_t>(sat.at_hi));
-  report const r = check(f, scalar, ref, sat, stride);
+  report const r = check(f, scalar, ref, sat, stride, lane_stride);
   INFO(r.summary(name));
   CHECK(r.checked == ((std::uint64_t(1) << 32) + stride - 1) / stride);
   CHECK(r.worst < bound);
@@ -229,7 +231,11 @@ TEST_CASE("float_math: a pass gives the same bits on any number of threads", "[e
 }
 
 TEST_CASE("float_math: exp, erf and tanh over all 2^32 floats, within their bounds", "[expr][math][long]") {
-  require_within(exp_f{}, exp_scalar, exp_ref, exp_sat, exp_bound, 1, "exp");
-  require_within(erf_f{}, erf_scalar, erf_ref, erf_sat, erf_bound, 1, "erf");
-  require_within(tanh_f{}, tanh_scalar, tanh_ref, tanh_sat, tanh_bound, 1, "tanh");
+  // Every float against libm; the vector pass against scalar calls on every 7th (a scalar call
+  // through a pointer costs more than the rest of the check together, and far more where the result
+  // is subnormal: this keeps the test at about 4 minutes on 2 cores instead of 10). 7 is prime to
+  // every vector width, so each lane position is checked in every binade.
+  require_within(exp_f{}, exp_scalar, exp_ref, exp_sat, exp_bound, 1, "exp", 7);
+  require_within(erf_f{}, erf_scalar, erf_ref, erf_sat, erf_bound, 1, "erf", 7);
+  require_within(tanh_f{}, tanh_scalar, tanh_ref, tanh_sat, tanh_bound, 1, "tanh", 7);
 }
