@@ -99,3 +99,112 @@ TEST_CASE("safetensors: inconsistent offsets are refused", "[io][errors]") {
   safetensors::write(tmp("offsets.safetensors"), {{"a", "F32", {2}, v, 8}, {"b", "F32", {3}, v, 8}});
   CHECK_THROWS_WITH(safetensors::read(tmp("offsets.safetensors")), Catch::Contains("expected 12 bytes"));
 }
+
+namespace {
+// A file of the given JSON header and data bytes, as they are (no checks: the reader's to do).
+void write_raw(std::string const& path, std::string const& header, std::size_t data_bytes = 0) {
+  std::vector<char> bytes(8);
+  for (int i = 0; i < 8; ++i) bytes[std::size_t(i)] = char((std::uint64_t(header.size()) >> (8 * i)) & 0xff);
+  bytes.insert(bytes.end(), header.begin(), header.end());
+  bytes.resize(bytes.size() + data_bytes, 0);
+  spit(path, bytes);
+}
+}  // namespace
+
+TEST_CASE("safetensors: JSON escapes are decoded or refused with io_error", "[io][errors]") {
+  // \u escapes, a surrogate pair (U+1F600) and the short escapes decode to UTF-8.
+  write_raw(tmp("escapes.safetensors"),
+            R"({"a\u00e9\u20ac\ud83d\ude00\/\"\\":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4);
+  auto const f = safetensors::read(tmp("escapes.safetensors"));
+  REQUIRE(f.tensors.size() == 1);
+  CHECK(f.tensors.begin()->first == "a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80/\"\\");
+  // Malformed: not hex (this threw std::invalid_argument from std::stoul), too short, lone
+  // surrogates, an unknown escape, a raw control character. Each is an io_error naming it.
+  for (auto const& [header, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"\uzzzz":{}})", "four hex digits"},
+           {R"({"\u12":{}})", "four hex digits"},
+           {R"({"\u+123":{}})", "four hex digits"},
+           {R"({"\ud83d":{}})", "high surrogate"},
+           {R"({"\ud83dx":{}})", "high surrogate"},
+           {R"({"\ude00":{}})", "low surrogate"},
+           {R"({"\q":{}})", "unknown escape"},
+           {std::string("{\"a\x01\":{}}"), "control character"}}) {
+    INFO(header);
+    write_raw(tmp("bad-escape.safetensors"), header);
+    CHECK_THROWS_AS(safetensors::read(tmp("bad-escape.safetensors")), io_error);
+    CHECK_THROWS_WITH(safetensors::read(tmp("bad-escape.safetensors")), Catch::Contains(says));
+  }
+  // Loading a model from such a file: the same error, the model untouched.
+  model<Net> m{seed{3}};
+  auto const before = tensor_to_host(m.parameters());
+  write_raw(tmp("bad-escape.safetensors"), R"({"\uzzzz":{}})");
+  CHECK_THROWS_AS(load(m, tmp("bad-escape.safetensors")), io_error);
+  require_unchanged(m, before);
+}
+
+TEST_CASE("safetensors: a shape whose size overflows 64 bits is refused", "[io][errors]") {
+  // [2^32, 2^32] F32 wrapped to 0 elements (so 0 data bytes passed); [2^63 + 1, 2] wrapped to 2.
+  write_raw(tmp("overflow.safetensors"),
+            R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})");
+  CHECK_THROWS_WITH(safetensors::read(tmp("overflow.safetensors")), Catch::Contains("do not fit in 64 bits"));
+  write_raw(tmp("overflow.safetensors"),
+            R"({"a":{"dtype":"U8","shape":[9223372036854775809,2],"data_offsets":[0,2]}})", 2);
+  CHECK_THROWS_WITH(safetensors::read(tmp("overflow.safetensors")), Catch::Contains("do not fit in 64 bits"));
+  // The largest that fits is checked against its offsets as before, and an empty dimension is 0.
+  write_raw(tmp("overflow.safetensors"), R"({"a":{"dtype":"F32","shape":[0,4294967296],"data_offsets":[0,0]}})");
+  CHECK(safetensors::read(tmp("overflow.safetensors")).tensors.at("a").shape.size() == 2);
+}
+
+TEST_CASE("safetensors: AdamW metadata out of range is refused and changes nothing", "[io][errors]") {
+  using Mixed = mixed<bfloat16, DynamicLossScale>;
+  model<Net, host, Mixed> a{seed{1}};
+  AdamW oa(a, {.lr = 1e-3});
+  tensor<float> x(4, 6), t(4, 3);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(i % 5) * 0.1f;
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.5f;
+  a.train_step<MSE>(x, t, oa);
+  save(oa, tmp("adamw-good.safetensors"));
+  auto const good = safetensors::read(tmp("adamw-good.safetensors"));
+
+  model<Net, host, Mixed> b{seed{2}};
+  AdamW ob(b, {.lr = 1e-3});
+  auto const m0 = ob.exp_avg().to_vector();
+  double const scale0 = ob.scaler()->scale();
+  // (inf and 1e300 were cast from double to an integer: undefined behaviour under UBSan)
+  for (auto const& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"remat.step", "inf"},
+           {"remat.step", "1e300"},
+           {"remat.step", "-1"},
+           {"remat.step", "2.5"},
+           {"remat.step", "18446744073709551616"},
+           {"remat.step", ""},
+           {"remat.loss_scale_growth_tracker", "1e300"},
+           {"remat.loss_scale_skipped_steps", "nan"},
+           {"remat.loss_scale", "inf"},
+           {"remat.loss_scale", "0"},
+           {"remat.loss_scale", "-2"}}) {
+    INFO(key << " = '" << value << "'");
+    auto meta = good.metadata;
+    meta[key] = value;
+    std::vector<safetensors::entry> entries;
+    for (auto const& [name, info] : good.tensors)
+      entries.push_back({name, info.dtype, info.shape, good.data.data() + info.begin, info.end - info.begin});
+    safetensors::write(tmp("adamw-bad.safetensors"), entries, meta);
+    CHECK_THROWS_WITH(load(ob, tmp("adamw-bad.safetensors")), Catch::Contains(key));
+    CHECK(ob.exp_avg().to_vector() == m0);
+    CHECK(ob.steps() == 0);
+    CHECK(ob.scaler()->scale() == scale0);
+  }
+  // The good file loads, the largest counter too.
+  auto meta = good.metadata;
+  meta["remat.step"] = "18446744073709551615";
+  std::vector<safetensors::entry> entries;
+  for (auto const& [name, info] : good.tensors)
+    entries.push_back({name, info.dtype, info.shape, good.data.data() + info.begin, info.end - info.begin});
+  safetensors::write(tmp("adamw-max.safetensors"), entries, meta);
+  load(ob, tmp("adamw-max.safetensors"));
+  CHECK(ob.steps() == 18446744073709551615ull);
+  load(ob, tmp("adamw-good.safetensors"));
+  CHECK(ob.steps() == oa.steps());
+  CHECK(ob.exp_avg().to_vector() == oa.exp_avg().to_vector());
+}

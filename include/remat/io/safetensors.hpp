@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
+#include <cmath>
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
@@ -164,24 +166,55 @@ class json_reader {
         char e = peek();
         ++i_;
         if (e == 'u') {
-          if (i_ + 4 > s_.size()) fail("bad escape");
-          unsigned v = unsigned(std::stoul(s_.substr(i_, 4), nullptr, 16));
-          i_ += 4;
+          std::uint32_t v = hex4();
+          if (v >= 0xdc00 && v < 0xe000) fail("a \\u escape holds a low surrogate without a high one");
+          if (v >= 0xd800 && v < 0xdc00) {  // a high surrogate: a low one must follow (JSON's UTF-16 pair)
+            if (i_ + 2 > s_.size() || s_[i_] != '\\' || s_[i_ + 1] != 'u')
+              fail("a \\u escape holds a high surrogate without a low one");
+            i_ += 2;
+            std::uint32_t const lo = hex4();
+            if (lo < 0xdc00 || lo >= 0xe000) fail("a \\u escape holds a high surrogate without a low one");
+            v = 0x10000 + ((v - 0xd800) << 10) + (lo - 0xdc00);
+          }
           if (v < 0x80) out += char(v);
           else if (v < 0x800) out += char(0xc0 | (v >> 6)), out += char(0x80 | (v & 0x3f));
-          else out += char(0xe0 | (v >> 12)), out += char(0x80 | ((v >> 6) & 0x3f)), out += char(0x80 | (v & 0x3f));
+          else if (v < 0x10000)
+            out += char(0xe0 | (v >> 12)), out += char(0x80 | ((v >> 6) & 0x3f)), out += char(0x80 | (v & 0x3f));
+          else
+            out += char(0xf0 | (v >> 18)), out += char(0x80 | ((v >> 12) & 0x3f)),
+                out += char(0x80 | ((v >> 6) & 0x3f)), out += char(0x80 | (v & 0x3f));
         } else if (e == 'n') out += '\n';
         else if (e == 't') out += '\t';
         else if (e == 'r') out += '\r';
         else if (e == 'b') out += '\b';
         else if (e == 'f') out += '\f';
-        else out += e;
+        else if (e == '"' || e == '\\' || e == '/') out += e;
+        else fail(std::string("an unknown escape '\\") + e + "'");
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        --i_;
+        fail("a control character inside a string");
       } else {
         out += c;
       }
     }
     ++i_;
     return out;
+  }
+  // The four hex digits of a \\u escape.
+  std::uint32_t hex4() {
+    if (i_ + 4 > s_.size()) fail("a \\u escape needs four hex digits");
+    std::uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) {
+      char const h = s_[i_];
+      std::uint32_t d;
+      if (h >= '0' && h <= '9') d = std::uint32_t(h - '0');
+      else if (h >= 'a' && h <= 'f') d = std::uint32_t(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F') d = std::uint32_t(h - 'A' + 10);
+      else fail(std::string("a \\u escape needs four hex digits, found '") + h + "'");
+      v = v * 16 + d;
+      ++i_;
+    }
+    return v;
   }
   char peek() {
     if (i_ >= s_.size()) fail("unexpected end of header");
@@ -282,7 +315,12 @@ inline file read(std::string const& path) {
     std::size_t const es = detail::dtype_size(t.dtype);
     if (es == 0) REMAT_NAMESPACE::detail::raise<io_error>("safetensors: tensor '", name, "' has unknown dtype '", t.dtype, "'");
     std::size_t count = 1;
-    for (auto d : t.shape) count *= d;
+    for (auto d : t.shape) {
+      if (d != 0 && count > std::size_t(-1) / es / d)
+        REMAT_NAMESPACE::detail::raise<io_error>("safetensors: tensor '", name, "' has a shape whose ", t.dtype,
+                                                 " bytes do not fit in 64 bits");
+      count *= d;
+    }
     if (t.end < t.begin || t.end - t.begin != count * es)
       REMAT_NAMESPACE::detail::raise<io_error>("safetensors: tensor '", name, "' of ", count, " ", t.dtype,
                                                " elements expected ", count * es, " bytes, its offsets give ",
@@ -412,31 +450,44 @@ void load_adamw(AdamW<T, D, C>& opt, std::string const& path, std::size_t total,
                       "], found ", t.dtype, " with ", t.end - t.begin, " bytes");
     std::memcpy(out->data(), f.data.data() + t.begin + offset * sizeof(T), n * sizeof(T));
   }
-  auto number = [&](char const* key, bool required) -> std::optional<double> {
+  auto text = [&](char const* key, bool required) -> std::optional<std::string> {
     auto it = f.metadata.find(key);
     if (it == f.metadata.end()) {
       if (required) raise<io_error>("load '", path, "': expected metadata '", key, "', found none");
       return std::nullopt;
     }
-    char* end = nullptr;
-    double const x = std::strtod(it->second.c_str(), &end);
-    if (it->second.empty() || *end != '\0' || !(x >= 0))
-      raise<io_error>("load '", path, "': metadata '", key, "' expected a non-negative number, found '", it->second,
-                      "'");
+    return it->second;
+  };
+  // Counters: decimal digits that fit in 64 bits (save writes them so), nothing else.
+  auto counter = [&](char const* key, bool required) -> std::optional<std::uint64_t> {
+    auto const t = text(key, required);
+    if (!t) return std::nullopt;
+    std::uint64_t x = 0;
+    auto const [end, ec] = std::from_chars(t->data(), t->data() + t->size(), x);
+    if (t->empty() || ec != std::errc() || end != t->data() + t->size())
+      raise<io_error>("load '", path, "': metadata '", key, "' expected a whole number below 2^64, found '", *t, "'");
     return x;
   };
-  double const step = *number("remat.step", true);
-  auto const scale = number("remat.loss_scale", false);
-  auto const tracker = number("remat.loss_scale_growth_tracker", false);
-  auto const skipped = number("remat.loss_scale_skipped_steps", false);
+  auto const step = counter("remat.step", true);
+  auto const tracker = counter("remat.loss_scale_growth_tracker", false);
+  auto const skipped = counter("remat.loss_scale_skipped_steps", false);
+  std::optional<double> scale;
+  if (auto const t = text("remat.loss_scale", false)) {
+    char* end = nullptr;
+    double const x = std::strtod(t->c_str(), &end);
+    if (t->empty() || *end != '\0' || !std::isfinite(x) || !(x > 0))
+      raise<io_error>("load '", path, "': metadata 'remat.loss_scale' expected a finite positive number, found '",
+                      *t, "'");
+    scale = x;
+  }
   if (opt.scaler() && scale) {
     loss_scaler check = *opt.scaler();  // validate on a copy first: all or nothing
-    check.set_state(*scale, std::uint64_t(tracker.value_or(0)), std::uint64_t(skipped.value_or(0)));
+    check.set_state(*scale, tracker.value_or(0), skipped.value_or(0));
     *opt.scaler() = check;
   }
   tensor_from_host(opt.exp_avg().view(), std::span<T const>(m));
   tensor_from_host(opt.exp_avg_sq().view(), std::span<T const>(v));
-  opt.set_steps(std::uint64_t(step));
+  opt.set_steps(*step);
 }
 
 }  // namespace detail
