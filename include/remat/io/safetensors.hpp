@@ -200,7 +200,7 @@ class json_reader {
     ++i_;
     return out;
   }
-  // The four hex digits of a \\u escape.
+  // The four hex digits after a backslash-u escape.
   std::uint32_t hex4() {
     if (i_ + 4 > s_.size()) fail("a \\u escape needs four hex digits");
     std::uint32_t v = 0;

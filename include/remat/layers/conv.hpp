@@ -56,11 +56,17 @@ struct Conv2d {
 
   template <class S>
   static constexpr void check_state() {
-#if REMAT_HAS_CUDA && !defined(REMAT_HAS_CUDNN)
-    if constexpr (S::computes && std::is_same_v<typename S::device, cuda>)
+#if REMAT_HAS_CUDA
+    if constexpr (S::computes && std::is_same_v<typename S::device, cuda>) {
+#if defined(REMAT_HAS_CUDNN)
+      static_assert(!std::is_same_v<typename S::value_type, double>,
+                    "remat::Conv2d: on the GPU, fp32 and 16-bit activations (cuDNN in fp32); fp64 is host-only");
+#else
       static_assert(sizeof(S*) == 0,
                     "remat::Conv2d: the GPU convolution needs cuDNN (remat::cuda links it when the CUDA toolkit "
                     "has it; REMAT_HAS_CUDNN is not defined)");
+#endif
+    }
 #endif
     if constexpr (S::computes)
       static_assert(std::is_same_v<typename S::grad_type, compute_type_t<typename S::value_type>>,
