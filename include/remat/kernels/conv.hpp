@@ -392,8 +392,8 @@ void onednn_run(Prim const& prim, std::size_t pad_bytes, std::initializer_list<o
 
 namespace detail {
 #if defined(REMAT_GEMM_ONEDNN)
-// The oneDNN paths of fp32 and bf16 (p: the shape's primitives in that type); G is the gradients'
-// type (fp32 in both).
+// The oneDNN paths of fp32 and bf16 (p: the shape's primitives in that type); the weights' and
+// bias' gradients are fp32 in both.
 template <class T>
 void onednn_conv_forward(onednn_conv const& p, T const* x, T const* w, T const* b, T* y) {
   auto* const xv = const_cast<T*>(x);
