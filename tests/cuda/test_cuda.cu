@@ -368,6 +368,8 @@ using OffDeep = Net<Repeat<6, Offloaded<Block>>>;  // copies overlapped with the
 static_assert(std::is_same_v<offload_allocator_t<gpu>, memory::caching_allocator<memory::pinned_host>>);
 using Rev = Net<Revolve<2, Repeat<4, Block>>>;
 using RepPlain = Net<Repeat<4, Block>>;
+template <class Blocks>
+using CheckpointedBlocked = Checkpointed<BlockedAttention<Blocks>>;
 
 constexpr index_t batch = 48;
 
@@ -525,6 +527,39 @@ TEST_CASE("cuda transformer: a GPT on the GPU follows the host", "[cuda][transfo
   double const lg = g.accumulate<SoftmaxCrossEntropy>(x, y), lh = h.accumulate<SoftmaxCrossEntropy>(xh, yh);
   CHECK(std::fabs(lg - lh) <= 1e-5 * lh);
   require_close(tensor_to_host(g.gradients()), tensor_to_host(h.gradients()), 1e-4, "GPT gradients");
+}
+
+TEST_CASE("cuda blocked attention: follows the host's, dropout on; plan = peak; Checkpointed bit for bit",
+          "[cuda][transformer]") {
+  // Sequences of 150 positions: three query panels, the last partial.
+  using G = GPT<17, 160, 16, 2, 2, 0.2, BlockedAttention>;
+  using GC = GPT<17, 160, 16, 2, 2, 0.2, CheckpointedBlocked>;
+  std::size_t const b = 2, seq = 150;
+  std::vector<std::int32_t> ids(b * seq), next(b * seq);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = std::int32_t((i * 5 + 1) % 17);
+    next[i] = std::int32_t((i * 3 + 2) % 17);
+  }
+  memory::caching_allocator<gpu> alloc;
+  model<G, gpu> g(seed{2}, alloc);
+  model<GC, gpu> gc(seed{2});
+  model<G, host> h(seed{2});
+  auto x = make<std::int32_t>(index_t(b), index_t(seq), ids);
+  auto y = make<std::int32_t>(index_t(b), index_t(seq), next);
+  auto xh = make<std::int32_t, host>(index_t(b), index_t(seq), ids);
+  auto yh = make<std::int32_t, host>(index_t(b), index_t(seq), next);
+  alloc.reset_peak();
+  double const lg = g.accumulate<SoftmaxCrossEntropy>(x, y), lh = h.accumulate<SoftmaxCrossEntropy>(xh, yh);
+  CHECK(alloc.stats()[memory::tag::activations].peak == sequence_plan<G>(b, seq).peak_bytes);
+  CHECK(std::fabs(lg - lh) <= 1e-5 * lh);
+  require_close(tensor_to_host(g.gradients()), tensor_to_host(h.gradients()), 1e-4, "GPT gradients");
+  double const lc = gc.accumulate<SoftmaxCrossEntropy>(x, y);
+  CHECK(lc == lg);
+  CHECK(bitwise_equal(tensor_to_host(gc.gradients()), tensor_to_host(g.gradients())));
+  // bf16 activations compile and follow fp32 to bf16's rounding.
+  model<G, gpu, mixed<bf16>> g16(seed{2});
+  double const l16 = g16.accumulate<SoftmaxCrossEntropy>(x, y);
+  CHECK(std::fabs(l16 - lg) <= 2e-2 * lg);
 }
 
 // ---------------------------------------------------------------- bad input

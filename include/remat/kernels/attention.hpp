@@ -132,5 +132,77 @@ void causal_softmax_backward(D, T const* probs, V const* dpd, Out* dscores, std:
   });
 }
 
+
+// --- Query panels (BlockedAttentionCore) ---------------------------------------------------------
+// A panel is rows r0 .. r0 + rb - 1 of every sequence-head's scores against the keys 0 .. L - 1 the
+// panel's last row sees (L = r0 + rb): matrix m of `count` at m * panel_stride, row r at r * ld.
+// Row r of matrix m is position r0 + r; it sees n = r0 + r + 1 keys, and columns n .. L - 1 are
+// written as zeros (the products then sum over L columns). Element (m, position, key) of the
+// dropout mask is element ((first + m) * seq + position) * seq + key of the stream: the one
+// AttentionCore's count*seq x seq probabilities draw.
+struct panel_geometry {
+  std::size_t count, seq, r0, rb, panel_stride, ld;
+  std::size_t first = 0;  // the sequence-head of matrix 0 (the pointers given start at its panel)
+  REMAT_HOST_DEVICE std::size_t keys() const { return r0 + rb; }
+};
+
+// Forward: each row's softmax statistics, its maximum m of scale * z and inv = 1 / sum exp(scale *
+// z - m) (at stats[2 * ((first + m) * seq + position)], then + 1), and probs = exp(scale * z - m) * inv after
+// dropout (mask; rounded to T once, and once more after the mask, as AttentionCore's stored
+// probabilities are; in fp32 the values are AttentionCore's causal_softmax's, bit for bit).
+// The scores are overwritten; probs may alias them when they have one type.
+template <class V, class T, class Mask, device_tag D>
+void panel_softmax(D, panel_geometry g, V* scores, T* probs, V* stats, V scale, Mask mask) {
+  std::size_t const rows = g.count * g.rb;
+  for_each_index(D{}, rows, rows * g.keys(), [=] REMAT_LAMBDA(std::size_t t) {
+    std::size_t const m = t / g.rb, r = t % g.rb, pos = g.r0 + r, n = pos + 1, keys = g.r0 + g.rb;
+    std::size_t const at = m * g.panel_stride + r * g.ld, row = (g.first + m) * g.seq + pos, stream = row * g.seq;
+    V* z = scores + at;
+    T* p = probs + at;
+    V const k = scale;
+    V const mx = detail::row_max<V>(n, [&](std::size_t c) { return z[c] * k; });
+    for (std::size_t c = 0; c < n; ++c) z[c] = expr::math::exp(z[c] * k - mx);
+    V const inv = V(1) / detail::row_sum<V>(n, [&](std::size_t c) { return z[c]; });
+    stats[2 * row] = mx;
+    stats[2 * row + 1] = inv;
+    for (std::size_t c = 0; c < n; ++c) {
+      T const pt = from_compute<T>(z[c] * inv);
+      p[c] = from_compute<T>(to_compute<V>(pt) * mask(stream + c));
+    }
+    for (std::size_t c = n; c < keys; ++c) p[c] = from_compute<T>(V(0));
+  });
+}
+
+// Backward of a panel, from its recomputed scores (overwritten with the probabilities: the
+// forward's values, from its statistics), the gradient of the dropped probabilities
+// dpd = dY V^T: dropped, the probabilities after dropout as the forward used them (for dV), and
+// dscores = scale * P o (dP - sum_c dP o P) with dP = dpd o mask (for dQ and dK). dropped may alias
+// scores and dscores dpd when they have one type.
+template <class V, class T, class Mask, device_tag D>
+void panel_softmax_backward(D, panel_geometry g, V* scores, V const* dpd, V const* stats, T* dropped, T* dscores,
+                            V scale, Mask mask) {
+  std::size_t const rows = g.count * g.rb;
+  for_each_index(D{}, rows, rows * g.keys(), [=] REMAT_LAMBDA(std::size_t t) {
+    std::size_t const m = t / g.rb, r = t % g.rb, pos = g.r0 + r, n = pos + 1, keys = g.r0 + g.rb;
+    std::size_t const at = m * g.panel_stride + r * g.ld, row = (g.first + m) * g.seq + pos, stream = row * g.seq;
+    V* z = scores + at;
+    V const* d = dpd + at;
+    T* pd = dropped + at;
+    T* ds = dscores + at;
+    V const k = scale, mx = stats[2 * row], inv = stats[2 * row + 1];
+    for (std::size_t c = 0; c < n; ++c) z[c] = expr::math::exp(z[c] * k - mx) * inv;
+    V const dot = detail::row_sum<V>(n, [&](std::size_t c) { return d[c] * mask(stream + c) * z[c]; });
+    for (std::size_t c = 0; c < n; ++c) {
+      V const p = z[c], f = mask(stream + c);
+      ds[c] = from_compute<T>(k * p * (d[c] * f - dot));  // (read before pd, which may alias z)
+      pd[c] = from_compute<T>(to_compute<V>(from_compute<T>(p)) * f);
+    }
+    for (std::size_t c = n; c < keys; ++c) {
+      ds[c] = from_compute<T>(V(0));
+      pd[c] = from_compute<T>(V(0));
+    }
+  });
+}
+
 }  // namespace kernels
 }  // namespace REMAT_NAMESPACE

@@ -193,4 +193,249 @@ struct AttentionCore {
   }
 };
 
+// BlockedAttentionCore<W, H, P>: AttentionCore's function (same input, output, scaling, causal
+// mask and dropout stream) in memory linear in the sequence length. It never makes the
+// batch x H x seq x seq probabilities: the queries go in panels of `panel_rows` positions, each
+// against the keys its last position sees (the masked keys after them are skipped). For a panel,
+// the scores are a batched product, one pass per row turns them into probabilities (the softmax's
+// maximum and sum over the whole visible row), and the output rows are a second product; the
+// panel's buffers are reused by the next panel. The forward keeps its input and two numbers per
+// row and head (the row's maximum and 1 / its sum: FlashAttention keeps their log-sum-exp; these two
+// give back the forward's probabilities bit for bit); backward goes over the panels again,
+// recomputes each panel's scores from Q and K, its probabilities from the statistics and the
+// dropout mask from its offset, and accumulates dK and dV over the panels (in fp32 when
+// activations are 16-bit).
+//
+// Trade-off against AttentionCore: the probabilities are not kept, so backward multiplies Q K^T
+// once more (7 products of a panel's size in a step where AttentionCore does 6 of a tile's), and
+// the transient buffers are a few panels of panel_rows x seq per sequence-head instead of the
+// seq x seq square. Where AttentionCore keeps 4 * batch * H * seq^2 bytes (64 MiB per layer at
+// batch 1, 4 heads and a context of 2048), this keeps 8 * batch * H * seq. The probabilities are
+// AttentionCore's (the same formulas on the same scores); the outputs and gradients differ from
+// its at the roundings of sums taken in another order (dK and dV added up panel by panel).
+//
+// (Every sequence-head's whole visible row is in the panel, so the softmax needs no running
+// rescale, as FlashAttention's key tiles do: one product per panel instead of one per key tile,
+// which a CPU's BLAS runs far better than many 64 x 64 ones.)
+template <std::size_t W, std::size_t H, double P = 0.0>
+struct BlockedAttentionCore {
+  static_assert(W > 0 && H > 0 && W % H == 0,
+                "remat::BlockedAttentionCore<W, H>: the width W must be a positive multiple of the head count H");
+  static_assert(P >= 0.0 && P < 1.0,
+                "remat::BlockedAttentionCore<W, H, P>: the dropout probability P must be in [0, 1)");
+  static constexpr std::size_t in_width = 3 * W;
+  static constexpr std::size_t out_width = W;
+  static constexpr std::size_t param_count = 0;
+  static constexpr std::size_t heads = H;
+  static constexpr std::size_t head_width = W / H;
+  static constexpr double dropout = P;
+  static constexpr bool sequence_layer = true;
+
+  static constexpr std::size_t panel_rows = 64;
+
+  static std::vector<param_desc> params() { return {}; }
+  template <class T>
+  static void init(T*, std::size_t, std::uint64_t) {}
+
+  template <class S>
+  static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
+    using A = typename S::act_type;
+    using T = typename S::value_type;
+    using V = compute_type_t<T>;
+    std::size_t const seq = s.sequence_length(), rows = x->rows(), count = rows / seq * H;
+    s.note_work(std::uint64_t(count) * seq * (seq + 1) * (W / H));  // Q K^T and P V over the causal half
+    bool const drops = s.training() && P > 0.0;
+    std::uint64_t const offset = drops ? s.draw(count * seq * seq) : 0;
+    if (drops) s.save_counter(offset);
+    A stats = s.make(count * seq, stat_columns<T>(2));
+    A y = s.make(rows, W);
+    {
+      auto [scores, probs] = panels(s, count, seq);
+      if constexpr (S::computes) {
+        // The sequence-heads [m0, m0 + mc): their panels one after another.
+        auto const run = [&](std::size_t m0, std::size_t mc) {
+          T const* q = x->data() + qkv_blocks(seq).stride.at(m0, H);
+          V* sc = stat_data(scores->data()) + panel_at(m0, seq);
+          T* pr = probs->data() + panel_at(m0, seq);
+          for_panels(mc, m0, seq, [&](kernels::panel_geometry const& g) {
+            index_t const r0 = index_t(g.r0), rb = index_t(g.rb), keys = index_t(g.keys());
+            kernels::gemm_batched(device<S>{}, {mc, H}, kernels::lhs(q, qkv_blocks(seq)).window(r0, 0, rb, hw),
+                                  kernels::rhs(q + W, qkv_blocks(seq)).window(0, 0, keys, hw).transposed(),
+                                  kernels::result(sc, panel_blocks(seq)).window(0, 0, rb, keys));
+            if (drops)
+              kernels::panel_softmax(device<S>{}, g, sc, pr, stat_data(stats->data()), scale<S>(),
+                                     mask_of<S>(s, offset));
+            else
+              kernels::panel_softmax(device<S>{}, g, sc, pr, stat_data(stats->data()), scale<S>(),
+                                     kernels::no_mask<V>{});
+            kernels::gemm_batched(device<S>{}, {mc, H}, kernels::lhs(pr, panel_blocks(seq)).window(0, 0, rb, keys),
+                                  kernels::rhs(q + 2 * W, qkv_blocks(seq)).window(0, 0, keys, hw),
+                                  kernels::result(y->data() + out_blocks(seq).stride.at(m0, H), out_blocks(seq))
+                                      .window(r0, 0, rb, hw));
+          });
+        };
+        for_sequence_heads<S>(count, seq, run);
+      }
+    }
+    s.save(std::move(x));
+    s.save(std::move(stats));
+    return y;
+  }
+
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr,
+                                                 typename S::act_type dy) {
+    using A = typename S::act_type;
+    using T = typename S::value_type;
+    using V = compute_type_t<T>;
+    A stats = s.restore(), x = s.restore();
+    std::size_t const seq = s.sequence_length(), rows = x->rows(), count = rows / seq * H;
+    bool const drops = P > 0.0;
+    std::uint64_t const offset = drops ? s.restore_counter() : 0;
+    A dx = s.make(rows, 3 * W);
+    // dK and dV add up over the panels: in dx itself, or in fp32 beside it when dx is 16-bit.
+    A dkv = same_storage<S> ? A{} : s.make(rows, stat_columns<T>(2 * W));
+    {
+      auto [scores, dropped] = panels(s, count, seq);
+      auto [dpd, dscores] = panels(s, count, seq);
+      if constexpr (S::computes) {
+        // The sequence-heads [m0, m0 + mc): their panels from the last (which sees every key, so
+        // writes dK and dV; the earlier ones add to them).
+        auto const run = [&](std::size_t m0, std::size_t mc) {
+          T const* xd = x->data() + qkv_blocks(seq).stride.at(m0, H);
+          T* dq = dx->data() + qkv_blocks(seq).stride.at(m0, H);
+          T const* g_out = dy->data() + out_blocks(seq).stride.at(m0, H);
+          std::size_t const at = panel_at(m0, seq);
+          V* sc = stat_data(scores->data()) + at;
+          V* dp = stat_data(dpd->data()) + at;
+          T* pd = dropped->data() + at;
+          T* ds = dscores->data() + at;
+          auto const kv_result = [&](index_t keys, index_t column) {  // rows 0 .. keys of dK (0) or dV (W)
+            if constexpr (same_storage<S>)
+              return kernels::result(dq + W + column, qkv_blocks(seq)).window(0, 0, keys, hw);
+            else
+              return kernels::result(stat_data(dkv->data()) + kv_blocks(seq).stride.at(m0, H) + column,
+                                     kv_blocks(seq))
+                  .window(0, 0, keys, hw);
+          };
+          bool first = true;
+          for_panels_backwards(mc, m0, seq, [&](kernels::panel_geometry const& g) {
+            index_t const r0 = index_t(g.r0), rb = index_t(g.rb), keys = index_t(g.keys());
+            kernels::scale const add{1.0, first ? 0.0 : 1.0};
+            first = false;
+            kernels::gemm_batched(device<S>{}, {mc, H}, kernels::lhs(xd, qkv_blocks(seq)).window(r0, 0, rb, hw),
+                                  kernels::rhs(xd + W, qkv_blocks(seq)).window(0, 0, keys, hw).transposed(),
+                                  kernels::result(sc, panel_blocks(seq)).window(0, 0, rb, keys));
+            kernels::gemm_batched(device<S>{}, {mc, H}, kernels::lhs(g_out, out_blocks(seq)).window(r0, 0, rb, hw),
+                                  kernels::rhs(xd + 2 * W, qkv_blocks(seq)).window(0, 0, keys, hw).transposed(),
+                                  kernels::result(dp, panel_blocks(seq)).window(0, 0, rb, keys));
+            if (drops)
+              kernels::panel_softmax_backward(device<S>{}, g, sc, dp, stat_data(stats->data()), pd, ds, scale<S>(),
+                                              mask_of<S>(s, offset));
+            else
+              kernels::panel_softmax_backward(device<S>{}, g, sc, dp, stat_data(stats->data()), pd, ds, scale<S>(),
+                                              kernels::no_mask<V>{});
+            // dV += dropout(P)^T dY, dQ = dS K, dK += dS^T Q (the 1/sqrt(d) is in dS)
+            kernels::gemm_batched(device<S>{}, {mc, H},
+                                  kernels::lhs(pd, panel_blocks(seq)).window(0, 0, rb, keys).transposed(),
+                                  kernels::rhs(g_out, out_blocks(seq)).window(r0, 0, rb, hw), kv_result(keys, W),
+                                  add);
+            kernels::gemm_batched(device<S>{}, {mc, H}, kernels::lhs(ds, panel_blocks(seq)).window(0, 0, rb, keys),
+                                  kernels::rhs(xd + W, qkv_blocks(seq)).window(0, 0, keys, hw),
+                                  kernels::result(dq, qkv_blocks(seq)).window(r0, 0, rb, hw));
+            kernels::gemm_batched(device<S>{}, {mc, H},
+                                  kernels::lhs(ds, panel_blocks(seq)).window(0, 0, rb, keys).transposed(),
+                                  kernels::rhs(xd, qkv_blocks(seq)).window(r0, 0, rb, hw), kv_result(keys, 0), add);
+          });
+        };
+        for_sequence_heads<S>(count, seq, run);
+        if constexpr (!same_storage<S>) {  // dK and dV rounded into dx once
+          V const* from = stat_data(dkv->data());
+          T* to = dx->data();
+          kernels::for_each_index(device<S>{}, rows * 2 * W, rows * 2 * W, [=] REMAT_LAMBDA(std::size_t i) {
+            std::size_t const r = i / (2 * W), c = i % (2 * W);
+            to[r * 3 * W + W + c] = from_compute<T>(from[i]);
+          });
+        }
+      }
+    }
+    return dx;
+  }
+
+ private:
+  template <class S>
+  using device = typename S::device;
+  static constexpr index_t hw = index_t(head_width);
+  template <class S>
+  static constexpr bool same_storage = std::is_same_v<typename S::value_type, compute_type_t<typename S::value_type>>;
+  static constexpr std::size_t panel_count(std::size_t seq) { return (seq + panel_rows - 1) / panel_rows; }
+  // Rows of a panel's buffers (a sequence shorter than a panel needs only its own).
+  static constexpr std::size_t panel_height(std::size_t seq) { return seq < panel_rows ? seq : panel_rows; }
+  static kernels::panel_geometry geometry(std::size_t count, std::size_t first, std::size_t seq, std::size_t i) {
+    std::size_t const r0 = i * panel_rows, rb = seq - r0 < panel_rows ? seq - r0 : panel_rows;
+    return {count, seq, r0, rb, panel_height(seq) * seq, seq, first};
+  }
+  template <class F>
+  static void for_panels(std::size_t count, std::size_t first, std::size_t seq, F const& f) {
+    for (std::size_t i = 0; i < panel_count(seq); ++i) f(geometry(count, first, seq, i));
+  }
+  template <class F>
+  static void for_panels_backwards(std::size_t count, std::size_t first, std::size_t seq, F const& f) {
+    for (std::size_t i = panel_count(seq); i-- > 0;) f(geometry(count, first, seq, i));
+  }
+  // run(m0, mc) over all `count` sequence-heads: on the host, each on one thread with its panels
+  // (whose buffers then stay in that core's cache from one product to the next; the products and
+  // row passes inside run serially), when there are enough of them for the threads; on the GPU, and
+  // otherwise, all together (each product batched over them, each row pass over all their rows).
+  template <class S, class Run>
+  static void for_sequence_heads(std::size_t count, std::size_t seq, Run const& run) {
+    if constexpr (std::is_same_v<typename S::device, host>) {
+      if (count >= kernels::detail::host_threads()) {
+        kernels::for_each_index(host{}, count, count * seq * seq * head_width, [&](std::size_t m) { run(m, 1); });
+        return;
+      }
+    }
+    run(0, count);
+  }
+  // Where sequence-head m's panel starts in the panel buffers.
+  static constexpr std::size_t panel_at(std::size_t m, std::size_t seq) { return m * panel_height(seq) * seq; }
+  // A panel's buffers: count panels of panel_rows x seq values in the compute type, and the same in
+  // the activation type (one tensor when the two types agree).
+  template <class S>
+  static constexpr std::pair<typename S::act_type, typename S::act_type> panels(S& s, std::size_t count,
+                                                                              std::size_t seq) {
+    std::size_t const n = count * panel_height(seq);
+    typename S::act_type c = s.make(n, stat_columns<typename S::value_type>(seq));
+    if constexpr (same_storage<S>)
+      return {c, c};
+    else
+      return {c, s.make(n, seq)};
+  }
+  template <class S>
+  static auto mask_of(S& s, std::uint64_t offset) {
+    return kernels::mask_values<compute_type_t<typename S::value_type>, expr::dropout_mask>{
+        Dropout<P>::mask(s.random(offset))};
+  }
+  template <class S>
+  static compute_type_t<typename S::value_type> scale() {
+    return compute_type_t<typename S::value_type>(1.0 / std::sqrt(double(head_width)));
+  }
+  // Per-head matrices (i = sequence * H + head): seq x head_width blocks of the input (q, k or v by
+  // the column offset added), of the output, and of the fp32 dK | dV buffer; panels of panel_rows x
+  // seq (row stride seq) one after another.
+  static constexpr kernels::matrix_layout qkv_blocks(std::size_t seq) {
+    return {index_t(seq), index_t(head_width), index_t(3 * W), {index_t(seq * 3 * W), index_t(head_width)}};
+  }
+  static constexpr kernels::matrix_layout out_blocks(std::size_t seq) {
+    return {index_t(seq), index_t(head_width), index_t(W), {index_t(seq * W), index_t(head_width)}};
+  }
+  static constexpr kernels::matrix_layout kv_blocks(std::size_t seq) {
+    return {index_t(seq), index_t(head_width), index_t(2 * W), {index_t(seq * 2 * W), index_t(head_width)}};
+  }
+  static constexpr kernels::matrix_layout panel_blocks(std::size_t seq) {
+    return {index_t(panel_height(seq)), index_t(seq), index_t(seq),
+            {index_t(H * panel_height(seq) * seq), index_t(panel_height(seq) * seq)}};
+  }
+};
+
 }  // namespace REMAT_NAMESPACE

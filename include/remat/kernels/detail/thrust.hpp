@@ -51,6 +51,16 @@ void host_split(std::size_t n, std::size_t work, Run const& run) {
   run(0, n);
 }
 
+// The threads a host kernel started here would run on (1 inside a parallel region: nested regions
+// run serially).
+inline std::size_t host_threads() {
+#if defined(_OPENMP)
+  return omp_in_parallel() ? 1 : std::size_t(omp_get_max_threads());
+#else
+  return 1;
+#endif
+}
+
 #if REMAT_HAS_CUDA
 // Kernels go to the current stream without a host synchronisation afterwards.
 inline auto cuda_policy() { return thrust::cuda::par_nosync.on(current_cuda_stream()); }

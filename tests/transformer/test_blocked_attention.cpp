@@ -1,0 +1,314 @@
+// BlockedAttentionCore: attention in memory linear in the sequence. Its gradients against central
+// differences (sequences of one panel and of several, dropout on and off), its values against
+// AttentionCore's (the function it replaces) and a plain double-precision attention, causality,
+// every storage policy bit for bit against the stored model, the plan against the measured peak,
+// and the plan's linear growth.
+#include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "support/gradients.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+using namespace remat;
+
+namespace {
+
+constexpr std::size_t V = 11, L = 160, W = 16, H = 4, N = 2;
+template <class Core>
+using Attn = Seq<Linear<6, 3 * W>, Core, Linear<W, 5>>;
+template <class Middle>
+using LM = Seq<Embedding<V, W>, PositionEmbedding<L, W>, Dropout<0.1>, Middle, LayerNorm<W>, Linear<W, V>>;
+using Block = GPTBlock<W, H, 0.1>;
+
+tensor<std::int32_t> token_batch(std::size_t batch, std::size_t seq, std::size_t salt = 0) {
+  tensor<std::int32_t> ids{index_t(batch), index_t(seq)};
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::int32_t((i * 7 + salt * 3 + i / 5) % V);
+  return ids;
+}
+
+template <class T>
+tensor<T> features(std::size_t rows, std::size_t cols, double f) {
+  tensor<T> x{index_t(rows), index_t(cols)};
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(float(std::sin(f * double(i) + 0.3) * 1.5));
+  return x;
+}
+
+template <class T>
+std::vector<double> as_doubles(tensor_view<T const> v) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = double(v[i]);
+  return out;
+}
+
+// max |a - b| / max(|b|) over two vectors.
+double relative_difference(std::vector<double> const& a, std::vector<double> const& b) {
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  return diff / scale;
+}
+
+bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("blocked attention: gradients against central differences", "[transformer][blocked][gradients]") {
+  static_assert(BlockedAttentionCore<4, 1>::panel_rows < 130, "the sequences below must span several panels");
+  require_gradients<BlockedAttentionCore<8, 2>>({.batch = 2, .sequence = 5}, 10);
+  require_gradients<BlockedAttentionCore<8, 2, 0.25>>({.batch = 2, .sequence = 5}, 10);
+  require_gradients<BlockedAttentionCore<6, 3>>({.batch = 1, .sequence = 1}, 10);
+  // Inputs in every panel (and the partial last one), with and without dropout.
+  require_gradients<BlockedAttentionCore<4, 1>>({.batch = 2, .max_checks_per_tensor = 600, .sequence = 150}, 600);
+  require_gradients<BlockedAttentionCore<4, 2, 0.25>>({.batch = 1, .max_checks_per_tensor = 400, .sequence = 130},
+                                                      380);
+  require_gradients<BlockedAttention<GPT<11, 6, 8, 2, 2, 0.1>>>({.batch = 2, .sequence = 5}, 10);
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, BlockedAttention>>({.batch = 2, .sequence = 6}, 10);
+}
+
+TEST_CASE("blocked attention: the forward against a plain double-precision attention",
+          "[transformer][blocked]") {
+  constexpr std::size_t w = 8, h = 2, hd = w / h, seq = 200, batch = 2;
+  model<BlockedAttentionCore<w, h>> m;
+  m.set_sequence_length(seq);
+  tensor<float> qkv = features<float>(batch * seq, 3 * w, 0.37);
+  tensor<float> y = m.forward(qkv);
+  double worst = 0;
+  for (std::size_t b = 0; b < batch; ++b)
+    for (std::size_t head = 0; head < h; ++head)
+      for (std::size_t t = 0; t < seq; ++t) {
+        auto at = [&](std::size_t row, std::size_t part, std::size_t c) {
+          return double(qkv[(b * seq + row) * 3 * w + part * w + head * hd + c]);
+        };
+        std::vector<double> sc(t + 1);
+        double mx = -1e300;
+        for (std::size_t j = 0; j <= t; ++j) {
+          double d = 0;
+          for (std::size_t c = 0; c < hd; ++c) d += at(t, 0, c) * at(j, 1, c);
+          sc[j] = d / std::sqrt(double(hd));
+          mx = std::max(mx, sc[j]);
+        }
+        double z = 0;
+        for (double& v : sc) z += v = std::exp(v - mx);
+        for (std::size_t c = 0; c < hd; ++c) {
+          double want = 0;
+          for (std::size_t j = 0; j <= t; ++j) want += sc[j] / z * at(j, 2, c);
+          worst = std::max(worst, std::fabs(double(y[(b * seq + t) * w + head * hd + c]) - want));
+        }
+      }
+  INFO("largest difference from double: " << worst);
+  CHECK(worst < 1e-5);
+}
+
+namespace {
+
+// One training pass of the same model with either core: loss, parameter gradients, input gradient.
+struct pass_result {
+  double loss;
+  std::vector<double> grads, dx;
+};
+
+template <class Core, class P>
+pass_result attention_pass(std::size_t batch, std::size_t seq) {
+  using M = model<Attn<Core>, host, P>;
+  M m(seed{3});
+  m.set_sequence_length(seq);
+  using T = typename M::value_type;
+  tensor<T> x = features<T>(batch * seq, 6, 0.71);
+  tensor<T> target = features<T>(batch * seq, 5, 1.3);
+  tensor<T> dx{index_t(batch * seq), 6};
+  pass_result r;
+  r.loss = m.template accumulate<MSE>(x, target, 1.0, &dx);
+  r.grads = as_doubles<T>(m.gradients());
+  r.dx = as_doubles<T>(dx.view());
+  return r;
+}
+
+template <std::size_t Heads, double Drop, class P>
+void require_same_as_attention_core(std::size_t batch, std::size_t seq, double tolerance) {
+  INFO("heads " << Heads << ", dropout " << Drop << ", precision " << P::name << ", batch " << batch << ", seq "
+                << seq);
+  pass_result const a = attention_pass<AttentionCore<W, Heads, Drop>, P>(batch, seq);
+  pass_result const b = attention_pass<BlockedAttentionCore<W, Heads, Drop>, P>(batch, seq);
+  CHECK(std::fabs(a.loss - b.loss) <= tolerance * std::fabs(a.loss));
+  double const dg = relative_difference(b.grads, a.grads), dx = relative_difference(b.dx, a.dx);
+  INFO("parameter gradients differ by " << dg << ", input gradients by " << dx << " (relative to the largest)");
+  CHECK(dg <= tolerance);
+  CHECK(dx <= tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("blocked attention: the same training pass as AttentionCore, dropout on and off",
+          "[transformer][blocked]") {
+  // fp32: the two differ in the softmax's roundings only (exp(s - lse) against exp(s - max) / sum).
+  for (std::size_t seq : {1, 7, 64, 150}) {
+    require_same_as_attention_core<4, 0.0, fp32>(3, seq, 2e-6);
+    require_same_as_attention_core<2, 0.3, fp32>(2, seq, 2e-6);
+  }
+  // bf16 activations: the probabilities are rounded to bf16 from different fp32 values now and
+  // then, one bf16 unit (2^-8) of a probability.
+  require_same_as_attention_core<4, 0.0, mixed<bfloat16>>(2, 150, 0x1p-7);
+  require_same_as_attention_core<2, 0.3, mixed<bfloat16>>(2, 130, 0x1p-7);
+}
+
+TEST_CASE("blocked attention: the host's two schedules give the same bits", "[transformer][blocked]") {
+  // One sequence-head per thread when there are at least as many as threads; otherwise each
+  // product batched over all of them. One sequence of one head on 2 threads takes the second, on 1
+  // thread the first.
+  auto pass = [](int threads) {
+    int const before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    pass_result const r = attention_pass<BlockedAttentionCore<W, 1, 0.3>, fp32>(1, 150);
+    omp_set_num_threads(before);
+    return r;
+  };
+  pass_result const one = pass(1), two = pass(2);
+  CHECK(one.loss == two.loss);
+  CHECK(one.grads == two.grads);
+  CHECK(one.dx == two.dx);
+}
+
+TEST_CASE("blocked attention: causal, position by position", "[transformer][blocked]") {
+  constexpr std::size_t w = 8, seq = 140;
+  model<BlockedAttentionCore<w, 2>> m;
+  m.set_sequence_length(seq);
+  tensor<float> qkv = features<float>(seq, 3 * w, 0.53);
+  tensor<float> const before = m.forward(qkv);
+  for (std::size_t t : {0, 63, 64, 100, 139}) {
+    tensor<float> changed = features<float>(seq, 3 * w, 0.53);
+    for (std::size_t c = 0; c < 3 * w; ++c) changed[t * 3 * w + c] += 0.75f;
+    tensor<float> const after = m.forward(changed);
+    INFO("position " << t << " changed");
+    // Every earlier position's output is bit for bit the same; position t's changes.
+    CHECK(std::memcmp(before.data(), after.data(), t * w * sizeof(float)) == 0);
+    bool moved = false;
+    for (std::size_t c = 0; c < w; ++c) moved = moved || before[t * w + c] != after[t * w + c];
+    CHECK(moved);
+  }
+}
+
+namespace {
+
+struct run_result {
+  std::vector<double> losses;
+  std::vector<float> params, grads;
+  std::uint64_t recomputed = 0;
+  std::size_t saved = 0;
+};
+
+// Sequences of 150 positions: three panels, the last partial.
+template <class Net, class P = fp32>
+run_result train_lm(int steps = 2) {
+  model<Net, host, P> m(seed{5});
+  AdamW opt(m, {.lr = 3e-3});
+  tensor<std::int32_t> ids = token_batch(2, 150);
+  tensor<std::int32_t> next = token_batch(2, 150, 1);
+  run_result r;
+  for (int k = 0; k < steps; ++k) {
+    r.losses.push_back(m.template train_step<SoftmaxCrossEntropy>(ids, next, opt));
+    r.recomputed += m.last_pass().recomputed;
+  }
+  r.saved = m.last_pass().saved_bytes;
+  r.params = tensor_to_host(m.parameters());
+  r.grads = tensor_to_host(m.gradients());
+  return r;
+}
+
+template <class Net, class P = fp32>
+void require_same_training(run_result const& stored, std::uint64_t recomputed_per_step) {
+  run_result const r = train_lm<Net, P>();
+  for (std::size_t k = 0; k < r.losses.size(); ++k) CHECK(r.losses[k] == stored.losses[k]);
+  CHECK(same_bits(r.params, stored.params));
+  CHECK(same_bits(r.grads, stored.grads));
+  CHECK(r.recomputed == 2 * recomputed_per_step);
+  CHECK(r.saved < stored.saved);
+}
+
+}  // namespace
+
+TEST_CASE("blocked attention: every policy trains bit for bit like the stored model, dropout on",
+          "[transformer][blocked][policies]") {
+  using Blocks = BlockedAttention<Repeat<N, Block>>;
+  run_result const stored = train_lm<LM<Blocks>>();
+  REQUIRE(stored.losses[1] < stored.losses[0]);
+  require_same_training<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>>(stored, N);
+  require_same_training<LM<Checkpointed<Blocks>>>(stored, N);
+  require_same_training<LM<Revolve<1, Blocks>>>(stored, revolve::cost(N, 1));
+  require_same_training<LM<CheckpointSequential<2, Blocks>>>(stored, N);
+  require_same_training<LM<Selective<Blocks>>>(stored, N);
+  require_same_training<LM<Repeat<N, Selective<BlockedAttention<Block>>>>>(stored, N);
+  SECTION("in bf16 too") {
+    run_result const stored16 = train_lm<LM<Blocks>, mixed<bfloat16>>();
+    require_same_training<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>, mixed<bfloat16>>(stored16, N);
+    require_same_training<LM<Selective<Blocks>>, mixed<bfloat16>>(stored16, N);
+  }
+}
+
+namespace {
+
+template <class Net, class P = fp32>
+void require_plan_matches(std::size_t batch, std::size_t seq) {
+  INFO("batch " << batch << ", seq " << seq << ", precision " << P::name);
+  memory::caching_allocator<host> alloc;
+  model<Net, host, P> m(seed{11}, alloc);
+  tensor<std::int32_t> ids = token_batch(batch, seq), next = token_batch(batch, seq, 2);
+  auto const plan = sequence_plan<Net, P>(batch, seq);
+  for (int step = 0; step < 2; ++step) {
+    REQUIRE(alloc.stats()[memory::tag::activations].in_use == 0);
+    alloc.reset_peak();
+    m.template accumulate<SoftmaxCrossEntropy>(ids, next);
+    CHECK(alloc.stats()[memory::tag::activations].peak == plan.peak_bytes);
+    CHECK(m.last_pass().saved_bytes == plan.saved_bytes);
+    CHECK(m.last_pass().recomputed == plan.recomputed);
+  }
+}
+
+template <class Net>
+void require_plan_matches_everywhere() {
+  for (auto [b, t] : {std::pair<std::size_t, std::size_t>{1, 1}, {2, 5}, {3, 64}, {2, 150}}) {
+    require_plan_matches<Net>(b, t);
+    require_plan_matches<Net, mixed<bfloat16>>(b, t);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("blocked attention plan: the activation plan equals the measured peak", "[transformer][blocked][plan]") {
+  require_plan_matches_everywhere<LM<BlockedAttention<Repeat<N, Block>>>>();
+  require_plan_matches_everywhere<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>>();
+  require_plan_matches_everywhere<LM<Revolve<1, BlockedAttention<Repeat<N, Block>>>>>();
+}
+
+TEST_CASE("blocked attention plan: what attention keeps grows linearly with the sequence",
+          "[transformer][blocked][plan]") {
+  // The core alone, reading the caller's projections (batch x seq) x 3W in place: it keeps two fp32
+  // numbers per position and head (the softmax's maximum and 1 / sum), so 4x the sequence keeps
+  // exactly 4x the bytes (sizes chosen as multiples of the allocator's 256-byte rounding); the
+  // stored core keeps the probabilities.
+  constexpr std::size_t batch = 4, seq = 512, w = 64, h = 4;
+  constexpr auto blocked = sequence_plan<BlockedAttentionCore<w, h>>(batch, seq);
+  constexpr auto blocked4 = sequence_plan<BlockedAttentionCore<w, h>>(batch, 4 * seq);
+  static_assert(blocked.saved_bytes == batch * h * seq * 2 * sizeof(float));
+  static_assert(blocked4.saved_bytes == 4 * blocked.saved_bytes);
+  // Its peak (the panels included) grows linearly too; the stored core's with the square.
+  static_assert(blocked4.peak_bytes == 4 * blocked.peak_bytes);
+  constexpr auto stored = sequence_plan<AttentionCore<w, h>>(batch, seq);
+  constexpr auto stored4 = sequence_plan<AttentionCore<w, h>>(batch, 4 * seq);
+  static_assert(stored.saved_bytes == batch * h * seq * seq * sizeof(float));
+  static_assert(stored4.saved_bytes == 16 * stored.saved_bytes);
+  // At 2048 positions: 1024x fewer bytes kept, and a peak over 20x lower.
+  static_assert(stored4.saved_bytes == 2 * seq * blocked4.saved_bytes);
+  static_assert(stored4.peak_bytes > 20 * blocked4.peak_bytes);
+  CHECK(blocked4.peak_bytes * 21 < stored4.peak_bytes);
+}
