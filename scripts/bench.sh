@@ -12,13 +12,15 @@
 #                    hand-chosen policies, and a plot (.png); the memory timeline's cost
 #   memory-trace-charlm.* charlm's checkpointed step as a memory timeline (JSON for Perfetto, PNG, table)
 #   conv-host.*      the ResNet stack, stored and checkpointed, interleaved with PyTorch (bench/compare_conv.py)
+#   attention-host.* one attention core (stored, recomputed, blocked) at sequences of 512 to 4096 beside
+#                    PyTorch's nanoGPT attention, and a plot (.png) (bench/compare_attention.py)
 #   dist-host.*      data-parallel scaling from 1 to 2 MPI ranks beside PyTorch DDP (bench/dist_scaling.sh)
 # Arguments go to compare_torch.py (e.g. --quick for a smoke run, --steps 9).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh python3-matplotlib libsleef-dev
 cmake --preset default >/dev/null
-cmake --build --preset default --target bench_expr bench_gemm_paths bench_policies bench_budget bench_dist bench_float_math bench_conv -j"$(nproc)"
+cmake --build --preset default --target bench_expr bench_gemm_paths bench_policies bench_budget bench_dist bench_float_math bench_conv bench_attention -j"$(nproc)"
 mkdir -p bench/results
 stamp="$(date -u +%Y-%m-%d)"
 raw="$(mktemp)"
@@ -59,6 +61,8 @@ cmake --build --preset default --target charlm -j"$(nproc)"
   --title "charlm --checkpoint: one training step (4 blocks, batch 32 x 128)"
 # The ResNet stack (64 channels, 64 x 64, batch 32; 8 and 16 blocks) beside PyTorch's oneDNN convolutions.
 /usr/bin/python3 bench/compare_conv.py --remat build/default/bench/bench_conv --out bench/results/conv-host --rounds 2 --steps 2
+# Attention at long sequences: the three cores beside PyTorch's written-out attention.
+/usr/bin/python3 bench/compare_attention.py --remat build/default/bench/bench_attention --out bench/results/attention-host
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --out bench/results/policies-host "$@"
 # Mixed precision: remat's mixed<bfloat16> against torch.autocast('cpu', dtype=torch.bfloat16).
 /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --precision bf16 \
