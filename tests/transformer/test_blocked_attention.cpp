@@ -1,8 +1,8 @@
 // BlockedAttentionCore: attention in memory linear in the sequence. Its gradients against central
 // differences (sequences of one panel and of several, dropout on and off), its values against
 // AttentionCore's (the function it replaces) and a plain double-precision attention, causality,
-// every storage policy bit for bit against the stored model, the plan against the measured peak,
-// and the plan's linear growth.
+// every storage policy (Offloaded included) bit for bit against the stored model, the plan against
+// the measured peak, and the plan's linear growth.
 #include <remat/remat.hpp>
 
 #include <catch2/catch.hpp>
@@ -248,6 +248,7 @@ TEST_CASE("blocked attention: every policy trains bit for bit like the stored mo
   require_same_training<LM<CheckpointSequential<2, Blocks>>>(stored, N);
   require_same_training<LM<Selective<Blocks>>>(stored, N);
   require_same_training<LM<Repeat<N, Selective<BlockedAttention<Block>>>>>(stored, N);
+  require_same_training<LM<Repeat<N, Offloaded<BlockedAttention<Block>>>>>(stored, 0);
   SECTION("in bf16 too") {
     run_result const stored16 = train_lm<LM<Blocks>, mixed<bfloat16>>();
     require_same_training<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>, mixed<bfloat16>>(stored16, N);
