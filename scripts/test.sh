@@ -5,7 +5,9 @@
 #      the tests labelled "long": 20-epoch runs of the digits example in emulated 16-bit, and
 #      exp, erf and tanh over every float); that
 #      build keeps line tables only (-g1: a quarter less compile time than -g, the same symbolized
-#      reports) and leaves out what it would not run (the header self-containment check, charlm),
+#      reports), compiles the tests at -O0 and the examples at -O1 (their training runs are that
+#      stage's long tests), and leaves out what it would not run (the header self-containment
+#      check, charlm),
 #   3. installs remat into a temporary prefix and builds and runs tests/consumer against it
 #      with find_package(remat CONFIG REQUIRED) (and its remat::dist program under mpirun -np 2),
 #   4. when nvcc is here, compiles and links the CUDA backend for sm_90 (every public header, the
