@@ -14,10 +14,8 @@ panels, memory linear in seq). PyTorch 1.13: nanoGPT's attention without the fus
 For each length it alternates: remat's three cores, PyTorch as shipped, PyTorch with glibc's
 MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ raised; --rounds times. The faster PyTorch
 setting is the anchor of the ratios. Memory: remat's activation peak over the step (equal to its
-plan) and what its forward kept; PyTorch's is the growth of glibc's heap over the forward
-(mallinfo2), its output excluded, and the peak growth over the step (the heap's high-water mark
-sampled after each op is not available: the forward's growth plus the gradient buffers the
-backward makes, the input's gradient included, is its lower bound).
+plan) and what its forward kept; PyTorch's is what its forward kept only: the growth of glibc's
+heap over the forward (mallinfo2), its output excluded.
 
   /usr/bin/python3 bench/compare_attention.py --remat build/default/bench/bench_attention [--quick] [--rounds 3]
 
