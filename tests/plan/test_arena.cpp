@@ -26,7 +26,7 @@ using CheckpointedRepeat = Checkpointed<B>;
 template <class N, class P = fp32>
 void require_valid_layout(std::size_t batch, std::size_t sequence = 1, std::size_t workspace = 0) {
   INFO("batch " << batch << " x " << sequence << ", workspace " << workspace);
-  plan::counter mem;
+  planning::counter mem;
   auto const pass = detail::plan_pass_into<N, P>(mem, batch, N::in_width, sequence, input_gradient::none, workspace);
   arena_layout const l = detail::lay_out(mem);
   struct interval {
@@ -35,7 +35,7 @@ void require_valid_layout(std::size_t batch, std::size_t sequence = 1, std::size
   std::vector<interval> all;
   REQUIRE(l.offset.size() == mem.made);
   for (std::size_t k = 0; k < mem.made; ++k) {
-    plan::buffer const& b = mem.buffers[std::size_t(mem.made_ids[k])];
+    planning::buffer const& b = mem.buffers[std::size_t(mem.made_ids[k])];
     CHECK(l.bytes[k] == b.bytes);
     all.push_back({l.offset[k], b.bytes, b.born, std::min(b.died, mem.clock)});
   }

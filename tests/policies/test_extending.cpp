@@ -92,7 +92,7 @@ struct Project {
 };
 
 static_assert(layer<Project<3, 4>> && layer<KeepInput<Project<3, 4>>>);
-static_assert(layer_for<Project<3, 4>, pass_state<float, host>> && layer_for<Project<3, 4>, plan::state<float>>);
+static_assert(layer_for<Project<3, 4>, pass_state<float, host>> && layer_for<Project<3, 4>, plan_state<float>>);
 
 constexpr std::size_t W = 16, H = 4;
 

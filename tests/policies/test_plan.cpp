@@ -47,6 +47,7 @@ void require_plan_matches() {
       m.template accumulate<Loss>(x, labels);
     }
     CHECK(alloc.stats()[memory::tag::activations].peak == plan.peak_bytes);
+    CHECK(m.last_pass().activation_peak == plan.peak_bytes);
     CHECK(m.last_pass().saved_bytes == plan.saved_bytes);
     CHECK(m.last_pass().recomputed == plan.recomputed);
     CHECK(offloaded.stats()[memory::tag::activations].peak == plan.offloaded_bytes);
@@ -116,6 +117,39 @@ TEST_CASE("plan: the plan equals the measured peak for every policy, depth and b
   require_plan_matches_for_batches<CheckpointSequential<3, Seq<Linear<12, W>, GELU, LayerNorm<W>, Dropout<0.3>,
                                                              Linear<W, W>, Tanh, Linear<W, 5>>>>();
   require_plan_matches_for_batches<Seq<Linear<12, W>, Residual<Seq<Dropout<0.5>>>, Residual<Seq<Dropout<0.0>>>, Linear<W, 5>>>();
+}
+
+TEST_CASE("plan: a pass's own activation peak equals the plan when the caller's tensors share the allocator",
+          "[plan]") {
+  // The README's case: the batch lives on the model's allocator, under the activations tag, so the
+  // allocator's peak holds it too; last_pass().activation_peak is the pass's own.
+  using N = Net<Repeat<3, Checkpointed<Block>>>;
+  memory::caching_allocator<host> alloc;
+  model<N> m(seed{5}, alloc);
+  constexpr auto plan = activation_plan<N, fp32>(16);
+  tensor<float> x(16, 12, memory::tag::activations, alloc), t(16, 5, memory::tag::activations, alloc);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::cos(0.3 * double(i)));
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.5f;
+  std::size_t const batch_bytes = alloc.stats()[memory::tag::activations].in_use;
+  REQUIRE(batch_bytes == 768 + 512);  // 16 x 12 floats (768 bytes) and 16 x 5 (320, rounded up to 512)
+  AdamW opt(m, {.lr = 1e-3});
+  for (int step = 0; step < 2; ++step) {
+    alloc.reset_peak();
+    m.train_step<MSE>(x, t, opt);
+    CHECK(alloc.stats()[memory::tag::activations].peak == plan.peak_bytes + batch_bytes);
+    CHECK(m.last_pass().activation_peak == plan.peak_bytes);
+  }
+  // Windows nest and stay apart from reset_peak's measurement.
+  std::size_t const outer = alloc.open_peak_window(memory::tag::activations);
+  {
+    tensor<float> a(64, 64, memory::tag::activations, alloc);  // 16 KiB
+    std::size_t const inner = alloc.open_peak_window(memory::tag::activations);
+    { tensor<float> b(8, 8, memory::tag::activations, alloc); }  // 256 bytes
+    CHECK(alloc.close_peak_window(inner) == 256);
+    tensor<float> c(8, 8, memory::tag::workspace, alloc);  // another tag: not counted
+  }
+  CHECK(alloc.close_peak_window(outer) == 16384 + 256);
+  CHECK(alloc.close_peak_window(outer) == 0);  // closed already
 }
 
 TEST_CASE("plan: models that read token ids, with a classification loss", "[plan]") {

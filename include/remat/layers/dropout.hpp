@@ -8,7 +8,23 @@
 #include "../numeric/philox.hpp"
 #include "layer.hpp"
 
+#include <bit>
+#include <cstdint>
+
 namespace REMAT_NAMESPACE {
+
+// A probability given as a template argument: Dropout<0.1>, AttentionCore<W, H, 0.1>, GPT<..., 0.1>.
+// A double converts to it implicitly and it converts back, so the argument reads as a number on
+// every compiler; it holds the double's bits, which makes it a template argument that compilers
+// without floating-point ones (clang before 18) accept. Dropout<0.1> and Dropout<rate(0.1)> are
+// the same type.
+struct rate {
+  std::uint64_t bits;  // (public: a template argument's members must be)
+  constexpr rate(double p) : bits(std::bit_cast<std::uint64_t>(p)) {}
+  constexpr double value() const { return std::bit_cast<double>(bits); }
+  constexpr operator double() const { return value(); }
+};
+
 namespace expr {
 
 // The dropout mask as an expression terminal: 0 or 1/(1-p) for element i.
@@ -26,7 +42,7 @@ struct dropout_mask : expr_base {
 
 }  // namespace expr
 
-template <double P>
+template <rate P>
 struct Dropout {
   static_assert(P >= 0.0 && P < 1.0, "remat::Dropout<P>: P must be in [0, 1)");
   static constexpr std::size_t in_width = any_width;

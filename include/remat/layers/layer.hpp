@@ -17,7 +17,7 @@
 // tensors from s.make, what backward needs through s.save / s.restore, a matrix product through
 // s.product (so Selective can keep it), dropout through s.draw, and the arithmetic inside
 // `if constexpr (S::computes)`. The same code then runs a training step (pass_state) and, at
-// compile time, the activation plan (plan::state, which only counts). backward adds into the
+// compile time, the activation plan (planning::state, which only counts). backward adds into the
 // parameter gradients `g` and returns the input's gradient. A composite may name its children's
 // parameters with `template <class F> static void visit(std::string const& prefix,
 // std::size_t offset, F& f)` instead of params().

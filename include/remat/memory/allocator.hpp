@@ -240,6 +240,29 @@ class caching_allocator {
     stats_.total.peak = stats_.total.in_use;
   }
 
+  // Measures one tag's peak over a stretch of work, above what was in use when the window opened
+  // (so tensors the caller held before do not count), apart from reset_peak's measurement; several
+  // may be open at once. model::accumulate opens one over each training pass
+  // (model::last_pass().activation_peak). Work of other threads on this allocator counts too.
+  std::size_t open_peak_window(tag t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t const in_use = stats_.by_tag[index(t)].in_use;
+    windows_.push_back({++last_window_, t, in_use, in_use});
+    return last_window_;
+  }
+  // Closes a window: the largest in-use value of its tag while it was open, less the value when it
+  // opened (0 for a window that is not open).
+  std::size_t close_peak_window(std::size_t id) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (std::size_t i = 0; i < windows_.size(); ++i)
+      if (windows_[i].id == id) {
+        std::size_t const rise = windows_[i].peak - windows_[i].base;
+        windows_.erase(windows_.begin() + std::ptrdiff_t(i));
+        return rise;
+      }
+    return 0;
+  }
+
   // Gives every cached (free) block back to the system.
   void release_cached() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -297,6 +320,8 @@ class caching_allocator {
     stats_.total.in_use += size;
     if (u.in_use > u.peak) u.peak = u.in_use;
     if (stats_.total.in_use > stats_.total.peak) stats_.total.peak = stats_.total.in_use;
+    for (peak_window& w : windows_)
+      if (w.t == t && u.in_use > w.peak) w.peak = u.in_use;
     if (timeline_) note(p, std::int64_t(size), t);
   }
 
@@ -391,7 +416,15 @@ class caching_allocator {
     return out;
   }
 
+  struct peak_window {
+    std::size_t id;
+    tag t;
+    std::size_t base, peak;
+  };
+
   mutable std::mutex mutex_;
+  std::vector<peak_window> windows_;
+  std::size_t last_window_ = 0;
   timeline* timeline_ = nullptr;
   statistics stats_{};
   std::unordered_map<void*, block> live_;

@@ -1,7 +1,7 @@
 // The pass-state vocabulary: everything a layer, a composite or a storage policy may ask of the
 // state of one forward/backward pass, and nothing else. Two states implement it on one base, so
 // the activation plan follows exactly the rules a training step follows: pass_state (pass/step.hpp)
-// computes, plan::state (plan/state.hpp) only counts bytes at compile time.
+// computes, planning::state (plan/state.hpp) only counts bytes at compile time.
 //
 // What a layer may call (see layers/layer.hpp for the contract):
 //   s.make(rows, cols)               a new activation

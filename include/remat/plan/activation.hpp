@@ -2,7 +2,7 @@
 // step of model<Net, Device, Precision>, known at compile time.
 //
 // It runs the model's training pass (runtime/training_pass.hpp, the code model::accumulate runs)
-// on a plan::state, which makes, shares and drops the same tensors in the same order and adds up what
+// on a planning::state, which makes, shares and drops the same tensors in the same order and adds up what
 // the caching allocator would count: each tensor rounded up to 256 bytes. Everything a step
 // allocates as activations is in it: what the forward keeps, the output and
 // its gradient, the gradients flowing back, and the scratch of every recomputation. Workspace
@@ -48,7 +48,7 @@ template <class L, class Children = children_t<L>>
 struct plannable;
 template <class L>
 struct plannable<L, type_list<>> {
-  static constexpr bool value = has_forward<L, plan::state<float>> && has_backward<L, plan::state<float>>;
+  static constexpr bool value = has_forward<L, planning::state<float>> && has_backward<L, planning::state<float>>;
 };
 template <class L, class... C>
 struct plannable<L, type_list<C...>> {
@@ -68,20 +68,20 @@ struct pass_plan {
 
 // Runs the pass on `mem` (which keeps every buffer's lifetime: plan/arena.hpp lays them out).
 template <class Net, class Precision>
-constexpr pass_plan plan_pass_into(plan::counter& mem, std::size_t batch, std::size_t features, std::size_t sequence,
+constexpr pass_plan plan_pass_into(planning::counter& mem, std::size_t batch, std::size_t features, std::size_t sequence,
                                    input_gradient dx, std::size_t loss_workspace) {
   using T = typename Precision::compute;
-  plan::counter offloaded;
+  planning::counter offloaded;
   pass_plan r;
   std::size_t at_loss = 0;
   {
     std::size_t const rows = batch * sequence;
     pass_options o{.training = true, .sequence_length = sequence, .input_gradient = bool(dx)};
     if constexpr (reads_ids_v<Net>) o.ids.count = rows;
-    plan::state<T> s(mem, offloaded, o);
-    plan::ref x = detail::input_activation<Net, Precision>(s, plan::input_shape{rows, features}, true);
-    plan::ref g = detail::training_pass<Net>(s, plan::no_params{}, plan::no_params{}, std::move(x),
-                                             [&](plan::ref const&, plan::ref const&) {
+    planning::state<T> s(mem, offloaded, o);
+    planning::ref x = detail::input_activation<Net, Precision>(s, planning::input_shape{rows, features}, true);
+    planning::ref g = detail::training_pass<Net>(s, planning::no_params{}, planning::no_params{}, std::move(x),
+                                             [&](planning::ref const&, planning::ref const&) {
                                                at_loss = mem.live;
                                                if (loss_workspace) mem.workspace_while(loss_workspace);
                                              });
@@ -100,7 +100,7 @@ constexpr pass_plan plan_pass_into(plan::counter& mem, std::size_t batch, std::s
 template <class Net, class Precision>
 constexpr pass_plan plan_pass(std::size_t batch, std::size_t features, std::size_t sequence, input_gradient dx,
                               std::size_t loss_workspace, std::size_t watch = std::size_t(-1)) {
-  plan::counter mem;
+  planning::counter mem;
   mem.watch = watch;
   return plan_pass_into<Net, Precision>(mem, batch, features, sequence, dx, loss_workspace);
 }

@@ -2,7 +2,7 @@
 // offset computed from the plan, so that what the step reserves is what the plan says.
 //
 // The activation plan (plan/activation.hpp) knows each tensor a step makes, its rounded size, and
-// when it is made and freed (plan::counter's clock). Laying them out in one block is colouring the
+// when it is made and freed (planning::counter's clock). Laying them out in one block is colouring the
 // intervals of their lifetimes with addresses: two tensors alive at the same time must not
 // overlap. No layout is smaller than the most bytes alive at once (the plan's peak of activations
 // and workspace together: `lower_bound`). The smallest layout is NP-hard to find in general
@@ -208,10 +208,10 @@ constexpr arena_layout lay_out(std::vector<arena_item> items, std::size_t makes)
 }
 
 // The layout of what a planned pass made in `mem`.
-constexpr arena_layout lay_out(plan::counter const& mem) {
+constexpr arena_layout lay_out(planning::counter const& mem) {
   std::vector<arena_item> items;
   for (std::size_t k = 0; k < mem.made_ids.size(); ++k) {
-    plan::buffer const& b = mem.buffers[std::size_t(mem.made_ids[k])];
+    planning::buffer const& b = mem.buffers[std::size_t(mem.made_ids[k])];
     items.push_back({b.bytes, b.born, b.died == std::size_t(-1) ? mem.clock : b.died, 0, int(k)});
   }
   if (mem.workspace_bytes) items.push_back({mem.workspace_bytes, mem.workspace_born, mem.workspace_died, 0, -1});
@@ -221,7 +221,7 @@ constexpr arena_layout lay_out(plan::counter const& mem) {
 template <class Net, class Precision>
 constexpr arena_layout plan_arena(std::size_t batch, std::size_t features, std::size_t sequence, input_gradient dx,
                                   std::size_t loss_workspace) {
-  plan::counter mem;
+  planning::counter mem;
   plan_pass_into<Net, Precision>(mem, batch, features, sequence, dx, loss_workspace);
   return lay_out(mem);
 }

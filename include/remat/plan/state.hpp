@@ -1,4 +1,4 @@
-// plan::state: a pass state that computes nothing and only counts. The layers' forward and
+// planning::state: a pass state that computes nothing and only counts. The layers' forward and
 // backward are written once against the pass-state vocabulary (pass/vocabulary.hpp); run against
 // this state at compile time, they make, share and drop the same tensors in the same order as a
 // real training step, and the state adds up the bytes the caching allocator would hand out (each
@@ -13,7 +13,7 @@
 #include <vector>
 
 namespace REMAT_NAMESPACE {
-namespace plan {
+namespace planning {
 
 // What a planned tensor has: a shape and a byte count (zero for a hollow one).
 struct buffer {
@@ -203,5 +203,11 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
   int input_ = -1;
 };
 
-}  // namespace plan
+}  // namespace planning
+
+// The pass state the activation plan runs a layer on (what `layer_for<L, plan_state<float>>`
+// checks). The namespace is `planning`, not `plan`: `plan` is a name users give their variables.
+template <class T>
+using plan_state = planning::state<T>;
+
 }  // namespace REMAT_NAMESPACE

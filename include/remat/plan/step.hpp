@@ -124,7 +124,7 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   std::size_t const rows = batch * o.sequence;
   std::size_t const out = Net::out_width == any_width ? features : Net::out_width;
   std::size_t const loss_workspace = Loss::template workspace_bytes<C>(rows, out);
-  plan::counter mem;
+  planning::counter mem;
   auto const pass = detail::plan_pass_into<Net, Precision>(mem, batch, features, o.sequence, o.dx, loss_workspace);
   r.activations = pass.activations;
   r.workspace = loss_workspace;

@@ -204,26 +204,26 @@ struct budget_runner {
   // place, converted first when T is 16-bit; no input gradient), in T.
   template <class T>
   static constexpr budget_choice planned(budget_choice c, std::size_t rows, std::size_t sequence) {
-    plan::counter mem, offloaded;
+    planning::counter mem, offloaded;
     {
       pass_options o{.training = true, .sequence_length = sequence, .input_gradient = false};
       if constexpr (reads_ids_v<S>) o.ids.count = rows;
-      plan::state<T> s(mem, offloaded, o);
-      plan::ref x;
+      planning::state<T> s(mem, offloaded, o);
+      planning::ref x;
       if constexpr (!reads_ids_v<S>) {
         if constexpr (is_small_float_v<T>)
-          x = s.convert(plan::input_shape{rows, S::in_width});
+          x = s.convert(planning::input_shape{rows, S::in_width});
         else
-          x = s.borrow(plan::input_shape{rows, S::in_width});
+          x = s.borrow(planning::input_shape{rows, S::in_width});
         s.mark_pass_input(x);
       }
       std::vector<revolve::action> schedule;
       if (c.kind == budget_choice::revolve) schedule = revolve::schedule_list(std::uint32_t(N), c.slots);
-      plan::ref y = forward(s, plan::no_params{}, std::move(x), c, schedule.data(), schedule.size());
+      planning::ref y = forward(s, planning::no_params{}, std::move(x), c, schedule.data(), schedule.size());
       s.forward_done(y);
-      plan::ref dy = s.make(y->rows(), y->cols());
+      planning::ref dy = s.make(y->rows(), y->cols());
       y.reset();
-      backward(s, plan::no_params{}, plan::no_params{}, std::move(dy), c, schedule.data(), schedule.size()).reset();
+      backward(s, planning::no_params{}, planning::no_params{}, std::move(dy), c, schedule.data(), schedule.size()).reset();
       c.work = s.work();
       c.recomputed = s.recomputed();
       c.saved = s.saved_bytes();

@@ -84,6 +84,9 @@ struct pass_report {
   std::uint64_t recomputed = 0;     // block forwards that storage policies ran again
   bool planned = false;             // its activations and the loss's workspace lay in the planned arena
   std::size_t unplanned = 0;        // activations the arena did not hold (0 when the step followed its plan)
+  // The activation-tagged bytes the pass had in use at its peak in the model's allocator, above
+  // those in use when it began (the caller's own tensors): what activation_plan gives for it.
+  std::size_t activation_peak = 0;
 };
 
 namespace detail {
@@ -411,6 +414,11 @@ class model {
       sync->pass_starting();
     }
     memory::tracing::phase_scope const stepping(memory::phase::forward);
+    struct peak_window {
+      allocator_type& a;
+      std::size_t const id = a.open_peak_window(memory::tag::activations);
+      ~peak_window() { a.close_peak_window(id); }
+    } window{*alloc_};
     state_type s = make_state({.training = true, .stream = dropout_stream(), .input_gradient = dx != nullptr}, x);
     if (sync)
       s.listen_gradients(grads_.data(), {sync, [](void* to, std::size_t offset) {
@@ -454,7 +462,8 @@ class model {
     if (sync) sync->gradients_ready(0);
     if constexpr (buffer_count > 0) std::swap(buffers_, staged_buffers_);
     ++passes_;
-    report_ = {s.saved_bytes(), s.recomputed(), layout != nullptr, s.unplanned()};
+    report_ = {s.saved_bytes(), s.recomputed(), layout != nullptr, s.unplanned(), 0};
+    report_.activation_peak = alloc_->close_peak_window(window.id);
     return l;
   }
 

@@ -1,5 +1,5 @@
 // One training pass, written once for every pass state: model::accumulate runs it on a
-// pass_state, and the activation plan on a plan::state, so the plan cannot drift from a step.
+// pass_state, and the activation plan on a planning::state, so the plan cannot drift from a step.
 #pragma once
 
 #include "../graph/walk.hpp"
