@@ -18,7 +18,7 @@
 # Arguments go to compare_torch.py (e.g. --quick for a smoke run, --steps 9).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh python3-matplotlib libsleef-dev
+bash scripts/setup.sh bench
 cmake --preset default >/dev/null
 cmake --build --preset default --target bench_expr bench_gemm_paths bench_policies bench_budget bench_dist bench_float_math bench_conv bench_attention -j"$(nproc)"
 mkdir -p bench/results

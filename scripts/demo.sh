@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The main example from a fresh machine: sets up what is missing, builds, and trains the digits
-# classifier (weights land in build/default/examples/digits.safetensors).
+# The main example from a fresh machine: installs only what it needs (scripts/setup.sh demo: a
+# compiler, CMake, OpenBLAS), builds the examples' preset, and trains the digits classifier
+# (weights land in build/demo/examples/digits.safetensors). Arguments go to digits (--help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-cmake --preset default >/dev/null
-cmake --build --preset default --target digits -j"$(nproc)"
-cd build/default/examples
+bash scripts/setup.sh demo
+cmake --preset demo >/dev/null
+cmake --build --preset demo --target digits -j"$(nproc)"
+cd build/demo/examples
 ./digits "$@"

@@ -1,20 +1,53 @@
 #!/usr/bin/env bash
-# Installs what remat's build, tests and examples need, and nothing that is already there.
-# As root it installs Debian packages itself; otherwise it uses sudo if it can, or says what to
-# install. Sourced or run by scripts/demo.sh and scripts/test.sh.
+# Installs what one purpose needs, and nothing that is already there:
+#
+#   scripts/setup.sh demo     build remat's examples and run the digits demo (scripts/demo.sh):
+#                             a compiler, CMake, OpenBLAS, and Thrust/CUB when no CUDA toolkit
+#                             brings them. The default.
+#   scripts/setup.sh tests    the whole test suite (scripts/test.sh, CI): the demo's, plus Catch2,
+#                             oneDNN, Open MPI, pkg-config, clang 19 with its sanitizer and OpenMP
+#                             runtimes and clang 16 (the compilers CI builds with besides GCC),
+#                             Debian's PyTorch (the peer the tests cross-check against), matplotlib
+#                             (the plot scripts' tests) and `fortunes` (charlm's corpus)
+#   scripts/setup.sh bench    the benchmarks (scripts/bench.sh): the tests' minus the extra
+#                             compilers, plus SLEEF (a peer of the float maths)
+#   scripts/setup.sh cuda     the CUDA build (cmake --preset cuda; the toolkit itself is not a
+#                             Debian package: CUDAToolkit_ROOT or /usr/local/cuda): the demo's plus
+#                             Catch2 and Open MPI
+#   scripts/setup.sh docs     the API reference (scripts/docs.sh): Doxygen
+#
+# Several purposes may be named; any other argument is a Debian package to install as well. As
+# root it installs Debian packages itself; otherwise it uses sudo if it can, or says what to
+# install.
 set -euo pipefail
 
 cuda_root="${CUDAToolkit_ROOT:-/usr/local/cuda}"
-packages=(cmake make g++ catch2 libopenblas-dev libopenblas0-openmp libdnnl-dev libopenmpi-dev openmpi-bin python3-torch
-          fortunes)
+demo=(cmake make g++ gzip libopenblas-dev libopenblas0-openmp)
 # Thrust and CUB: the CUDA toolkit's CCCL when it is here, Debian's otherwise.
 if [ ! -f "$cuda_root/include/cccl/thrust/version.h" ] && [ ! -f "$cuda_root/include/thrust/version.h" ]; then
-  packages+=(libthrust-dev libcub-dev)
+  demo+=(libthrust-dev libcub-dev)
 fi
-packages+=("$@")  # callers may ask for more
+peers=(catch2 libdnnl-dev libopenmpi-dev openmpi-bin python3-torch python3-matplotlib fortunes)
+compilers=(pkg-config clang-19 libclang-rt-19-dev libomp-19-dev clang-16)
+
+packages=()
+purposes=0
+for arg in "$@"; do
+  case "$arg" in
+    demo) packages+=("${demo[@]}") ;;
+    tests) packages+=("${demo[@]}" "${peers[@]}" "${compilers[@]}") ;;
+    bench) packages+=("${demo[@]}" "${peers[@]}" libsleef-dev) ;;
+    cuda) packages+=("${demo[@]}" catch2 libopenmpi-dev openmpi-bin) ;;
+    docs) packages+=(doxygen) ;;
+    *) packages+=("$arg"); continue ;;
+  esac
+  purposes=$((purposes + 1))
+done
+if [ "$purposes" -eq 0 ]; then packages+=("${demo[@]}"); fi
 
 missing=()
 for p in "${packages[@]}"; do
+  case " ${missing[*]:-} " in *" $p "*) continue ;; esac
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 

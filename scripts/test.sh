@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# The whole test suite from a fresh machine: sets up what is missing, then
-#   1. builds and runs the tests (ctest) with optimisation,
-#   2. builds and runs them again under AddressSanitizer and UndefinedBehaviorSanitizer (all but
-#      the tests labelled "long": 20-epoch runs of the digits example in emulated 16-bit, and
-#      exp, erf and tanh over every float); that
-#      build keeps line tables only (-g1: a quarter less compile time than -g, the same symbolized
-#      reports), compiles the tests at -O0 and the examples at -O1 (their training runs are that
-#      stage's long tests), and leaves out what it would not run (the header self-containment
-#      check, charlm),
-#   3. installs remat into a temporary prefix and builds and runs tests/consumer against it
-#      with find_package(remat CONFIG REQUIRED) (and its remat::dist program under mpirun -np 2),
-#   4. when nvcc is here, compiles and links the CUDA backend for sm_90 (every public header, the
+# The whole test suite from a fresh machine: installs what is missing (scripts/setup.sh tests), then
+#   1. builds and runs the tests (ctest) with GCC and optimisation,
+#   2. builds and runs them again with clang (Debian's newest, clang-19) under AddressSanitizer and
+#      UndefinedBehaviorSanitizer (all but the tests labelled "long": 20-epoch runs of the digits
+#      example in emulated 16-bit, and exp, erf and tanh over every float); so every test and
+#      example builds and passes with both compilers. That build keeps line tables only (-g1: a
+#      quarter less compile time than -g, the same symbolized reports), compiles the tests at -O0
+#      and the examples at -O1 (their training runs are that stage's long tests), and leaves out
+#      what it would not run (the header self-containment check, charlm),
+#   3. installs remat into a temporary prefix and builds and runs tests/consumer/main.cpp the four
+#      ways a project takes remat in: find_package(remat CONFIG) from the install (and its
+#      remat::dist program under mpirun -np 2), add_subdirectory of this checkout (with clang-16,
+#      the oldest clang remat supports), FetchContent from a source archive, and a plain Makefile
+#      through pkg-config; and checks that the package's version file refuses other minor versions,
+#   4. compiles and runs every C++ block of README.md (scripts/readme_blocks.py),
+#   5. when nvcc is here, compiles and links the CUDA backend for sm_90 (every public header, the
 #      CUDA test suite, the GPU example and benchmark; the cuda preset itself builds sm_90 and
 #      sm_80, whose code paths are the same as sm_90's: here it would add a second device compile
 #      of every file), and runs `ctest -L cuda` when
@@ -19,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
-bash scripts/setup.sh python3-matplotlib  # (the plot scripts' tests draw with it)
+bash scripts/setup.sh tests
 
 # Each stage's start, in seconds since the script began (CI's time is watched: under 45 minutes on
 # 2 cores).
@@ -30,12 +34,12 @@ cmake --preset default >/dev/null
 cmake --build --preset default -j"$jobs"
 ctest --preset default -j"$jobs"
 
-step "build and test under address and undefined-behaviour sanitizers"
-cmake --preset sanitize >/dev/null
+step "build and test with clang under address and undefined-behaviour sanitizers"
+cmake --preset sanitize -DCMAKE_CXX_COMPILER=clang++-19 >/dev/null
 cmake --build --preset sanitize -j"$jobs"
 ctest --preset sanitize -j"$jobs"
 
-step "install, then build a consumer project with find_package(remat CONFIG REQUIRED)"
+step "install, then build tests/consumer four ways: find_package, add_subdirectory, FetchContent, pkg-config"
 prefix="$(mktemp -d)"
 trap 'rm -rf "$prefix"' EXIT
 cmake --install build/default --prefix "$prefix/install" >/dev/null
@@ -56,6 +60,36 @@ if [ -x "$prefix/consumer/consumer_dist" ]; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
     timeout 120 mpirun -np 2 "$prefix/consumer/consumer_dist"
 fi
+# Semantic versioning: before 1.0 another minor version is another interface.
+version="$(sed -n 's/^project(remat VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)"
+major_minor="${version%.*}"
+for wanted in "${major_minor%.*}.$(( ${major_minor#*.} - 1 ))" "${major_minor%.*}.$(( ${major_minor#*.} + 1 ))"; do
+  out="$(cmake -S tests/consumer -B "$prefix/consumer-$wanted" -DCMAKE_PREFIX_PATH="$prefix/install" \
+           -DREMAT_VERSION_WANTED="$wanted" 2>&1 || true)"
+  if ! grep -q "considered but not accepted" <<<"$out"; then
+    printf '%s\n' "$out" >&2
+    echo "find_package(remat $wanted): expected remat $version to be refused" >&2
+    exit 1
+  fi
+done
+echo "find_package(remat ${major_minor}) takes remat $version; other minor versions are refused"
+# add_subdirectory of this checkout, built with the oldest clang remat supports.
+cmake -S tests/consumer/via_add_subdirectory -B "$prefix/subdirectory" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_COMPILER=clang++-16 >/dev/null
+cmake --build "$prefix/subdirectory" -j"$jobs"
+"$prefix/subdirectory/consumer"
+# FetchContent from a source archive of the checkout (what a release tarball holds).
+tar -czf "$prefix/remat.tar.gz" --transform 's,^,remat/,' CMakeLists.txt CMakePresets.json cmake include
+cmake -S tests/consumer/via_fetchcontent -B "$prefix/fetchcontent" -DCMAKE_BUILD_TYPE=Release \
+  -DREMAT_ARCHIVE="$prefix/remat.tar.gz" >/dev/null
+cmake --build "$prefix/fetchcontent" -j"$jobs"
+"$prefix/fetchcontent/consumer"
+# A Makefile with pkg-config.
+PKG_CONFIG_PATH="$prefix/install/lib/pkgconfig" make -s -f tests/consumer/via_pkg_config/Makefile OUT="$prefix"
+"$prefix/consumer"
+
+step "every C++ block of README.md compiles, and those that run print what the README says"
+python3 scripts/readme_blocks.py --build "$prefix/readme"
 
 if [ -x "$nvcc" ] || command -v nvcc >/dev/null 2>&1; then
   step "nvcc: compile and link the CUDA backend, its tests, example and benchmark (sm_90)"

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 using namespace remat;
@@ -216,4 +217,31 @@ TEST_CASE("model: token ids out of the vocabulary are refused", "[graph][model][
   ids[1] = 9;
   CHECK(m.forward(ids).rows() == 3);
   CHECK(same_bits(tensor_to_host(m.parameters()), p0));
+}
+
+TEST_CASE("model: models trained on two threads at once equal each trained alone, bit for bit",
+          "[graph][model][threads]") {
+  // The guarantee for threads: a model (with its optimizer) is used by one thread at a time, and
+  // models on different threads do not disturb each other, even on the shared default allocator.
+  using Block = Residual<Seq<LayerNorm<32>, Linear<32, 64>, GELU, Dropout<0.1>, Linear<64, 32>>>;
+  using Threaded = Seq<Linear<8, 32>, Repeat<3, Checkpointed<Block>>, Linear<32, 3>>;
+  auto train = [](std::uint64_t s) {
+    model<Threaded> m{seed{s}};
+    AdamW opt(m, {.lr = 1e-2});
+    tensor<float> x{64, 8};
+    tensor<std::int32_t> y{64, 1};
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.1 * double(i + s)));
+    for (std::size_t r = 0; r < y.size(); ++r) y[r] = std::int32_t((r + s) % 3);
+    for (int step = 0; step < 20; ++step) m.train_step<SoftmaxCrossEntropy>(x, y, opt);
+    return tensor_to_host(m.parameters());
+  };
+  std::vector<float> const a_alone = train(1), b_alone = train(2);
+  REQUIRE_FALSE(same_bits(a_alone, b_alone));
+  std::vector<float> a, b;
+  std::thread first([&] { a = train(1); });
+  std::thread second([&] { b = train(2); });
+  first.join();
+  second.join();
+  CHECK(same_bits(a, a_alone));
+  CHECK(same_bits(b, b_alone));
 }

@@ -64,8 +64,8 @@ std::vector<float> train(bool arena, std::size_t batch, int steps, memory::cachi
   model<N, host, P> m(seed{5}, alloc);
   m.use_planned_arena(arena);
   AdamW opt(m, {.lr = 1e-3});
-  tensor<float> x(index_t(batch), index_t(N::in_width));
-  tensor<float> t(index_t(batch), index_t(N::out_width));
+  tensor<float> x{index_t(batch), index_t(N::in_width)};
+  tensor<float> t{index_t(batch), index_t(N::out_width)};
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i)));
   for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.1f * float(i % 3);
   for (int s = 0; s < steps; ++s) {

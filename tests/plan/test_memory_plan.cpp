@@ -54,7 +54,7 @@ void require_step_plan(std::size_t batch, std::size_t sequence, step_options o =
   for (int step = 0; step < 3; ++step) {  // the first from the system, the rest from the cache
     alloc.reset_peak();
     if constexpr (std::is_same_v<Loss, MSE>) {
-      tensor<float> t(index_t(rows), index_t(NetT::out_width));
+      tensor<float> t{index_t(rows), index_t(NetT::out_width)};
       for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.1f * float(i % 3);
       m.template train_step<MSE>(x, t, opt);
     } else {

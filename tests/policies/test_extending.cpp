@@ -115,7 +115,7 @@ result train(std::size_t rows, std::size_t seq = 1) {
   model<NetT> m(seed{5}, alloc);
   if constexpr (model<NetT>::sequence_model) m.set_sequence_length(seq);
   AdamW opt(m, {.lr = 1e-2});
-  tensor<float> x(index_t(rows), index_t(NetT::in_width)), t(index_t(rows), index_t(NetT::out_width));
+  tensor<float> x{index_t(rows), index_t(NetT::in_width)}, t{index_t(rows), index_t(NetT::out_width)};
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.31 * double(i)));
   for (std::size_t i = 0; i < t.size(); ++i) t[i] = float(std::cos(0.17 * double(i)));
   result r;

@@ -155,7 +155,7 @@ constexpr arena_layout lay_out(std::vector<arena_item> items, std::size_t makes)
   }
   std::vector<char> placed;
   std::vector<span> busy;
-  std::vector<std::size_t> order(n), best_order;
+  std::vector<std::size_t> order(n, 0), best_order;  // (not order(n): clang rejects libstdc++ 12's constexpr default-fill)
   std::vector<std::size_t> best_offsets(n, 0);
   std::size_t best = std::size_t(-1);
   auto keep = [&](std::size_t size) {
