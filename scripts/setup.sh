@@ -8,7 +8,8 @@
 #                             oneDNN, Open MPI, pkg-config, clang 19 with its sanitizer and OpenMP
 #                             runtimes and clang 16 (the compilers CI builds with besides GCC),
 #                             Debian's PyTorch (the peer the tests cross-check against), matplotlib
-#                             (the plot scripts' tests) and `fortunes` (charlm's corpus)
+#                             (the plot scripts' tests), `fortunes` (charlm's corpus) and Doxygen
+#                             (the API reference's check)
 #   scripts/setup.sh bench    the benchmarks (scripts/bench.sh): the tests' minus the extra
 #                             compilers, plus SLEEF (a peer of the float maths)
 #   scripts/setup.sh cuda     the CUDA build (cmake --preset cuda; the toolkit itself is not a
@@ -28,14 +29,14 @@ if [ ! -f "$cuda_root/include/cccl/thrust/version.h" ] && [ ! -f "$cuda_root/inc
   demo+=(libthrust-dev libcub-dev)
 fi
 peers=(catch2 libdnnl-dev libopenmpi-dev openmpi-bin python3-torch python3-matplotlib fortunes)
-compilers=(pkg-config clang-19 libclang-rt-19-dev libomp-19-dev clang-16)
+tools=(pkg-config clang-19 libclang-rt-19-dev libomp-19-dev clang-16 doxygen)
 
 packages=()
 purposes=0
 for arg in "$@"; do
   case "$arg" in
     demo) packages+=("${demo[@]}") ;;
-    tests) packages+=("${demo[@]}" "${peers[@]}" "${compilers[@]}") ;;
+    tests) packages+=("${demo[@]}" "${peers[@]}" "${tools[@]}") ;;
     bench) packages+=("${demo[@]}" "${peers[@]}" libsleef-dev) ;;
     cuda) packages+=("${demo[@]}" catch2 libopenmpi-dev openmpi-bin) ;;
     docs) packages+=(doxygen) ;;

@@ -13,7 +13,8 @@
 #      remat::dist program under mpirun -np 2), add_subdirectory of this checkout (with clang-16,
 #      the oldest clang remat supports), FetchContent from a source archive, and a plain Makefile
 #      through pkg-config; and checks that the package's version file refuses other minor versions,
-#   4. compiles and runs every C++ block of README.md (scripts/readme_blocks.py),
+#   4. compiles and runs every C++ block of README.md (scripts/readme_blocks.py), and builds the API
+#      reference (scripts/docs.sh: Doxygen; a warning not listed in docs/undocumented.txt fails),
 #   5. when nvcc is here, compiles and links the CUDA backend for sm_90 (every public header, the
 #      CUDA test suite, the GPU example and benchmark; the cuda preset itself builds sm_90 and
 #      sm_80, whose code paths are the same as sm_90's: here it would add a second device compile
@@ -90,6 +91,9 @@ PKG_CONFIG_PATH="$prefix/install/lib/pkgconfig" make -s -f tests/consumer/via_pk
 
 step "every C++ block of README.md compiles, and those that run print what the README says"
 python3 scripts/readme_blocks.py --build "$prefix/readme"
+
+step "the API reference: Doxygen, no warning beyond docs/undocumented.txt"
+bash scripts/docs.sh
 
 if [ -x "$nvcc" ] || command -v nvcc >/dev/null 2>&1; then
   step "nvcc: compile and link the CUDA backend, its tests, example and benchmark (sm_90)"
