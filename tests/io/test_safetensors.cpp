@@ -3,10 +3,17 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
+
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 using namespace remat;
 
@@ -207,4 +214,92 @@ TEST_CASE("safetensors: AdamW metadata out of range is refused and changes nothi
   load(ob, tmp("adamw-good.safetensors"));
   CHECK(ob.steps() == oa.steps());
   CHECK(ob.exp_avg().to_vector() == oa.exp_avg().to_vector());
+}
+
+namespace {
+// The names in a directory (a save must leave no temporary file behind).
+std::vector<std::string> listing(std::filesystem::path const& dir) {
+  std::vector<std::string> names;
+  for (auto const& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+}  // namespace
+
+TEST_CASE("safetensors: a save that fails leaves the previous file byte for byte, and no temporary", "[io][errors]") {
+  std::filesystem::path const dir = tmp("atomic-saves");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::string const path = (dir / "m.safetensors").string();
+  model<Net> a{seed{1}}, b{seed{2}};
+  save(a, path);
+  std::vector<char> const good = slurp(path);
+  REQUIRE(good.size() > 1024);
+  REQUIRE(listing(dir) == std::vector<std::string>{"m.safetensors"});
+
+  SECTION("the disk fills up half-way") {
+    // A file-size limit fails a write the way a full disk does (EFBIG instead of ENOSPC).
+    rlimit old{};
+    REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    auto const previous = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = 1024;
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+    bool threw = false;
+    std::string message;
+    try {
+      save(b, path);
+    } catch (io_error const& e) {
+      threw = true;
+      message = e.what();
+    }
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    std::signal(SIGXFSZ, previous);
+    CHECK(threw);
+    INFO(message);
+    CHECK(message.find("writing failed after 1024 bytes") != std::string::npos);
+    CHECK(message.find("left as it was") != std::string::npos);
+  }
+  SECTION("an AdamW state, the disk full as well") {
+    AdamW opt(b, {.lr = 1e-3});
+    rlimit old{};
+    REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    auto const previous = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = 1024;
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+    bool threw = false;
+    try {
+      save(opt, path);
+    } catch (io_error const&) {
+      threw = true;
+    }
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    std::signal(SIGXFSZ, previous);
+    CHECK(threw);
+  }
+  SECTION("the directory is read-only") {
+    if (geteuid() == 0) {
+      WARN("running as root, which may write into a read-only directory: this section checks nothing");
+    } else {
+      REQUIRE(chmod(dir.c_str(), 0555) == 0);
+      CHECK_THROWS_AS(save(b, path), io_error);
+      REQUIRE(chmod(dir.c_str(), 0755) == 0);
+    }
+  }
+  CHECK(slurp(path) == good);
+  CHECK(listing(dir) == std::vector<std::string>{"m.safetensors"});
+  model<Net> c{seed{3}};
+  load(c, path);
+  require_unchanged(c, tensor_to_host(a.parameters()));
+
+  // A save into a directory that does not exist creates nothing.
+  CHECK_THROWS_AS(save(b, (dir / "missing" / "m.safetensors").string()), io_error);
+  CHECK_FALSE(std::filesystem::exists(dir / "missing"));
+  // And one that succeeds replaces the file, with nothing left beside it.
+  save(b, path);
+  CHECK(listing(dir) == std::vector<std::string>{"m.safetensors"});
+  load(c, path);
+  require_unchanged(c, tensor_to_host(b.parameters()));
+  std::filesystem::remove_all(dir);
 }

@@ -1,7 +1,8 @@
 // Model weights (and optimizer state) as safetensors files, the format PyTorch users exchange:
 // an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and byte
 // range, then the raw little-endian data. Loading checks everything against the model before it
-// changes a single parameter.
+// changes a single parameter. Saving is atomic: a save that fails (a full disk, no permission)
+// leaves the previous file as it was, and no temporary file behind.
 #pragma once
 
 #include "../error.hpp"
@@ -9,19 +10,32 @@
 #include "../train/optimizers.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <charconv>
 #include <cmath>
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <span>
+#include <utility>
 #include <string>
 #include <vector>
+
+// Atomic, durable saves through POSIX (open, fsync, rename); elsewhere through the C++ library
+// (rename without fsync).
+#if __has_include(<unistd.h>) && __has_include(<fcntl.h>)
+#define REMAT_POSIX_FILES 1
+#include <fcntl.h>
+#include <unistd.h>
+#else
+#define REMAT_POSIX_FILES 0
+#endif
 
 namespace REMAT_NAMESPACE {
 
@@ -242,6 +256,103 @@ inline std::size_t dtype_size(std::string const& d) {
   return 0;
 }
 
+// A file written whole or not at all: the bytes go to a temporary file beside the target (same
+// directory, so the same file system), which is flushed to the disk (fsync) and then renamed over
+// the target (rename is atomic); the directory is synced so the rename survives a crash. On any
+// failure (a full disk, no permission, an exception before commit) the temporary file is removed
+// and the target is left as it was: the previous file, byte for byte, or none.
+class atomic_file {
+ public:
+  explicit atomic_file(std::string path) : path_(std::move(path)) {
+    static std::atomic<unsigned> counter{0};
+#if REMAT_POSIX_FILES
+    tmp_ = path_ + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ < 0) {
+      int const e = errno;
+      std::string const t = std::exchange(tmp_, std::string());  // (not ours to remove)
+      fail("cannot create '", t, "' beside it: ", std::strerror(e));
+    }
+#else
+    tmp_ = path_ + ".tmp-" + std::to_string(counter++);
+    out_.open(tmp_, std::ios::binary | std::ios::trunc);
+    if (!out_) {
+      std::string const t = std::exchange(tmp_, std::string());
+      fail("cannot create '", t, "' beside it");
+    }
+#endif
+  }
+  atomic_file(atomic_file const&) = delete;
+  atomic_file& operator=(atomic_file const&) = delete;
+  ~atomic_file() { discard(); }
+
+  void write(void const* data, std::size_t bytes) {
+#if REMAT_POSIX_FILES
+    char const* p = static_cast<char const*>(data);
+    while (bytes > 0) {
+      ::ssize_t const w = ::write(fd_, p, std::min<std::size_t>(bytes, std::size_t(1) << 30));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail("writing failed after ", written_, " bytes: ", w < 0 ? std::strerror(errno) : "no progress");
+      p += w;
+      bytes -= std::size_t(w);
+      written_ += std::size_t(w);
+    }
+#else
+    out_.write(static_cast<char const*>(data), std::streamsize(bytes));
+    if (!out_) fail("writing failed after ", written_, " bytes");
+    written_ += bytes;
+#endif
+  }
+
+  // Makes the file the target's content (durably, where the system allows).
+  void commit() {
+#if REMAT_POSIX_FILES
+    if (::fsync(fd_) != 0) fail("fsync failed: ", std::strerror(errno));
+    int const fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) fail("closing failed: ", std::strerror(errno));
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) fail("renaming it over the target failed: ", std::strerror(errno));
+    tmp_.clear();
+    std::string const dir = path_.find('/') == std::string::npos ? "." : path_.substr(0, path_.rfind('/') + 1);
+    int const d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d >= 0) {  // (best effort: the data are in place either way)
+      (void)::fsync(d);
+      ::close(d);
+    }
+#else
+    out_.close();
+    if (!out_) fail("closing failed");
+    std::remove(path_.c_str());
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) fail("renaming it over the target failed");
+    tmp_.clear();
+#endif
+  }
+
+ private:
+  void discard() noexcept {
+#if REMAT_POSIX_FILES
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+#else
+    if (out_.is_open()) out_.close();
+#endif
+    if (!tmp_.empty()) std::remove(tmp_.c_str());
+    tmp_.clear();
+  }
+  template <class... Parts>
+  [[noreturn]] void fail(Parts const&... parts) {
+    discard();
+    REMAT_NAMESPACE::detail::raise<io_error>("safetensors: writing '", path_, "': ", parts...,
+                                             "; the file is left as it was");
+  }
+
+  std::string path_, tmp_;
+  std::size_t written_ = 0;
+#if REMAT_POSIX_FILES
+  int fd_ = -1;
+#else
+  std::ofstream out_;
+#endif
+};
+
 }  // namespace detail
 
 // One tensor to write: name, dtype, shape and host bytes.
@@ -276,15 +387,14 @@ inline void write(std::string const& path, std::vector<entry> const& entries,
   }
   h += "}";
   while (h.size() % 8) h += ' ';  // the data section starts 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) REMAT_NAMESPACE::detail::raise<io_error>("safetensors: cannot open '", path, "' for writing");
   std::uint64_t const n = h.size();
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<char const*>(len), 8);
-  out.write(h.data(), std::streamsize(h.size()));
-  for (entry const& e : entries) out.write(static_cast<char const*>(e.data), std::streamsize(e.bytes));
-  if (!out) REMAT_NAMESPACE::detail::raise<io_error>("safetensors: writing '", path, "' failed");
+  detail::atomic_file out(path);
+  out.write(len, 8);
+  out.write(h.data(), h.size());
+  for (entry const& e : entries) out.write(e.data, e.bytes);
+  out.commit();
 }
 
 // Reads and checks a whole file: header well formed, offsets contiguous and within the data,
