@@ -390,6 +390,17 @@ void host_gemm(trans ta, trans tb, index_t m, index_t n, index_t k, compute_type
 
 }  // namespace detail
 
+// Any other product: operands in the wrong places, or element types with no product. The real
+// overloads are more specialised, so this one is chosen only when none of them fits, and its
+// assertion names the operands' types (in the compiler's instantiation note) on every compiler.
+template <class Device, class A, class B, class R>
+void gemm(Device, A, B, R, scale = {}) {
+  static_assert(sizeof(A) == 0,
+                "remat::kernels::gemm: the operands of a product are not in their places, or have no product: "
+                "expected gemm(device, lhs(A), rhs(B), result(C)) with A and B of one element type (the "
+                "compiler's note on this instantiation names the operands given)");
+}
+
 // Row-major C = alpha * op(A) * op(B) + beta * C, with op(A) m x k, op(B) k x n and C m x n.
 template <class T, class Out>
   requires gemm_types<T, Out>

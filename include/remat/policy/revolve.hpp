@@ -81,10 +81,13 @@ template <std::size_t C, std::size_t N, class B>
 struct Revolve<C, Repeat<N, B>> : wraps<Repeat<N, B>> {
   static_assert(revolve_needs_a_slot<C>::ok);
   static constexpr std::size_t slots = C;
-  static constexpr auto const& schedule = revolve::schedule<N, C>;
-  static constexpr std::size_t forward_end = revolve::forward_end<N, C>;
+  // (With C = 0 the assertion above has failed; the schedule is then built for one slot, so that a
+  // compiler going on after the error, as clang does, does not evaluate a search with no slot.)
+  static constexpr std::size_t built_for = C < 1 ? 1 : C;
+  static constexpr auto const& schedule = revolve::schedule<N, built_for>;
+  static constexpr std::size_t forward_end = revolve::forward_end<N, built_for>;
   // Block forwards the backward runs again: revolve::cost(N, C), the fewest possible with C slots.
-  static constexpr std::uint64_t recomputed_forwards = revolve::recomputed_forwards<N, C>;
+  static constexpr std::uint64_t recomputed_forwards = revolve::recomputed_forwards<N, built_for>;
 
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
