@@ -35,12 +35,54 @@ if m:
                 named = at
             break
 
+# A comment block over overloads of one name (`parameters()` and `parameters() const`, one after
+# the other without a blank line) documents them all: they become a member group, whose
+# documentation Doxygen gives every member (DISTRIBUTE_GROUP_DOC).
+def declared_name(line):
+    m = re.match(r"^(?:template\s*<.*>\s*)?(?:[\w:<>,\s\*&]*?\s)?[\*&]*(~?\w+|operator\S+)\s*\(", line.strip())
+    return m.group(1) if m else None
+
+
+group_open, group_close = set(), set()
+k = 0
+while k < len(body):
+    m = re.match(r"^(\s*)//", body[k])
+    if not m:
+        k += 1
+        continue
+    indent, start = m.group(1), k
+    while k < len(body) and re.match(r"^%s//" % re.escape(indent), body[k]):
+        k += 1
+    name, members, end = None, 0, k
+    while end < len(body) and body[end].strip():
+        line = body[end]
+        lead = line[: len(line) - len(line.lstrip())]
+        if len(lead) < len(indent) or (lead == indent and line.lstrip().startswith("//")):
+            break
+        if lead == indent and not re.match(r"^[})\]{]|^(public|private|protected):|^#|^template\b", line.lstrip()):
+            this = declared_name(line)
+            if this is None or (name is not None and this != name):
+                break
+            name = this
+            members += 1
+        end += 1
+    if members >= 2:
+        while end > k and (body[end - 1].lstrip().startswith("template") or not body[end - 1].strip()):
+            end -= 1  # (a template line belongs to the next declaration)
+        group_open.add(k)  # (after the comment, which becomes the group's)
+        group_close.add(end)
+    k = max(k, start + 1)
+
 out = []
 if head:
     out.append("/** \\file")
     out += [" * " + text(h).replace("*/", "* /") for h in head]
     out.append(" */")
 for k, line in enumerate(body):
+    if k in group_close:
+        out.append("///@}")
+    if k in group_open:
+        out.append("///@{")
     if k == named:
         out += ["/// " + text(h) for h in head]
     m = re.match(r"^(\s*)// ?(.*)$", line)
@@ -52,4 +94,6 @@ for k, line in enumerate(body):
         out.append(m.group(1) + m.group(2) + "///< " + text(m.group(3)))
         continue
     out.append(line)
+if len(body) in group_close:
+    out.append("///@}")
 sys.stdout.write("\n".join(out))
