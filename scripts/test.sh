@@ -15,6 +15,7 @@
 #      through pkg-config; and checks that the package's version file refuses other minor versions,
 #   4. compiles and runs every C++ block of README.md (scripts/readme_blocks.py), and builds the API
 #      reference (scripts/docs.sh: Doxygen; a warning not listed in docs/undocumented.txt fails),
+#      and fuzzes the file readers for a minute after replaying tests/fuzz/regressions (scripts/fuzz.sh),
 #   5. when nvcc is here, compiles and links the CUDA backend for sm_90 (every public header, the
 #      CUDA test suite, the GPU example and benchmark; the cuda preset itself builds sm_90 and
 #      sm_80, whose code paths are the same as sm_90's: here it would add a second device compile
@@ -94,6 +95,9 @@ python3 scripts/readme_blocks.py --build "$prefix/readme"
 
 step "the API reference: Doxygen, no warning beyond docs/undocumented.txt"
 bash scripts/docs.sh
+
+step "fuzz the file readers: the regression corpus, then 60 s from the seed corpus (scripts/fuzz.sh)"
+bash scripts/fuzz.sh 60
 
 if [ -x "$nvcc" ] || command -v nvcc >/dev/null 2>&1; then
   step "nvcc: compile and link the CUDA backend, its tests, example and benchmark (sm_90)"
