@@ -87,8 +87,9 @@ cmake -S tests/consumer/via_fetchcontent -B "$prefix/fetchcontent" -DCMAKE_BUILD
 cmake --build "$prefix/fetchcontent" -j"$jobs"
 "$prefix/fetchcontent/consumer"
 # A Makefile with pkg-config.
-PKG_CONFIG_PATH="$prefix/install/lib/pkgconfig" make -s -f tests/consumer/via_pkg_config/Makefile OUT="$prefix"
-"$prefix/consumer"
+mkdir -p "$prefix/make"
+PKG_CONFIG_PATH="$prefix/install/lib/pkgconfig" make -s -f tests/consumer/via_pkg_config/Makefile OUT="$prefix/make"
+"$prefix/make/consumer"
 
 step "every C++ block of README.md compiles, and those that run print what the README says"
 python3 scripts/readme_blocks.py --build "$prefix/readme"
