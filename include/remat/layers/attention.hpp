@@ -26,7 +26,7 @@
 
 namespace REMAT_NAMESPACE {
 
-template <std::size_t W, std::size_t H, rate P = 0.0>
+template <std::size_t W, std::size_t H, rate_param P = 0.0>
 struct AttentionCore {
   static_assert(W > 0 && H > 0 && W % H == 0,
                 "remat::AttentionCore<W, H>: the width W must be a positive multiple of the head count H");
@@ -217,7 +217,7 @@ struct AttentionCore {
 // (Every sequence-head's whole visible row is in the panel, so the softmax needs no running
 // rescale, as FlashAttention's key tiles do: one product per panel instead of one per key tile,
 // which a CPU's BLAS runs far better than many 64 x 64 ones.)
-template <std::size_t W, std::size_t H, rate P = 0.0>
+template <std::size_t W, std::size_t H, rate_param P = 0.0>
 struct BlockedAttentionCore {
   static_assert(W > 0 && H > 0 && W % H == 0,
                 "remat::BlockedAttentionCore<W, H>: the width W must be a positive multiple of the head count H");

@@ -21,9 +21,21 @@ namespace REMAT_NAMESPACE {
 struct rate {
   std::uint64_t bits;  // (public: a template argument's members must be)
   constexpr rate(double p) : bits(std::bit_cast<std::uint64_t>(p)) {}
+  constexpr rate(int p) : rate(double(p)) {}  // (Dropout<0>)
   constexpr double value() const { return std::bit_cast<double>(bits); }
   constexpr operator double() const { return value(); }
 };
+
+// The type of a probability template parameter: rate, except in sources nvcc compiles, where it
+// is double. nvcc takes floating-point template arguments, and its generated code for device
+// lambdas in a template with a class-type argument does not compile (CUDA 13). So under nvcc
+// Dropout<0.1> is Dropout<(double)0.1>, a different type from a C++ source's Dropout<(rate)0.1>:
+// a model type with dropout is not shared between a .cu and a .cpp file.
+#if defined(__CUDACC__)
+using rate_param = double;
+#else
+using rate_param = rate;
+#endif
 
 namespace expr {
 
@@ -42,7 +54,7 @@ struct dropout_mask : expr_base {
 
 }  // namespace expr
 
-template <rate P>
+template <rate_param P>
 struct Dropout {
   static_assert(P >= 0.0 && P < 1.0, "remat::Dropout<P>: P must be in [0, 1)");
   static constexpr std::size_t in_width = any_width;

@@ -25,10 +25,10 @@
 
 namespace REMAT_NAMESPACE {
 
-template <std::size_t W, std::size_t H, rate P = 0.0>
+template <std::size_t W, std::size_t H, rate_param P = 0.0>
 using CausalSelfAttention = Seq<Linear<W, 3 * W>, AttentionCore<W, H, P>, Linear<W, W>>;
 
-template <std::size_t W, std::size_t H, rate P = 0.0>
+template <std::size_t W, std::size_t H, rate_param P = 0.0>
 using GPTBlock = Seq<Residual<Seq<LayerNorm<W>, Linear<W, 3 * W>, AttentionCore<W, H, P>, Linear<W, W>, Dropout<P>>>,
                      Residual<Seq<LayerNorm<W>, Linear<W, 4 * W>, GELU, Linear<4 * W, W>, Dropout<P>>>>;
 
@@ -39,7 +39,7 @@ using NoPolicy = Blocks;
 
 // A GPT language model; Policy is applied to Repeat<N, GPTBlock> (NoPolicy, or for example
 // `remat::Checkpointed`, or a template alias over Revolve/Selective/RecomputeAttention).
-template <std::size_t Vocab, std::size_t MaxLen, std::size_t W, std::size_t H, std::size_t N, rate P = 0.0,
+template <std::size_t Vocab, std::size_t MaxLen, std::size_t W, std::size_t H, std::size_t N, rate_param P = 0.0,
           template <class> class Policy = NoPolicy>
 using GPT = Seq<Embedding<Vocab, W>, PositionEmbedding<MaxLen, W>, Dropout<P>, Policy<Repeat<N, GPTBlock<W, H, P>>>,
                 LayerNorm<W>, Linear<W, Vocab>>;

@@ -27,7 +27,7 @@ template <class L>
 struct to_blocked_core {
   using type = L;
 };
-template <std::size_t W, std::size_t H, rate P>
+template <std::size_t W, std::size_t H, rate_param P>
 struct to_blocked_core<AttentionCore<W, H, P>> {
   using type = BlockedAttentionCore<W, H, P>;
 };
