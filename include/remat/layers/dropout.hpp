@@ -21,7 +21,8 @@ namespace REMAT_NAMESPACE {
 struct rate {
   std::uint64_t bits;  // (public: a template argument's members must be)
   constexpr rate(double p) : bits(std::bit_cast<std::uint64_t>(p)) {}
-  constexpr rate(int p) : rate(double(p)) {}  // (Dropout<0>)
+  // An int is a probability too: Dropout<0>.
+  constexpr rate(int p) : rate(double(p)) {}
   constexpr double value() const { return std::bit_cast<double>(bits); }
   constexpr operator double() const { return value(); }
 };
