@@ -224,6 +224,20 @@ std::vector<std::string> listing(std::filesystem::path const& dir) {
   std::sort(names.begin(), names.end());
   return names;
 }
+// Runs f with files limited to `bytes` (a write past it fails with EFBIG, as one on a full disk
+// fails with ENOSPC), then lifts the limit.
+template <class F>
+void with_file_size_limit(rlim_t bytes, F&& f) {
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+  auto const previous = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = bytes;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  f();
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
+  std::signal(SIGXFSZ, previous);
+}
 }  // namespace
 
 TEST_CASE("safetensors: a save that fails leaves the previous file byte for byte, and no temporary", "[io][errors]") {
@@ -239,22 +253,16 @@ TEST_CASE("safetensors: a save that fails leaves the previous file byte for byte
 
   SECTION("the disk fills up half-way") {
     // A file-size limit fails a write the way a full disk does (EFBIG instead of ENOSPC).
-    rlimit old{};
-    REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
-    auto const previous = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit small = old;
-    small.rlim_cur = 1024;
-    REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
     bool threw = false;
     std::string message;
-    try {
-      save(b, path);
-    } catch (io_error const& e) {
-      threw = true;
-      message = e.what();
-    }
-    REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
-    std::signal(SIGXFSZ, previous);
+    with_file_size_limit(1024, [&] {
+      try {
+        save(b, path);
+      } catch (io_error const& e) {
+        threw = true;
+        message = e.what();
+      }
+    });
     CHECK(threw);
     INFO(message);
     CHECK(message.find("writing failed after 1024 bytes") != std::string::npos);
@@ -262,20 +270,14 @@ TEST_CASE("safetensors: a save that fails leaves the previous file byte for byte
   }
   SECTION("an AdamW state, the disk full as well") {
     AdamW opt(b, {.lr = 1e-3});
-    rlimit old{};
-    REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
-    auto const previous = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit small = old;
-    small.rlim_cur = 1024;
-    REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
     bool threw = false;
-    try {
-      save(opt, path);
-    } catch (io_error const&) {
-      threw = true;
-    }
-    REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
-    std::signal(SIGXFSZ, previous);
+    with_file_size_limit(1024, [&] {
+      try {
+        save(opt, path);
+      } catch (io_error const&) {
+        threw = true;
+      }
+    });
     CHECK(threw);
   }
   SECTION("the directory is read-only") {
