@@ -241,7 +241,7 @@ gemm16_path gemm16_path_for() {
 namespace detail {
 
 template <class F>
-void for_rows(index_t rows, index_t cols, F const& f) {
+void for_rows(index_t rows, [[maybe_unused]] index_t cols, F const& f) {  // (cols: the OpenMP threshold)
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 15))
 #endif
