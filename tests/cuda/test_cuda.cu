@@ -619,6 +619,47 @@ TEST_CASE("cuda errors: out of device memory gives the summary and leaves model 
   m.train_step<SoftmaxCrossEntropy>(x, y, opt);  // and training goes on
 }
 
+TEST_CASE("cuda errors: a failure injected at every allocation of a step leaves everything as it was",
+          "[cuda][errors][faults]") {
+  auto x = make<float>(batch, 12, inputs(12));
+  auto y = make<std::int32_t>(batch, 1, labels(5));
+  auto const run = [&](std::size_t k, std::size_t* requests) {
+    memory::caching_allocator<gpu> alloc;
+    model<Plain, gpu> m(seed{5}, alloc);
+    AdamW opt(m);
+    m.train_step<SoftmaxCrossEntropy>(x, y, opt);
+    m.zero_grad();
+    m.accumulate<SoftmaxCrossEntropy>(x, y, 0.5);  // (gradients holding a sum: restored from a copy)
+    auto const params = tensor_to_host(m.parameters());
+    auto const grads = tensor_to_host(m.gradients());
+    auto const moments = tensor_to_host(opt.exp_avg().view());
+    std::size_t const in_use = alloc.stats().total.in_use, first = alloc.stats().requests;
+    alloc.fail_request(k);
+    try {
+      m.accumulate<SoftmaxCrossEntropy>(x, y, 0.5);
+      CHECK(k == 0);
+    } catch (out_of_memory const& e) {
+      CHECK_THAT(e.what(), Catch::Contains("injected"));
+      CHECK(bitwise_equal(tensor_to_host(m.parameters()), params));
+      CHECK(bitwise_equal(tensor_to_host(m.gradients()), grads));
+      CHECK(bitwise_equal(tensor_to_host(opt.exp_avg().view()), moments));
+      CHECK(alloc.stats().total.in_use == in_use);
+      alloc.fail_request(0);
+      m.accumulate<SoftmaxCrossEntropy>(x, y, 0.5);
+    }
+    if (requests) *requests = alloc.stats().requests - first;
+    opt.step();
+    return tensor_to_host(m.parameters());
+  };
+  std::size_t requests = 0;
+  auto const reference = run(0, &requests);
+  REQUIRE(requests > 0);
+  for (std::size_t k = 1; k <= requests; ++k) {
+    INFO("request " << k << " of " << requests);
+    CHECK(bitwise_equal(run(k, nullptr), reference));
+  }
+}
+
 TEST_CASE("cuda errors: a failing CUDA call names the call", "[cuda][errors]") {
   REQUIRE_THROWS_WITH(REMAT_CUDA_CHECK(cudaSetDevice(1 << 20)), Catch::Contains("cudaSetDevice(1 << 20) failed"));
 }

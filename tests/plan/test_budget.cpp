@@ -233,7 +233,7 @@ TEST_CASE("budget: a batch larger than planned is refused and nothing changes", 
     m.accumulate<MSE>(x, t);
     FAIL("a batch of " << Batch + 1 << " rows trained under a budget planned for " << Batch);
   } catch (argument_error const& e) {
-    CHECK(std::string(e.what()).find("planned for at most 24 x 1 rows") != std::string::npos);
+    CHECK(std::string(e.what()).find("expected a training pass of at most 24 x 1 rows") != std::string::npos);
   }
   CHECK(tensor_to_host(m.parameters()) == params);
   CHECK(tensor_to_host(m.gradients()) == grads);

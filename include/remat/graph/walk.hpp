@@ -125,6 +125,10 @@ struct sequence_walk<L, type_list<C...>> {
   static constexpr bool uses = is_sequence_layer_v<L> || (sequence_walk<C>::uses || ... || false);
   // The longest sequence every layer of L accepts (a positional table's length), or SIZE_MAX.
   static constexpr std::size_t longest = std::min({own_max_sequence<L>(), sequence_walk<C>::longest...});
+  // The most rows and the longest sequence of a pass that every segment of L was planned for.
+  static constexpr std::size_t planned_rows = std::min({own_planned_rows<L>(), sequence_walk<C>::planned_rows...});
+  static constexpr std::size_t planned_sequence =
+      std::min({own_planned_sequence<L>(), sequence_walk<C>::planned_sequence...});
 };
 
 }  // namespace detail
@@ -181,6 +185,15 @@ inline constexpr bool is_sequence_model_v = detail::sequence_walk<Net>::uses;
 // The longest sequence a graph takes (SIZE_MAX: any).
 template <class Net>
 inline constexpr std::size_t max_sequence_v = detail::sequence_walk<Net>::longest;
+
+// The most rows of a training pass (batch x sequence) that a graph's Budget segments were planned
+// for (SIZE_MAX: any).
+template <class Net>
+inline constexpr std::size_t planned_rows_v = detail::sequence_walk<Net>::planned_rows;
+// The longest sequence of a training pass that a graph's Budget segments were planned for
+// (SIZE_MAX: any).
+template <class Net>
+inline constexpr std::size_t planned_sequence_v = detail::sequence_walk<Net>::planned_sequence;
 
 namespace detail {
 

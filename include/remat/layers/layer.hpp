@@ -156,5 +156,23 @@ constexpr std::size_t own_max_sequence() {
   else
     return std::size_t(-1);
 }
+// The rows (batch x sequence) of a training pass a segment was planned for (Budget declares
+// planned_rows), or SIZE_MAX.
+template <class L>
+constexpr std::size_t own_planned_rows() {
+  if constexpr (requires { L::planned_rows; })
+    return L::planned_rows;
+  else
+    return std::size_t(-1);
+}
+// The longest sequence of a training pass a segment was planned for (Budget declares
+// planned_sequence), or SIZE_MAX.
+template <class L>
+constexpr std::size_t own_planned_sequence() {
+  if constexpr (requires { L::planned_sequence; })
+    return L::planned_sequence;
+  else
+    return std::size_t(-1);
+}
 
 }  // namespace REMAT_NAMESPACE

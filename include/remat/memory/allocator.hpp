@@ -66,6 +66,7 @@ struct statistics {
   std::size_t cache_hits = 0;          // requests served from the cache
   std::size_t arena = 0;               // bytes reserved as arenas (part of activations' reserved)
   std::size_t planned = 0;             // requests served from an arena
+  std::size_t requests = 0;            // allocate and reserve_arena calls (what fail_request counts)
   usage const& operator[](tag t) const { return by_tag[static_cast<std::size_t>(t)]; }
 };
 
@@ -116,6 +117,7 @@ class caching_allocator {
                                    " cannot be represented\n", summary());
     std::size_t const size = rounded(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
+    if (injected_hit()) fail(bytes, size, t, "a failure injected by fail_request");
     if (next_.base && next_.t == t && next_.bytes == size) {
       planned_slot const slot = std::exchange(next_, planned_slot{});
       if (void* q = allocate_at_locked(slot.base, slot.offset, size, t)) return q;
@@ -150,6 +152,7 @@ class caching_allocator {
     if (bytes == 0 || bytes > std::numeric_limits<std::size_t>::max() - granularity) return nullptr;
     std::size_t const size = rounded(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
+    if (injected_hit()) return nullptr;
     if (stats_.total.reserved + size > stats_.limit) release_cached_locked();
     if (stats_.total.reserved + size > stats_.limit) return nullptr;
     void* p = system<Device>::allocate(size);
@@ -269,6 +272,16 @@ class caching_allocator {
     release_cached_locked();
   }
 
+  // Fault injection, for testing what code above the allocator does when memory runs out: the
+  // n-th request from now (1: the next) fails as if the system had no memory left, whether the
+  // cache could have served it or not: allocate throws out_of_memory (naming the layer and phase,
+  // as a real failure does) and reserve_arena returns nullptr. Requests are allocate and
+  // reserve_arena calls, counted in stats().requests. Fails once; fail_request(0) disarms.
+  void fail_request(std::size_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fail_at_ = n ? stats_.requests + n : 0;
+  }
+
   // Limit on reserved bytes (host: any value; GPU: at most what the device has).
   void set_limit(std::size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -352,6 +365,13 @@ class caching_allocator {
 
   static constexpr std::size_t index(tag t) { return static_cast<std::size_t>(t); }
 
+  // Counts a request; true when it is the one fail_request armed (which it disarms).
+  bool injected_hit() noexcept {
+    if (++stats_.requests != fail_at_) return false;
+    fail_at_ = 0;
+    return true;
+  }
+
   void note(void const* p, std::int64_t bytes, tag t) noexcept {
     std::array<std::size_t, tag_count> by_tag{};
     for (std::size_t i = 0; i < tag_count; ++i) by_tag[i] = stats_.by_tag[i].in_use;
@@ -430,6 +450,7 @@ class caching_allocator {
   std::unordered_map<void*, block> live_;
   std::unordered_map<void*, arena_record> arenas_;
   planned_slot next_{};
+  std::size_t fail_at_ = 0;  // the value of stats_.requests whose request fails (0: none)
   std::array<std::unordered_map<std::size_t, std::vector<void*>>, tag_count> cache_;
 };
 

@@ -343,6 +343,10 @@ struct Budget : wraps<S> {
   using runner = detail::budget_runner<S>;
   static constexpr std::size_t budget_bytes = Bytes, batch = Batch, sequence = Sequence;
   static constexpr std::size_t rows = Batch * Sequence;
+  // The rows a model checks a training pass against before it starts (planned_rows_v).
+  static constexpr std::size_t planned_rows = rows;
+  // The sequence length a model checks a training pass against (planned_sequence_v).
+  static constexpr std::size_t planned_sequence = Sequence;
 
   // Every candidate for activations of type T, planned.
   template <class T>

@@ -246,11 +246,16 @@ class model {
   // A training pass: forward (saving what backward needs), loss, backward; gradients of
   // weight * loss are added to the model's gradients. Returns the loss.
   // If `dx` is given, the gradient with respect to the input is written there too.
+  // Transactional: when it throws (out of memory at any allocation, say), the gradients, running
+  // state, dropout stream and pass count are as they were before the call, bit for bit. Gradients
+  // that were zero are zeroed again; gradients holding a sum are restored from a copy made in the
+  // offload allocator before the pass (see set_failure_backup).
   template <class Loss>
   double accumulate(input_view x, typename Loss::template target_type<T, Device> target, double weight = 1.0,
                     tensor<T, Device>* dx = nullptr) {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     validate<Loss>(x, target);
+    check_planned_rows(x);
     if (dx && (reads_ids || dx->rows() != x.rows() || dx->cols() != x.cols()))
       detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
                                  x.cols(), reads_ids ? " (and token ids have none)" : "");
@@ -274,21 +279,45 @@ class model {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     if (detail::gradient_sync* sync = link_.gradient_sync()) sync->zeroing_gradients();
     evaluate(grads_, expr::to_expr(0.0));
+    grads_zero_ = true;
   }
 
   // zero_grad, accumulate, optimizer step.
   // The loss is read last: on the GPU nothing waits between forward and backward, and the
   // optimizer's skip decision (the norm, the overflow check) is what the host waits for.
+  // When it throws, the parameters, optimizer state, loss scale, running state, dropout stream
+  // and pass count are as they were before the call, bit for bit, and the gradients are zero (the
+  // step's first act is to clear them; keeping the last step's would cost a copy every step).
   template <class Loss, class Optimizer>
   double train_step(input_view x, typename Loss::template target_type<T, Device> target, Optimizer& opt) {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     validate<Loss>(x, target);  // before zero_grad: bad input changes nothing
+    check_planned_rows(x);
     if (detail::gradient_sync* sync = link_.gradient_sync()) sync->check_pass();
     zero_grad();
+    pass_report const before = report_;
     auto const l = training_pass<Loss>(x, target, 1.0, nullptr);
-    opt.step();
+    try {
+      opt.step();  // (an optimizer that throws has changed nothing of its own)
+    } catch (...) {
+      --passes_;  // the pass is undone: its dropout stream is the next pass's again
+      if constexpr (buffer_count > 0) std::swap(buffers_, staged_buffers_);
+      report_ = before;
+      zero_grad();
+      throw;
+    }
     return l.get();
   }
+
+  // Whether accumulate() on gradients that already hold a sum (the second and later micro-batches
+  // of gradient accumulation) first copies them to the offload allocator (host memory: pinned
+  // for a GPU model), so that a pass that fails restores them bit for bit. On (the default), that
+  // costs one copy of the gradients per such pass, and their size in host memory while it runs.
+  // Off, a pass that fails there leaves them holding part of its own contribution, and its error
+  // says so. Passes on zeroed gradients (train_step, the first micro-batch) never copy.
+  void set_failure_backup(bool on) { failure_backup_ = on; }
+  // Whether accumulate() copies summed gradients before a pass (set_failure_backup).
+  bool failure_backup() const { return failure_backup_; }
 
   // The fp32 master weights. Handing out a writable view marks the compute copy (mixed precision)
   // stale, so the next pass casts it again; after writing through a view kept from earlier, call
@@ -314,7 +343,11 @@ class model {
   loss_scaler& scaler() { return scaler_; }
   loss_scaler const& scaler() const { return scaler_; }
   tensor_view<T const, Device> parameters() const { return params_.view().row_range(0, parameter_count); }
-  tensor_view<T, Device> gradients() { return grads_.view().row_range(0, parameter_count); }
+  // (A writable view may be written: the gradients are no longer known to be zero.)
+  tensor_view<T, Device> gradients() {
+    grads_zero_ = false;
+    return grads_.view().row_range(0, parameter_count);
+  }
   tensor_view<T const, Device> gradients() const { return grads_.view().row_range(0, parameter_count); }
   allocator_type& allocator() const { return *alloc_; }
   // The host memory Offloaded<S> segments move activations to.
@@ -436,6 +469,32 @@ class model {
     // optimizer's update divides it out); the loss itself is not.
     double const scale = weight * scaler_.scale();
     act<C, Device> g;
+    // What a pass that fails gives back: zeroed gradients are zeroed again, a sum is copied first.
+    bool const was_zero = grads_zero_;
+    memory::held_block<memory::offload_space_t<Device>> backup;
+    if (!was_zero && failure_backup_) {
+      backup = memory::held_block<memory::offload_space_t<Device>>(*offload_alloc_, grads_.bytes(),
+                                                                     memory::tag::gradients);
+      copy_gradients(static_cast<T*>(backup.get()), grads_.data());
+    }
+    struct restore_on_failure {
+      model* m;
+      bool was_zero;
+      void const* copy;
+      ~restore_on_failure() {
+        if (!m) return;
+        try {
+          if (was_zero) {
+            evaluate(m->grads_, expr::to_expr(0.0));
+            m->grads_zero_ = true;
+          } else if (copy) {
+            m->copy_gradients(m->grads_.data(), static_cast<T const*>(copy));
+          }
+        } catch (...) {  // (a device that fails a copy has failed the pass's error already)
+        }
+      }
+    } restore{this, was_zero, backup.get()};
+    grads_zero_ = false;
     try {
       g = detail::training_pass<Net>(s, weights(), grads_.data(), detail::input_activation<Net, Precision>(s, x, true),
                                      [&](act<C, Device> const& y, act<C, Device> const& dy) {
@@ -456,15 +515,29 @@ class model {
                                            memory::phase::backward;  // (until `stepping` ends)
                                      });
     } catch (out_of_memory const& e) {
-      explain_out_of_memory(e, x, dx != nullptr, s.makes(), s.make_failed());
+      explain_out_of_memory(e, x, dx != nullptr, s.makes(), s.make_failed(), !was_zero && !failure_backup_);
     }
     if (dx && g) evaluate(*dx, to_expr(*g));
     if (sync) sync->gradients_ready(0);
+    restore.m = nullptr;  // (nothing below throws)
     if constexpr (buffer_count > 0) std::swap(buffers_, staged_buffers_);
     ++passes_;
     report_ = {s.saved_bytes(), s.recomputed(), layout != nullptr, s.unplanned(), 0};
     report_.activation_peak = alloc_->close_peak_window(window.id);
     return l;
+  }
+
+  // Copies the gradients (stored_count() values) to or from the failure backup: on the host with
+  // the point-wise kernels' threads, to or from the GPU as one copy.
+  void copy_gradients(T* to, T const* from) const {
+    if constexpr (std::is_same_v<Device, host>) {
+      evaluate(tensor_view<T, host>(to, index_t(stored_count()), 1),
+               to_expr(tensor_view<T const, host>(from, index_t(stored_count()), 1)));
+    } else if (to == grads_.data()) {
+      memory::system<Device>::copy_from_host(to, from, grads_.bytes());
+    } else {
+      memory::system<Device>::copy_to_host(to, from, grads_.bytes());
+    }
   }
 
   // The batch, features and sequence length a pass on x plans for.
@@ -512,13 +585,18 @@ class model {
   // the activation plan has in use at that point of the step (computed now, at run time): before
   // activation number `made` (from 0), which failed or is the next to be made.
   [[noreturn]] void explain_out_of_memory(out_of_memory const& e, input_view x, bool dx, std::size_t made,
-                                          bool activation_failed) const {
+                                          bool activation_failed, bool torn) const {
     auto const [batch, features, seq] = shape_of(x);
+    char const* const torn_note =
+        torn ? "the gradients hold part of this pass's contribution (set_failure_backup is off): zero them before "
+               "training on\n"
+             : "";
     if constexpr (!detail::plannable_v<Net>) {
       (void)batch;
       (void)features;
       (void)made;
       (void)activation_failed;
+      if (torn) detail::raise<out_of_memory>(e.what(), torn_note);
       throw e;
     } else {
       auto const p = detail::plan_pass<Net, Precision>(batch, features, seq, input_gradient(dx), 0, made);
@@ -527,7 +605,7 @@ class model {
                                    memory::format_bytes(p.live_before_watch), " of activations in use ",
                                    activation_failed ? "when it makes activation " : "after activation ",
                                    activation_failed ? made + 1 : made, " of the step, where this failed; its peak is ",
-                                   memory::format_bytes(p.activations.peak_bytes), "\n");
+                                   memory::format_bytes(p.activations.peak_bytes), "\n", torn_note);
     }
   }
 
@@ -561,6 +639,22 @@ class model {
 
   void validate_input(input_view x) const { check_input(x).raise_if_bad(); }
 
+  // A training pass keeps what a Budget was planned for (inference takes any batch): checked before
+  // anything changes, as the Budget's own forward checks it again.
+  void check_planned_rows(input_view x) const {
+    if constexpr (planned_rows_v<Net> != std::size_t(-1)) {
+      std::size_t const seq = shape_of(x).sequence;
+      if (out_rows(x) > planned_rows_v<Net> || seq > planned_sequence_v<Net>)
+        detail::raise<argument_error>("model input: expected a training pass of at most ",
+                                      planned_rows_v<Net> / planned_sequence_v<Net>, " x ", planned_sequence_v<Net>,
+                                      " rows (batch x sequence: what this model's remat::Budget was planned for), "
+                                      "found ",
+                                      out_rows(x) / seq, " x ", seq);
+    } else {
+      (void)x;
+    }
+  }
+
   input_verdict check_input(input_view x) const {
     if (x.rows() == 0) detail::raise<argument_error>("model input: expected a batch of at least one row, found 0 rows");
     if constexpr (sequence_model && reads_ids) {
@@ -573,8 +667,8 @@ class model {
     if constexpr (sequence_model && !reads_ids) {
       if (seq_len_ == 0)
         detail::raise<argument_error>(
-            "model input: a sequence model reading features needs its sequence length; "
-            "call set_sequence_length first");
+            "model input: expected a sequence length for this sequence model reading features (call "
+            "set_sequence_length first), found none");
       if (x.rows() % seq_len_ != 0)
         detail::raise<shape_error>("model input: expected whole sequences of ", seq_len_, " rows, found ", x.rows(),
                                    " rows");
@@ -658,6 +752,8 @@ class model {
   mutable tensor<C, Device> compute_params_;  // mixed precision only
   tensor<T, Device> buffers_, staged_buffers_;  // running state (and the copy a pass updates)
   mutable bool compute_stale_ = true;
+  bool grads_zero_ = false;      // the gradients are known to be zero (zero_grad, nothing since)
+  bool failure_backup_ = true;   // see set_failure_backup
   loss_scaler scaler_ = loss_scaler::of<typename Precision::loss_scale>();
   std::uint64_t seed_;
   std::uint64_t passes_ = 0;

@@ -188,15 +188,16 @@ class AdamW : public detail::optimizer_base<T, D, C> {
       this->end_step(false);
       return false;
     }
-    ++t_;
+    double const t = double(t_ + 1);  // (counted once the update is issued)
     kernels::adamw_scalars k{pre.factor,
                              1.0 - o_.lr * o_.weight_decay,
                              o_.beta1,
                              o_.beta2,
-                             o_.lr / (1.0 - std::pow(o_.beta1, double(t_))),
-                             std::sqrt(1.0 - std::pow(o_.beta2, double(t_))),
+                             o_.lr / (1.0 - std::pow(o_.beta1, t)),
+                             std::sqrt(1.0 - std::pow(o_.beta2, t)),
                              o_.eps};
     kernels::adamw_update(D{}, p_.size(), p_.data(), g_.data(), m_.data(), v_.data(), k, this->pc_);
+    ++t_;
     this->end_step(true);
     return true;
   }
