@@ -1,5 +1,6 @@
 // libFuzzer target for every reader of untrusted bytes: safetensors::read, load(model, path) for an
-// fp32 and a mixed-precision (bf16, dynamic loss scale) model, and load(AdamW, path) for both
+// fp32 and a mixed-precision (bf16, dynamic loss scale) model, and load(AdamW, path) and
+// load(SGD, path) (with and without momentum) for both
 // models' optimizers. Each input is written to a file and given to each reader. A reader may
 // accept it or throw a remat::error; anything else (another exception, a crash, a sanitizer
 // report, a leak) is a finding, and so is a refused load that changed the model or the optimizer.
@@ -52,6 +53,20 @@ void load_model(M& m) {
 }
 
 template <class O>
+void load_sgd(O& opt) {
+  auto const b = opt.momentum_buffer().to_vector();
+  auto const steps = opt.steps();
+  double const scale = opt.scaler() ? opt.scaler()->scale() : 1.0;
+  try {
+    load(opt, input_path());
+  } catch (error const&) {
+    if (!same(opt.momentum_buffer().to_vector(), b) || opt.steps() != steps ||
+        (opt.scaler() && opt.scaler()->scale() != scale))
+      finding("a refused SGD load changed the optimizer");
+  }
+}
+
+template <class O>
 void load_optimizer(O& opt) {
   auto const m = opt.exp_avg().to_vector(), v = opt.exp_avg_sq().to_vector();
   auto const steps = opt.steps();
@@ -72,6 +87,9 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   static model<Net, host, Mixed> bf{seed{1}};
   static AdamW ofp(fp, {.lr = 1e-3});
   static AdamW obf(bf, {.lr = 1e-3});
+  static SGD sfp(fp, {.lr = 1e-2, .momentum = 0.9});
+  static SGD sbf(bf, {.lr = 1e-2, .momentum = 0.9, .nesterov = true});
+  static SGD plain(fp, {.lr = 1e-2});
   {
     std::FILE* f = std::fopen(input_path().c_str(), "wb");
     if (!f) finding("cannot write the input file (REMAT_FUZZ_DIR)");
@@ -92,5 +110,8 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
   load_model(bf);
   load_optimizer(ofp);
   load_optimizer(obf);
+  load_sgd(sfp);
+  load_sgd(sbf);
+  load_sgd(plain);
   return 0;
 }

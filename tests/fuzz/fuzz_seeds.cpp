@@ -50,6 +50,16 @@ int main(int argc, char** argv) {
   trained(bf, obf);
   save(ofp, dir + "/adamw-fp32.safetensors");
   save(obf, dir + "/adamw-bf16.safetensors", {{"note", "\xc3\xa9\\u00e9"}});
+  {
+    SGD sfp(fp, {.lr = 1e-2, .momentum = 0.9});
+    SGD plain(bf, {.lr = 1e-2});
+    tensor<float> x(4, 6), t(4, 3);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(i % 7) * 0.1f;
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.25f;
+    fp.train_step<MSE>(x, t, sfp);
+    save(sfp, dir + "/sgd-fp32.safetensors");
+    save(plain, dir + "/sgd-bf16-plain.safetensors");
+  }
   // Hand-made.
   raw("empty", "", "", 0);
   {

@@ -221,3 +221,67 @@ TEST_CASE("bad input: loads of another model's, another precision's or another s
   save(tr.m, dir + "/bad_input_good.safetensors");
   load(tr.m, dir + "/bad_input_good.safetensors");
 }
+
+TEST_CASE("SGD state: a saved one resumes bit for bit; another optimizer's, momentum's or size's is refused and "
+          "changes nothing",
+          "[errors][bad-input][io][optim]") {
+  std::string const dir = REMAT_TEST_BINARY_DIR;
+  using M = model<MLP, host, mixed<bfloat16, DynamicLossScale>>;
+  sgd_options const o{.lr = 1e-2, .momentum = 0.9, .nesterov = true};
+  tensor<float> x{6, 8}, t{6, 4};
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.3 * double(i)));
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = float(std::cos(0.2 * double(i)));
+  auto run = [&](M& m, auto& opt, int steps) {
+    for (int s = 0; s < steps; ++s) m.train_step<MSE>(x, t, opt);
+  };
+  M a{seed{3}};
+  a.scaler().configure({.init_scale = 256.0, .growth_interval = 2});
+  SGD sa(a, o);
+  run(a, sa, 3);
+  save(a, dir + "/sgd_model.safetensors");
+  save(sa, dir + "/sgd_state.safetensors");
+  run(a, sa, 3);
+
+  M b{seed{3}};  // (the dropout stream is the seed's and the pass count's)
+  b.scaler().configure({.init_scale = 256.0, .growth_interval = 2});  // (the schedule is the program's)
+  SGD sb(b, o);
+  load(b, dir + "/sgd_model.safetensors");
+  load(sb, dir + "/sgd_state.safetensors");
+  b.set_passes(3);
+  CHECK(sb.steps() == 3);
+  run(b, sb, 3);
+  CHECK(remat_test::bytes_of<float>(b.parameters()) == remat_test::bytes_of<float>(a.parameters()));
+  CHECK(remat_test::bytes_of<float>(sb.momentum_buffer().view()) ==
+        remat_test::bytes_of<float>(sa.momentum_buffer().view()));
+  CHECK(b.scaler().scale() == a.scaler().scale());
+  CHECK(b.scaler().growth_tracker() == a.scaler().growth_tracker());
+  CHECK(sb.steps() == sa.steps());
+
+  // Refusals change nothing: the buffer, the step, the loss scale.
+  auto const buffer = remat_test::bytes_of<float>(sb.momentum_buffer().view());
+  auto const steps = sb.steps();
+  double const scale = b.scaler().scale();
+  auto refused = [&](auto& opt, std::string const& file, std::string const& says) {
+    INFO(file);
+    CHECK_THROWS_AS(load(opt, dir + "/" + file), io_error);
+    CHECK_THROWS_WITH(load(opt, dir + "/" + file), Catch::Contains(says));
+    CHECK(remat_test::bytes_of<float>(sb.momentum_buffer().view()) == buffer);
+    CHECK(sb.steps() == steps);
+    CHECK(b.scaler().scale() == scale);
+  };
+  AdamW adam(b);
+  save(adam, dir + "/sgd_adamw_state.safetensors");
+  refused(sb, "sgd_adamw_state.safetensors", "expected the state of SGD, found the state of AdamW");
+  refused(adam, "sgd_state.safetensors", "expected the state of AdamW, found the state of SGD");
+  SGD plain(b, {.lr = 1e-2});
+  save(plain, dir + "/sgd_plain_state.safetensors");
+  refused(sb, "sgd_plain_state.safetensors", "found none");
+  refused(plain, "sgd_state.safetensors", "expected an SGD state without momentum");
+  model<Seq<Linear<8, 4>>> small{seed{1}};
+  SGD other(small, o);
+  save(other, dir + "/sgd_other_state.safetensors");
+  refused(sb, "sgd_other_state.safetensors", "tensor 'momentum_buffer' expected F32 [");
+  // Without momentum, a state is the step and the loss scale.
+  load(plain, dir + "/sgd_plain_state.safetensors");
+  CHECK(plain.steps() == 0);
+}

@@ -524,42 +524,27 @@ void load(model<Net, Device, Precision>& m, std::string const& path) {
 
 namespace detail {
 
-// Writes an AdamW state (moments of the whole model, step, loss scale) as save(opt, path) does.
-template <class T, class D, class C>
-void save_adamw(std::vector<T> const& m, std::vector<T> const& v, AdamW<T, D, C> const& opt, std::string const& path,
-                std::map<std::string, std::string> metadata) {
-  std::vector<safetensors::entry> entries{
-      {"exp_avg", safetensors::dtype_name<T>(), {m.size()}, m.data(), m.size() * sizeof(T)},
-      {"exp_avg_sq", safetensors::dtype_name<T>(), {v.size()}, v.data(), v.size() * sizeof(T)}};
-  metadata["remat.optimizer"] = "AdamW";
-  metadata["remat.step"] = std::to_string(opt.steps());
-  if (loss_scaler const* s = opt.scaler()) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.17g", s->scale());
-    metadata["remat.loss_scale"] = buf;
-    metadata["remat.loss_scale_growth_tracker"] = std::to_string(s->growth_tracker());
-    metadata["remat.loss_scale_skipped_steps"] = std::to_string(s->skipped_steps());
+// The metadata an optimizer's file carries beside its tensors: its kind, step count and the loss
+// scale of the model it serves, read and checked (a counter is decimal digits that fit in 64 bits,
+// a scale a finite positive number) before anything is changed.
+struct optimizer_state {
+  std::uint64_t step = 0;
+  std::optional<double> scale;
+  std::optional<std::uint64_t> tracker, skipped;
+  // Checks the scale against the optimizer's loss scale on a copy, then sets the loss scale and the
+  // step count (all or nothing).
+  template <class O>
+  void apply(O& opt) const {
+    if (opt.scaler() && scale) {
+      loss_scaler check = *opt.scaler();
+      check.set_state(*scale, tracker.value_or(0), skipped.value_or(0));
+      *opt.scaler() = check;
+    }
+    opt.set_steps(step);
   }
-  safetensors::write(path, entries, metadata);
-}
+};
 
-// Reads a saved AdamW state of `total` parameters into an optimizer over [offset, offset + its
-// size) of them: all or nothing.
-template <class T, class D, class C>
-void load_adamw(AdamW<T, D, C>& opt, std::string const& path, std::size_t total, std::size_t offset) {
-  safetensors::file const f = safetensors::read(path);
-  std::size_t const n = opt.exp_avg().size();
-  std::vector<T> m(n), v(n);
-  for (auto [name, out] : {std::pair<char const*, std::vector<T>*>{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
-    auto it = f.tensors.find(name);
-    if (it == f.tensors.end())
-      raise<io_error>("load '", path, "': expected an AdamW state with a tensor '", name, "', found none");
-    safetensors::tensor_info const& t = it->second;
-    if (t.dtype != safetensors::dtype_name<T>() || t.shape != std::vector<std::size_t>{total})
-      raise<io_error>("load '", path, "': tensor '", name, "' expected ", safetensors::dtype_name<T>(), " [", total,
-                      "], found ", t.dtype, " with ", t.end - t.begin, " bytes");
-    std::memcpy(out->data(), f.data.data() + t.begin + offset * sizeof(T), n * sizeof(T));
-  }
+inline optimizer_state optimizer_state_of(safetensors::file const& f, std::string const& path, char const* kind) {
   auto text = [&](char const* key, bool required) -> std::optional<std::string> {
     auto it = f.metadata.find(key);
     if (it == f.metadata.end()) {
@@ -578,6 +563,8 @@ void load_adamw(AdamW<T, D, C>& opt, std::string const& path, std::size_t total,
       raise<io_error>("load '", path, "': metadata '", key, "' expected a whole number below 2^64, found '", *t, "'");
     return x;
   };
+  if (auto const k = text("remat.optimizer", false); k && *k != kind)
+    raise<io_error>("load '", path, "': expected the state of ", kind, ", found the state of ", *k);
   auto const step = counter("remat.step", true);
   auto const tracker = counter("remat.loss_scale_growth_tracker", false);
   auto const skipped = counter("remat.loss_scale_skipped_steps", false);
@@ -590,14 +577,55 @@ void load_adamw(AdamW<T, D, C>& opt, std::string const& path, std::size_t total,
                       *t, "'");
     scale = x;
   }
-  if (opt.scaler() && scale) {
-    loss_scaler check = *opt.scaler();  // validate on a copy first: all or nothing
-    check.set_state(*scale, tracker.value_or(0), skipped.value_or(0));
-    *opt.scaler() = check;
+  return {*step, scale, tracker, skipped};
+}
+
+// The metadata save writes for an optimizer: its kind, step count and its model's loss scale.
+template <class O>
+void optimizer_metadata(O const& opt, char const* kind, std::map<std::string, std::string>& metadata) {
+  metadata["remat.optimizer"] = kind;
+  metadata["remat.step"] = std::to_string(opt.steps());
+  if (loss_scaler const* s = opt.scaler()) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", s->scale());
+    metadata["remat.loss_scale"] = buf;
+    metadata["remat.loss_scale_growth_tracker"] = std::to_string(s->growth_tracker());
+    metadata["remat.loss_scale_skipped_steps"] = std::to_string(s->skipped_steps());
   }
+}
+
+// Writes an AdamW state (moments of the whole model, step, loss scale) as save(opt, path) does.
+template <class T, class D, class C>
+void save_adamw(std::vector<T> const& m, std::vector<T> const& v, AdamW<T, D, C> const& opt, std::string const& path,
+                std::map<std::string, std::string> metadata) {
+  std::vector<safetensors::entry> entries{
+      {"exp_avg", safetensors::dtype_name<T>(), {m.size()}, m.data(), m.size() * sizeof(T)},
+      {"exp_avg_sq", safetensors::dtype_name<T>(), {v.size()}, v.data(), v.size() * sizeof(T)}};
+  optimizer_metadata(opt, "AdamW", metadata);
+  safetensors::write(path, entries, metadata);
+}
+
+// Reads a saved AdamW state of `total` parameters into an optimizer over [offset, offset + its
+// size) of them: all or nothing.
+template <class T, class D, class C>
+void load_adamw(AdamW<T, D, C>& opt, std::string const& path, std::size_t total, std::size_t offset) {
+  safetensors::file const f = safetensors::read(path);
+  optimizer_state const state = optimizer_state_of(f, path, "AdamW");
+  std::size_t const n = opt.exp_avg().size();
+  std::vector<T> m(n), v(n);
+  for (auto [name, out] : {std::pair<char const*, std::vector<T>*>{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
+    auto it = f.tensors.find(name);
+    if (it == f.tensors.end())
+      raise<io_error>("load '", path, "': expected an AdamW state with a tensor '", name, "', found none");
+    safetensors::tensor_info const& t = it->second;
+    if (t.dtype != safetensors::dtype_name<T>() || t.shape != std::vector<std::size_t>{total})
+      raise<io_error>("load '", path, "': tensor '", name, "' expected ", safetensors::dtype_name<T>(), " [", total,
+                      "], found ", t.dtype, " with ", t.end - t.begin, " bytes");
+    std::memcpy(out->data(), f.data.data() + t.begin + offset * sizeof(T), n * sizeof(T));
+  }
+  state.apply(opt);
   tensor_from_host(opt.exp_avg().view(), std::span<T const>(m));
   tensor_from_host(opt.exp_avg_sq().view(), std::span<T const>(v));
-  opt.set_steps(*step);
 }
 
 }  // namespace detail
@@ -616,6 +644,50 @@ void save(AdamW<T, D, C> const& opt, std::string const& path, std::map<std::stri
 template <class T, class D, class C>
 void load(AdamW<T, D, C>& opt, std::string const& path) {
   detail::load_adamw(opt, path, opt.exp_avg().size(), 0);
+}
+
+// An SGD optimizer's state: its momentum buffer ("momentum_buffer", as in PyTorch's state dict;
+// none without momentum) and, in the metadata, its step count and its model's loss scale.
+template <class T, class D, class C>
+void save(SGD<T, D, C> const& opt, std::string const& path, std::map<std::string, std::string> metadata = {}) {
+  std::vector<T> const buf = opt.momentum_buffer().empty() ? std::vector<T>{} : opt.momentum_buffer().to_vector();
+  std::vector<safetensors::entry> entries;
+  if (!buf.empty())
+    entries.push_back({"momentum_buffer", safetensors::dtype_name<T>(), {buf.size()}, buf.data(), buf.size() * sizeof(T)});
+  detail::optimizer_metadata(opt, "SGD", metadata);
+  safetensors::write(path, entries, metadata);
+}
+
+// Restores what save(sgd, path) wrote, all or nothing: a file of another optimizer, of an SGD with
+// or without momentum where this one differs, of another size, or a corrupt one throws io_error
+// and leaves the optimizer and its loss scale as they were.
+template <class T, class D, class C>
+void load(SGD<T, D, C>& opt, std::string const& path) {
+  safetensors::file const f = safetensors::read(path);
+  detail::optimizer_state const state = detail::optimizer_state_of(f, path, "SGD");
+  auto const it = f.tensors.find("momentum_buffer");
+  bool const momentum = !opt.momentum_buffer().empty();
+  if (momentum && it == f.tensors.end())
+    detail::raise<io_error>("load '", path, "': expected an SGD state with a tensor 'momentum_buffer' (this SGD has ",
+                            "momentum ", opt.options().momentum, "), found none");
+  if (!momentum && it != f.tensors.end())
+    detail::raise<io_error>("load '", path, "': expected an SGD state without momentum (this SGD has none), found a ",
+                            "tensor 'momentum_buffer'");
+  std::size_t const n = opt.momentum_buffer().size();
+  std::vector<T> buf(n);
+  if (momentum) {
+    safetensors::tensor_info const& t = it->second;
+    if (t.dtype != safetensors::dtype_name<T>() || t.shape != std::vector<std::size_t>{n})
+      detail::raise<io_error>("load '", path, "': tensor 'momentum_buffer' expected ", safetensors::dtype_name<T>(),
+                              " [", n, "], found ", t.dtype, " with ", t.end - t.begin, " bytes");
+    std::memcpy(buf.data(), f.data.data() + t.begin, n * sizeof(T));
+  }
+  if (f.tensors.size() != (momentum ? 1u : 0u))
+    for (auto const& [name, t] : f.tensors)
+      if (name != "momentum_buffer")
+        detail::raise<io_error>("load '", path, "': expected an SGD state, found a tensor '", name, "'");
+  state.apply(opt);
+  if (momentum) tensor_from_host(opt.momentum_buffer().view(), std::span<T const>(buf));
 }
 
 }  // namespace REMAT_NAMESPACE

@@ -273,6 +273,14 @@ class SGD : public detail::optimizer_base<T, D, C> {
   void set_lr(double lr) { o_.lr = lr; }
   double lr() const { return o_.lr; }
   std::uint64_t steps() const { return t_; }
+  // Sets the step count (what a restored state resumes from: the first step fills the momentum
+  // buffer, later ones blend into it).
+  void set_steps(std::uint64_t t) { t_ = t; }
+  sgd_options const& options() const { return o_; }
+  // The momentum buffer ("momentum_buffer" in PyTorch's state dict); empty without momentum.
+  tensor<T, D>& momentum_buffer() { return buf_; }
+  // (Read-only.)
+  tensor<T, D> const& momentum_buffer() const { return buf_; }
 
  private:
   tensor_view<T, D> p_, g_;
