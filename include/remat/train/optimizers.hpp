@@ -276,6 +276,7 @@ class SGD : public detail::optimizer_base<T, D, C> {
   // Sets the step count (what a restored state resumes from: the first step fills the momentum
   // buffer, later ones blend into it).
   void set_steps(std::uint64_t t) { t_ = t; }
+  // The options it was built with (and set_lr's rate).
   sgd_options const& options() const { return o_; }
   // The momentum buffer ("momentum_buffer" in PyTorch's state dict); empty without momentum.
   tensor<T, D>& momentum_buffer() { return buf_; }
