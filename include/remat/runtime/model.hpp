@@ -238,7 +238,7 @@ class model {
   template <class Loss>
   double loss(input_view x, typename Loss::template target_type<T, Device> target) const {
     [[maybe_unused]] auto const on_stream = stream_.scope();
-    validate<Loss>(x, target);
+    check<Loss>(x, target, false);  // (inference: any batch)
     tensor<T, Device> y = forward(x);
     return Loss::forward_backward(y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
   }
@@ -255,7 +255,6 @@ class model {
                     tensor<T, Device>* dx = nullptr) {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     validate<Loss>(x, target);
-    check_planned_rows(x);
     if (dx && (reads_ids || dx->rows() != x.rows() || dx->cols() != x.cols()))
       detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
                                  x.cols(), reads_ids ? " (and token ids have none)" : "");
@@ -267,7 +266,7 @@ class model {
   template <class Loss>
   double training_loss(input_view x, typename Loss::template target_type<T, Device> target) const {
     [[maybe_unused]] auto const on_stream = stream_.scope();
-    validate<Loss>(x, target);
+    check<Loss>(x, target, false);  // (inference: any batch)
     // Nothing is kept for a backward (nor offloaded); the values are the same.
     state_type s = make_state({.training = true, .keep = false, .stream = dropout_stream()}, x);
     read_buffers(s);
@@ -292,7 +291,6 @@ class model {
   double train_step(input_view x, typename Loss::template target_type<T, Device> target, Optimizer& opt) {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     validate<Loss>(x, target);  // before zero_grad: bad input changes nothing
-    check_planned_rows(x);
     if (detail::gradient_sync* sync = link_.gradient_sync()) sync->check_pass();
     zero_grad();
     pass_report const before = report_;
@@ -383,16 +381,11 @@ class model {
   // Checks an input and its target as a training pass would, and throws what it would throw. On
   // the GPU the input's device check is issued before the target's and both are read with one
   // wait; the input's complaint comes first.
+  // (A batch above what a Budget of the model was planned for is refused here, though inference
+  // takes it.)
   template <class Loss>
   void validate(input_view x, typename Loss::template target_type<T, Device> target) const {
-    input_verdict const verdict = check_input(x);
-    try {
-      Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
-    } catch (...) {
-      verdict.raise_if_bad();
-      throw;
-    }
-    verdict.raise_if_bad();
+    check<Loss>(x, target, true);
   }
 
   // For a sequence model reading features: its input rows are sequences of `n` consecutive rows.
@@ -638,6 +631,20 @@ class model {
   };
 
   void validate_input(input_view x) const { check_input(x).raise_if_bad(); }
+
+  // validate's checks, and for a training pass the rows a Budget was planned for.
+  template <class Loss>
+  void check(input_view x, typename Loss::template target_type<T, Device> target, bool training) const {
+    input_verdict const verdict = check_input(x);
+    try {
+      Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
+    } catch (...) {
+      verdict.raise_if_bad();
+      throw;
+    }
+    verdict.raise_if_bad();
+    if (training) check_planned_rows(x);
+  }
 
   // A training pass keeps what a Budget was planned for (inference takes any batch): checked before
   // anything changes, as the Budget's own forward checks it again.
