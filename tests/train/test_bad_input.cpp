@@ -222,8 +222,8 @@ TEST_CASE("bad input: loads of another model's, another precision's or another s
   load(tr.m, dir + "/bad_input_good.safetensors");
 }
 
-TEST_CASE("SGD state: a saved one resumes bit for bit; another optimizer's, momentum's or size's is refused and "
-          "changes nothing",
+TEST_CASE("SGD state: a saved one resumes bit for bit, and another optimizer's, momentum's or size's is refused "
+          "and changes nothing",
           "[errors][bad-input][io][optim]") {
   std::string const dir = REMAT_TEST_BINARY_DIR;
   using M = model<MLP, host, mixed<bfloat16, DynamicLossScale>>;
