@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -299,6 +300,170 @@ TEST_CASE("bad input on one rank fails every rank with a clear error and changes
   double const l = dp.train_step<SoftmaxCrossEntropy>(rows(next.x, r), rows(next.y, r), opt);
   CHECK(std::isfinite(l));
   CHECK(same_on_every_rank(params_of(m)));
+}
+
+namespace {
+
+template <class T>
+std::vector<unsigned char> bytes_of(tensor_view<T const> v) {
+  std::vector<T> h = tensor_to_host(v);
+  std::vector<unsigned char> out(h.size() * sizeof(T));
+  if (!h.empty()) std::memcpy(out.data(), h.data(), out.size());
+  return out;
+}
+
+// One rank's side of a data-parallel run with its own allocator (what fail_request counts): a
+// step is one train_step, or two micro-batches of which the second adds to the first's gradients.
+template <class NetT, class P>
+struct dp_trainer {
+  using M = model<NetT, host, P>;
+  using T = typename M::value_type;
+  memory::caching_allocator<host> alloc;
+  M m{seed{7}, alloc};
+  dist::data_parallel<M> dp;
+  AdamW<T, host, typename M::compute_type> opt;
+  bool accumulated;
+  param_range r, first, second;
+
+  dp_trainer(bool shard, bool accumulate)
+      : dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard, .timeout_seconds = 60}),
+        opt(m, opts),
+        accumulated(accumulate) {
+    if (m.scaler().dynamic()) m.scaler().configure({.init_scale = 256.0, .growth_interval = 2});
+    r = my_rows(dp.rank(), dp.size());
+    first = {r.begin, r.begin + r.size() / 2};
+    second = {first.end, r.end};
+  }
+  // What the injected failure hits: the whole train_step, or the second micro-batch.
+  void target(batch& b) {
+    if (!accumulated) {
+      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+      return;
+    }
+    dp.template accumulate<SoftmaxCrossEntropy>(rows(b.x, second), rows(b.y, second),
+                                                double(second.size()) / double(r.size()));
+  }
+  // Up to the target: the first micro-batch (its gradients stay local), or nothing but clearing
+  // the gradients (train_step's first act, so that a failed step's zero gradients are as before).
+  void before(batch& b) {
+    m.zero_grad();
+    if (accumulated)
+      dp.template accumulate<SoftmaxCrossEntropy>(rows(b.x, first), rows(b.y, first),
+                                                  double(first.size()) / double(r.size()), dist::reduce::later);
+  }
+  void after() {
+    if (accumulated) opt.step();
+  }
+  void step(int t) {
+    batch b = whole_batch(t);
+    before(b);
+    target(b);
+    after();
+  }
+
+  struct snapshot {
+    std::vector<unsigned char> params, grads, buffers, m1, m2;
+    std::uint64_t steps, passes, tracker, skipped;
+    double scale;
+    std::size_t in_use;
+    bool operator==(snapshot const&) const = default;
+  };
+  snapshot state() const {
+    M const& c = m;
+    return {bytes_of<T>(c.parameters()),        bytes_of<T>(c.gradients()),         bytes_of<T>(c.buffers()),
+            bytes_of<T>(opt.exp_avg().view()),  bytes_of<T>(opt.exp_avg_sq().view()), opt.steps(),
+            c.passes(),                         c.scaler().growth_tracker(),        c.scaler().skipped_steps(),
+            c.scaler().scale(),                 alloc.stats().total.in_use};
+  }
+};
+
+int max_over_ranks(int v) {
+  int all = 0;
+  MPI_Allreduce(&v, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return all;
+}
+
+// Fails request k of one rank's first (cold) step in a fresh run, for every k the step makes, and
+// checks that every rank throws, the failing one out_of_memory and the others dist_error quoting
+// it; that every rank's state and in-use bytes are as before; and that the run, the step repeated,
+// ends where a run that never failed ends, bit for bit. Without the planned arena, activations are
+// allocated one by one in forward and backward, while the gradient buckets are being reduced.
+// Returns the number of failures thrown.
+template <class NetT, class P>
+int fail_every_request(bool shard, bool accumulate, bool arena) {
+  using trainer = dp_trainer<NetT, P>;
+  int const bad = world_size() - 1;
+  auto run = [&](std::size_t k, int* requests, int* thrown) {
+    trainer tr(shard, accumulate);
+    tr.m.use_planned_arena(arena);
+    batch b = whole_batch(0);
+    tr.before(b);
+    auto const snap = tr.state();
+    std::size_t const r0 = tr.alloc.stats().requests;
+    if (k && world_rank() == bad) tr.alloc.fail_request(k);
+    bool threw = false;
+    try {
+      tr.target(b);
+    } catch (out_of_memory const& e) {
+      threw = true;
+      std::string const what = e.what();
+      INFO(what);
+      CHECK(world_rank() == bad);
+      CHECK(what.find("injected") != std::string::npos);
+      CHECK(what.find("bytes requested") != std::string::npos);
+    } catch (dist_error const& e) {
+      threw = true;
+      std::string const what = e.what();
+      INFO(what);
+      CHECK(world_rank() != bad);
+      CHECK(what.find("rank " + std::to_string(bad) + " of " + std::to_string(world_size()) + " failed") !=
+            std::string::npos);
+      CHECK(what.find("injected") != std::string::npos);  // (the failing rank's message, quoted)
+    }
+    tr.alloc.fail_request(0);
+    if (requests) *requests = int(tr.alloc.stats().requests - r0);
+    // Every rank threw, or none did (the failing rank's arena request: its pass goes on block by block).
+    CHECK(max_over_ranks(threw) == -max_over_ranks(-int(threw)));
+    if (threw) {
+      ++*thrown;
+      CHECK(tr.state() == snap);
+      tr.target(b);
+    }
+    tr.after();
+    tr.step(1);
+    return tr.state();
+  };
+  int requests = 0;
+  auto const reference = run(0, &requests, nullptr);
+  MPI_Bcast(&requests, 1, MPI_INT, bad, MPI_COMM_WORLD);
+  REQUIRE(requests > 0);
+  int thrown = 0;
+  for (int k = 1; k <= requests; ++k) {
+    INFO("request " << k << " of " << requests << " fails on rank " << bad << " of " << world_size());
+    CHECK(run(std::size_t(k), nullptr, &thrown) == reference);
+  }
+  return thrown;
+}
+
+}  // namespace
+
+TEST_CASE("an allocation failure on one rank at any request of a step fails every rank and changes nothing",
+          "[dist][errors][faults]") {
+  for (bool accumulate : {false, true})
+    for (bool arena : {true, false}) {
+      INFO((accumulate ? "the second micro-batch of two" : "train_step") << (arena ? "" : ", no planned arena"));
+      int const stored = fail_every_request<Net, fp32>(false, accumulate, arena);
+      int const checkpointed = fail_every_request<CheckpointedNet, fp32>(true, accumulate, arena);
+      int const bf16 = fail_every_request<CheckpointedNet, mixed<bfloat16, DynamicLossScale>>(false, accumulate, arena);
+      CHECK(stored > 0);
+      CHECK(checkpointed > 0);
+      CHECK(bf16 > 0);
+      if (world_rank() == 0)
+        std::printf("faults under data_parallel, rank %d of %d failing (%s%s): stored %d, Checkpointed and sharded "
+                    "%d, Checkpointed bf16 %d\n",
+                    world_size() - 1, world_size(), accumulate ? "second micro-batch" : "train_step",
+                    arena ? "" : ", no arena", stored, checkpointed, bf16);
+    }
 }
 
 TEST_CASE("ranks with different models or options fail at the start on every rank", "[dist][errors]") {

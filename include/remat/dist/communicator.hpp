@@ -30,6 +30,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -153,14 +154,17 @@ class communicator {
                                                " (timeout_seconds); another rank has failed or is not running "
                                                "the same step; this communicator is unusable now");
   }
-  // Polls until every request is done, or throws after the timeout.
+  // Polls until every request is done, or throws after the timeout. After the first polls it
+  // yields the processor between polls: with more ranks than cores, a waiting rank would
+  // otherwise take the time of the rank it waits for.
   void wait_all(std::vector<MPI_Request>& rs, char const* what) {
     if (rs.empty()) return;
     auto const start = std::chrono::steady_clock::now();
-    for (;;) {
+    for (int polls = 0;; ++polls) {
       int done = 0;
       detail::check(MPI_Testall(int(rs.size()), rs.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
       if (done) return;
+      if (polls >= 64) std::this_thread::yield();
       double const waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout_) fail_wait(waited, what);
     }

@@ -18,10 +18,14 @@
 //
 // Bad input on one rank (an id out of range, a batch of the wrong shape) is found before anything
 // changes and every rank throws: the rank with the bad input its own error, the others dist_error
-// naming that rank and quoting its message; all stay consistent and may go on. A rank that fails
-// during a pass leaves the others waiting: every wait has a timeout (options::timeout_seconds)
-// after which dist_error is thrown, and dist::environment aborts all ranks when an exception leaves
-// its scope. remat calls MPI_Init only through dist::environment.
+// naming that rank and quoting its message; all stay consistent and may go on. A pass that fails
+// on one rank (out of memory at any allocation) is handled the same way: that rank still takes its
+// part in the gradients' reductions, the ranks agree as the pass ends, and every rank throws with
+// its gradients, running state and pass count as before the pass. A rank that stops taking part
+// (it crashed, or left by an exception outside a pass) leaves the others waiting: every wait has a
+// timeout (options::timeout_seconds) after which dist_error is thrown, and dist::environment
+// aborts all ranks when an exception leaves its scope. remat calls MPI_Init only through
+// dist::environment.
 //
 // The small messages go through the wrapper's communicator (dist/communicator.hpp); the gradients
 // and parameters through Transport: MPI for a host model (dist/mpi_transport.hpp), NCCL for a
@@ -48,6 +52,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -231,6 +236,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
           "(dp.accumulate or dp.train_step) so that every rank takes part");
   }
   void pass_starting() override {
+    before_ = {pending_, started_, next_, traffic_};
     pending_ = true;
     next_ = 0;
     if (overlap_) started_ = true;
@@ -239,6 +245,25 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (!overlap_) return;
     launch_ready(offset);
     transport_->progress();
+  }
+  void pass_ended(std::exception_ptr failed) override {
+    // A rank that failed starts the buckets the others start as their backward ends (its values
+    // are discarded), so that no rank waits for it.
+    if (failed && overlap_) launch_ready(0);
+    try {
+      c_.agree("data_parallel: a training pass", [&] {
+        if (failed) std::rethrow_exception(failed);
+      });
+    } catch (...) {
+      // Every rank undoes the pass: once the reductions are done with the gradients, the model
+      // restores them, and this wrapper is as before the pass.
+      if (transport_->busy()) transport_->join("a failed pass's reductions");
+      pending_ = before_.pending;
+      started_ = before_.started;
+      next_ = before_.next;
+      traffic_ = before_.moved;
+      throw;
+    }
   }
   void zeroing_gradients() override {
     if (transport_->busy()) transport_->join("the gradients' reduction");
@@ -393,6 +418,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   bool overlap_ = false;    // the running pass reduces its buckets as backward finishes them
   bool inside_ = false;     // a pass started by this wrapper
   traffic traffic_{}, last_{};
+  struct pass_start {
+    bool pending = false, started = false;
+    std::size_t next = 0;
+    traffic moved{};
+  } before_;  // what a failed pass restores
 };
 
 // Saves the model's parameters from rank 0 only (every rank calls it; an error on rank 0 is

@@ -445,31 +445,11 @@ class model {
       std::size_t const id = a.open_peak_window(memory::tag::activations);
       ~peak_window() { a.close_peak_window(id); }
     } window{*alloc_};
-    state_type s = make_state({.training = true, .stream = dropout_stream(), .input_gradient = dx != nullptr}, x);
-    if (sync)
-      s.listen_gradients(grads_.data(), {sync, [](void* to, std::size_t offset) {
-                                           static_cast<detail::gradient_sync*>(to)->gradients_ready(offset);
-                                         }});
-    // The running state is updated in a copy, which becomes the model's when the pass succeeds.
-    if constexpr (buffer_count > 0) {
-      evaluate(staged_buffers_, to_expr(buffers_));
-      s.use_buffers(staged_buffers_.data(), buffer_count, true);
-    }
-    arena_layout const* const layout = planned_arena<Loss>(x, dx != nullptr);
-    if (layout) s.use_arena({arena_.base(), layout->offset.data(), layout->bytes.data(), layout->offset.size()});
-    kernels::pending_scalar<Device> l;
-    // The loss's gradient is multiplied by the loss scale (gradients stay scaled until the
-    // optimizer's update divides it out); the loss itself is not.
-    double const scale = weight * scaler_.scale();
-    act<C, Device> g;
     // What a pass that fails gives back: zeroed gradients are zeroed again, a sum is copied first.
+    // (Restored when this function leaves by an exception, after a data-parallel wrapper has
+    // finished what reads the gradients.)
     bool const was_zero = grads_zero_;
     memory::held_block<memory::offload_space_t<Device>> backup;
-    if (!was_zero && failure_backup_) {
-      backup = memory::held_block<memory::offload_space_t<Device>>(*offload_alloc_, grads_.bytes(),
-                                                                     memory::tag::gradients);
-      copy_gradients(static_cast<T*>(backup.get()), grads_.data());
-    }
     struct restore_on_failure {
       model* m;
       bool was_zero;
@@ -486,38 +466,74 @@ class model {
         } catch (...) {  // (a device that fails a copy has failed the pass's error already)
         }
       }
-    } restore{this, was_zero, backup.get()};
-    grads_zero_ = false;
+    } restore{nullptr, was_zero, nullptr};
+    bool ended = false;  // the wrapper has been told how the pass ended
     try {
-      g = detail::training_pass<Net>(s, weights(), grads_.data(), detail::input_activation<Net, Precision>(s, x, true),
-                                     [&](act<C, Device> const& y, act<C, Device> const& dy) {
-                                       {
-                                         memory::tracing::phase_scope const in_loss(memory::phase::loss);
-                                         struct unplan_at_end {
-                                           allocator_type* a;
-                                           ~unplan_at_end() {
-                                             if (a) a->unplan();
-                                           }
-                                         } const planned_workspace{layout && layout->workspace_bytes ? alloc_ : nullptr};
-                                         if (planned_workspace.a)
-                                           alloc_->plan_next(arena_.base(), layout->workspace_offset,
-                                                             layout->workspace_bytes, memory::tag::workspace);
-                                         l = loss_and_gradient<Loss>(*y, target, scale, dy.get());
-                                       }
-                                       memory::tracing::current_trace().current =
-                                           memory::phase::backward;  // (until `stepping` ends)
-                                     });
-    } catch (out_of_memory const& e) {
-      explain_out_of_memory(e, x, dx != nullptr, s.makes(), s.make_failed(), !was_zero && !failure_backup_);
+      state_type s = make_state({.training = true, .stream = dropout_stream(), .input_gradient = dx != nullptr}, x);
+      if (sync)
+        s.listen_gradients(grads_.data(), {sync, [](void* to, std::size_t offset) {
+                                             static_cast<detail::gradient_sync*>(to)->gradients_ready(offset);
+                                           }});
+      // The running state is updated in a copy, which becomes the model's when the pass succeeds.
+      if constexpr (buffer_count > 0) {
+        evaluate(staged_buffers_, to_expr(buffers_));
+        s.use_buffers(staged_buffers_.data(), buffer_count, true);
+      }
+      arena_layout const* const layout = planned_arena<Loss>(x, dx != nullptr);
+      if (layout) s.use_arena({arena_.base(), layout->offset.data(), layout->bytes.data(), layout->offset.size()});
+      kernels::pending_scalar<Device> l;
+      // The loss's gradient is multiplied by the loss scale (gradients stay scaled until the
+      // optimizer's update divides it out); the loss itself is not.
+      double const scale = weight * scaler_.scale();
+      act<C, Device> g;
+      if (!was_zero && failure_backup_) {
+        backup = memory::held_block<memory::offload_space_t<Device>>(*offload_alloc_, grads_.bytes(),
+                                                                       memory::tag::gradients);
+        copy_gradients(static_cast<T*>(backup.get()), grads_.data());
+        restore.copy = backup.get();
+      }
+      restore.m = this;
+      grads_zero_ = false;
+      try {
+        g = detail::training_pass<Net>(
+            s, weights(), grads_.data(), detail::input_activation<Net, Precision>(s, x, true),
+            [&](act<C, Device> const& y, act<C, Device> const& dy) {
+              {
+                memory::tracing::phase_scope const in_loss(memory::phase::loss);
+                struct unplan_at_end {
+                  allocator_type* a;
+                  ~unplan_at_end() {
+                    if (a) a->unplan();
+                  }
+                } const planned_workspace{layout && layout->workspace_bytes ? alloc_ : nullptr};
+                if (planned_workspace.a)
+                  alloc_->plan_next(arena_.base(), layout->workspace_offset, layout->workspace_bytes,
+                                    memory::tag::workspace);
+                l = loss_and_gradient<Loss>(*y, target, scale, dy.get());
+              }
+              memory::tracing::current_trace().current = memory::phase::backward;  // (until `stepping` ends)
+            });
+      } catch (out_of_memory const& e) {
+        explain_out_of_memory(e, x, dx != nullptr, s.makes(), s.make_failed(), !was_zero && !failure_backup_);
+      }
+      if (dx && g) evaluate(*dx, to_expr(*g));
+      if (sync) {
+        sync->gradients_ready(0);
+        ended = true;
+        sync->pass_ended(nullptr);  // (throws, so the pass is undone, when another rank's failed)
+      }
+      restore.m = nullptr;  // (nothing below throws)
+      if constexpr (buffer_count > 0) std::swap(buffers_, staged_buffers_);
+      ++passes_;
+      report_ = {s.saved_bytes(), s.recomputed(), layout != nullptr, s.unplanned(), 0};
+      report_.activation_peak = alloc_->close_peak_window(window.id);
+      return l;
+    } catch (...) {
+      // A wrapper's reductions may still read or write the gradients: this rank takes its part
+      // in them, and all ranks agree, before `restore` puts the gradients back.
+      if (sync && !ended) sync->pass_ended(std::current_exception());
+      throw;
     }
-    if (dx && g) evaluate(*dx, to_expr(*g));
-    if (sync) sync->gradients_ready(0);
-    restore.m = nullptr;  // (nothing below throws)
-    if constexpr (buffer_count > 0) std::swap(buffers_, staged_buffers_);
-    ++passes_;
-    report_ = {s.saved_bytes(), s.recomputed(), layout != nullptr, s.unplanned(), 0};
-    report_.activation_peak = alloc_->close_peak_window(window.id);
-    return l;
   }
 
   // Copies the gradients (stored_count() values) to or from the failure backup: on the host with

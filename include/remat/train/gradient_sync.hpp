@@ -9,6 +9,7 @@
 #include "../config.hpp"
 
 #include <cstddef>
+#include <exception>
 
 namespace REMAT_NAMESPACE {
 
@@ -31,6 +32,14 @@ class gradient_sync {
   virtual void pass_starting() = 0;
   // During backward: the gradients from `offset` to the end are final. The pass ends with 0.
   virtual void gradients_ready(std::size_t offset) = 0;
+  // The training pass has ended on this rank: `failed` holds what it threw, or is null when it
+  // succeeded. Called before the model keeps the pass or restores what it changed. A wrapper
+  // completes this rank's part of what the other ranks started and agrees with them; when any rank
+  // failed it throws on every rank (the failing rank its own exception, the others dist_error),
+  // and the model then restores its state. Returns only when every rank succeeded.
+  virtual void pass_ended(std::exception_ptr failed) {
+    if (failed) std::rethrow_exception(failed);
+  }
   // The model's gradients are about to be set to zero (what still reads them finishes first).
   virtual void zeroing_gradients() = 0;
   // The parameters this process's optimizer updates (all of them unless the state is sharded).
