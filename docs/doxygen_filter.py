@@ -2,7 +2,8 @@
 """Doxygen's input filter for remat's headers, whose comments are plain `//` lines: a header's
 first comment block becomes the file's description (and, when it starts with the name of a type
 the header declares, "Linear<In, Out, Bias>: ...", that type's too); a comment block on its own
-lines documents the declaration after it, and a member's trailing `// ...` documents that member.
+lines documents the declaration after it, and a member's trailing `// ...` documents that member
+(a data member, or a function defined on its one line).
 `<` and `>` outside backquotes are escaped (`Checkpointed<S>` is not an HTML tag). The headers stay
 as they are; only what Doxygen reads changes."""
 import re
@@ -89,7 +90,8 @@ for k, line in enumerate(body):
     if m:
         out.append(m.group(1) + "/// " + text(m.group(2)))
         continue
-    m = re.match(r"^(\s*[^/\"]*?;)(\s+)// ?(.*)$", line)
+    m = re.match(r"^(\s*[^/\"]*?;)(\s+)// ?(.*)$", line) or re.match(
+        r"^(\s*[^/\"]*\([^/\"]*\)[^/\"]*\{[^/\"]*\})(\s+)// ?(.*)$", line)  # (a one-line function)
     if m and not re.match(r"^\s*(return|if|for|while|else|case|break|continue)\b", line):
         out.append(m.group(1) + m.group(2) + "///< " + text(m.group(3)))
         continue

@@ -2,9 +2,14 @@
 // Embedding code may rename the namespace by defining REMAT_NAMESPACE before any remat header.
 #pragma once
 
+// The major version: raised when a change breaks code written for an earlier one (semantic
+// versioning; CHANGELOG.md lists the changes).
 #define REMAT_VERSION_MAJOR 0
+// The minor version: raised when something is added that breaks nothing.
 #define REMAT_VERSION_MINOR 1
+// The patch version: raised for fixes alone.
 #define REMAT_VERSION_PATCH 0
+// The version as "major.minor.patch", what the package config and remat.pc say.
 #define REMAT_VERSION_STRING "0.1.0"
 
 #ifndef REMAT_NAMESPACE
@@ -12,10 +17,16 @@
 #endif
 
 #if defined(__CUDACC__)
+// Marks a function that kernels call on either device: inline on the host, __host__ __device__
+// (and forced inline) when nvcc compiles.
 #define REMAT_HOST_DEVICE __forceinline__ __host__ __device__
+// 1 when nvcc compiles this translation unit (the cuda device tag's kernels are available), else 0.
 #define REMAT_HAS_CUDA 1
 #else
+// Marks a function that kernels call on either device: inline on the host, __host__ __device__
+// (and forced inline) when nvcc compiles.
 #define REMAT_HOST_DEVICE inline
+// 1 when nvcc compiles this translation unit (the cuda device tag's kernels are available), else 0.
 #define REMAT_HAS_CUDA 0
 #endif
 
@@ -54,8 +65,10 @@
 #endif
 
 #if defined(__CUDA_ARCH__)
+// 1 in nvcc's pass that compiles for the GPU (inside a kernel's body), 0 on the host.
 #define REMAT_DEVICE_CODE 1
 #else
+// 1 in nvcc's pass that compiles for the GPU (inside a kernel's body), 0 on the host.
 #define REMAT_DEVICE_CODE 0
 #endif
 
@@ -64,9 +77,13 @@
 
 namespace REMAT_NAMESPACE {
 
+// A version of remat, as numbers (semantic versioning).
 struct version_info {
-  int major, minor, patch;
+  int major;  // raised by a change that breaks code written for an earlier version
+  int minor;  // raised by an addition that breaks nothing
+  int patch;  // raised by fixes alone
 };
+// The version of the headers compiled in (REMAT_VERSION_MAJOR, _MINOR, _PATCH).
 inline constexpr version_info version{REMAT_VERSION_MAJOR, REMAT_VERSION_MINOR, REMAT_VERSION_PATCH};
 
 // Signed sizes at the API boundary so that a negative size is reported, not wrapped around.

@@ -12,6 +12,7 @@
 #define OMPI_SKIP_MPICXX 1
 #endif
 #ifndef MPICH_SKIP_MPICXX
+// (MPICH's switch for the same: <mpi.h> without the C++ bindings)
 #define MPICH_SKIP_MPICXX 1
 #endif
 #if !__has_include(<mpi.h>)
@@ -74,6 +75,8 @@ constexpr std::uint64_t fnv1a(std::string_view s, std::uint64_t h = 146959810393
 // (MPI_Abort), so one failing rank never leaves the others waiting in a collective.
 class environment {
  public:
+  // Initialises MPI (MPI_THREAD_FUNNELED: only the thread that made it calls MPI) unless the
+  // program has already; MPI may take its own options out of argc and argv.
   environment(int& argc, char**& argv) {
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -100,11 +103,13 @@ class environment {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::abort();
   }
+  // This process's rank in MPI_COMM_WORLD.
   static int world_rank() {
     int r = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &r);
     return r;
   }
+  // The number of processes in MPI_COMM_WORLD.
   static int world_size() {
     int p = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &p);
@@ -122,6 +127,8 @@ class environment {
 // and the buffers small messages use are left alive, since MPI may still use them.
 class communicator {
  public:
+  // Duplicates `comm` (a collective call: every rank of `comm` makes it); every later wait throws
+  // dist_error after `timeout_seconds`.
   communicator(MPI_Comm comm, double timeout_seconds) : timeout_(timeout_seconds) {
     detail::check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -138,10 +145,11 @@ class communicator {
     MPI_Comm_free(&comm_);
   }
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  MPI_Comm get() const { return comm_; }
-  double timeout_seconds() const { return timeout_; }
+  int rank() const { return rank_; }  // this process's rank in the communicator
+  int size() const { return size_; }  // the number of ranks
+  MPI_Comm get() const { return comm_; }  // the duplicate itself (for a transport's messages)
+  double timeout_seconds() const { return timeout_; }  // the longest wait before dist_error
+  // Whether a wait has timed out (or messages were abandoned): the communicator is unusable.
   bool timed_out() const { return abandoned_; }
   // Leaves the communicator and the small messages' buffers to MPI (messages may be in flight).
   void abandon() { abandoned_ = true; }
@@ -169,6 +177,7 @@ class communicator {
       if (waited > timeout_) fail_wait(waited, what);
     }
   }
+  // Polls until one request is done, or throws after the timeout.
   void wait(MPI_Request& r, char const* what) {
     std::vector<MPI_Request> one{r};
     wait_all(one, what);

@@ -62,6 +62,7 @@
 namespace REMAT_NAMESPACE {
 namespace dist {
 
+// How a data_parallel wrapper sends and waits (every rank must pass the same).
 struct options {
   // Gradients are reduced in messages of about this many bytes, the last layers' first.
   std::size_t bucket_bytes = std::size_t(4) << 20;
@@ -106,16 +107,17 @@ using default_transport_t = typename detail::default_transport<Model>::type;
 template <class Model, class Transport = default_transport_t<Model>>
 class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
  public:
-  using model_type = Model;
-  using transport_type = Transport;
-  using T = typename Model::value_type;
-  using input_view = typename Model::input_view;
+  using model_type = Model;  // the wrapped model
+  using transport_type = Transport;  // what gradients and parameters go through
+  using T = typename Model::value_type;  // the master weights' and gradients' type
+  using input_view = typename Model::input_view;  // a batch this rank trains on (the model's)
+  // A target of loss Loss for this rank's batch (the model's).
   template <class Loss>
   using target_type = typename Loss::template target_type<T, typename Model::device>;
   static_assert(std::is_same_v<typename Model::device, host> || !std::is_same_v<Transport, mpi_transport<T>>,
                 "remat::dist::data_parallel: a cuda model's gradients go through NCCL; link remat::dist_cuda "
                 "(remat::dist with NCCL, found with the CUDA toolkit) instead of remat::dist");
-  static constexpr std::size_t n = Model::parameter_count;
+  static constexpr std::size_t n = Model::parameter_count;  // the model's parameters, in all
 
   // Duplicates `comm` (remat's messages never mix with the caller's), checks that every rank
   // holds the same model type with the same options (dist_error on every rank otherwise),
@@ -138,12 +140,13 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (transport_ && transport_->busy()) c_.abandon();
   }
 
-  int rank() const { return c_.rank(); }
-  int size() const { return c_.size(); }
-  options const& config() const { return o_; }
-  Model& model() { return model_; }
+  int rank() const { return c_.rank(); }  // this process's rank among the wrapper's
+  int size() const { return c_.size(); }  // the number of ranks
+  options const& config() const { return o_; }  // the options it was built with
+  Model& model() { return model_; }  // the wrapped model
   // The parameters this rank's optimizer updates: all, or its 1/P when sharded.
   param_range shard() const override { return shard_of(c_.rank()); }
+  // The parameters rank r's optimizer updates.
   param_range shard_of(int r) const {
     if (!o_.shard_optimizer) return {0, n};
     std::size_t const p = std::size_t(c_.size());
@@ -151,6 +154,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   }
   // What the last optimizer step moved.
   traffic const& last_step_traffic() const { return last_; }
+  // The number of gradient messages a step sends (options::bucket_bytes each, or less).
   std::size_t bucket_count() const { return buckets_.size(); }
 
   // Rank 0's parameters (and pass count) to every rank; done at construction.
@@ -235,17 +239,20 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
           "model: this model is wrapped in a remat::dist::data_parallel; train it through the wrapper "
           "(dp.accumulate or dp.train_step) so that every rank takes part");
   }
+  // A pass started by this wrapper begins: its buckets start afresh.
   void pass_starting() override {
     before_ = {pending_, started_, next_, traffic_};
     pending_ = true;
     next_ = 0;
     if (overlap_) started_ = true;
   }
+  // Starts the buckets whose gradients are final (from `offset` to the end), when the pass reduces.
   void gradients_ready(std::size_t offset) override {
     if (!overlap_) return;
     launch_ready(offset);
     transport_->progress();
   }
+  // Agrees with the other ranks on how the pass ended; see gradient_sync::pass_ended.
   void pass_ended(std::exception_ptr failed) override {
     // A rank that failed starts the buckets the others start as their backward ends (its values
     // are discarded), so that no rank waits for it.
@@ -265,11 +272,13 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       throw;
     }
   }
+  // Waits for reductions in flight (they write the gradients) and forgets the step's state.
   void zeroing_gradients() override {
     if (transport_->busy()) transport_->join("the gradients' reduction");
     pending_ = reduced_ = started_ = false;
     next_ = 0;
   }
+  // Before an optimizer's step: starts what is left (passes kept local) and waits for all of it.
   void finish() override {
     if (pending_ && next_ < buckets_.size()) launch_ready(0);  // passes left local (reduce::later): reduce them now
     transport_->join("the gradients' reduction");
@@ -281,6 +290,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     // decision one even if an MPI sums in different orders on different ranks.
     return c_.all_reduce(local, o_.shard_optimizer ? MPI_SUM : MPI_MAX, "the gradient norm's agreement");
   }
+  // After an optimizer's step: a sharded optimizer's updated parts go to every rank.
   void after_update(bool stepped) override {
     last_ = traffic_;
     traffic_ = {};

@@ -14,18 +14,23 @@
 namespace REMAT_NAMESPACE {
 namespace dist {
 
+// What data_parallel sends its gradients and parameters through on the host: MPI's non-blocking
+// collectives on the wrapper's communicator, for values of type T. Every call starts messages on
+// every rank in the same order; join() waits for them.
 template <class T>
 class mpi_transport {
  public:
+  // Sends through `c`, which must outlive the transport.
   explicit mpi_transport(communicator& c) : c_(c) {}
   mpi_transport(mpi_transport const&) = delete;
   mpi_transport& operator=(mpi_transport const&) = delete;
 
   // (The host has no stream to follow, and MPI's collectives need no grouping.)
   void follow() {}
-  void group_start() {}
-  void group_end() {}
+  void group_start() {}  // (what NCCL groups; nothing here)
+  void group_end() {}    // (what NCCL groups; nothing here)
 
+  // The sum of p[0, n) over the ranks, into every rank's p.
   void all_reduce(T* p, std::size_t n) {
     for_chunks(n, [&](std::size_t b, int count, MPI_Request& r) {
       detail::check(MPI_Iallreduce(MPI_IN_PLACE, p + b, count, detail::datatype<T>(), MPI_SUM, c_.get(), &r),
@@ -40,6 +45,7 @@ class mpi_transport {
                     "MPI_Ireduce");
     });
   }
+  // Root's p[0, n) into every rank's p.
   void broadcast(T* p, std::size_t n, int root) {
     for_chunks(n, [&](std::size_t b, int count, MPI_Request& r) {
       detail::check(MPI_Ibcast(p + b, count, detail::datatype<T>(), root, c_.get(), &r), "MPI_Ibcast");
@@ -67,6 +73,7 @@ class mpi_transport {
     detail::check(MPI_Testall(int(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
     if (done) requests_.clear();
   }
+  // Whether messages started may still be in flight (not joined yet).
   bool busy() const { return !requests_.empty(); }
   // Waits for everything started, within the communicator's timeout.
   void join(char const* what) {

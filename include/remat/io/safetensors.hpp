@@ -44,18 +44,24 @@ namespace safetensors {
 static_assert(std::endian::native == std::endian::little,
               "remat::safetensors: files are little-endian; this reader maps them directly");
 
+// One tensor of a file read: its dtype, shape and bytes (read() has checked that the bytes are
+// the shape's elements of the dtype, and lie in the data section).
 struct tensor_info {
-  std::string dtype;
-  std::vector<std::size_t> shape;
-  std::size_t begin = 0, end = 0;  // byte range within the data section
+  std::string dtype;               // "F32", "BF16", "I64", ... (the format's names)
+  std::vector<std::size_t> shape;  // row-major, outermost first; {} for a scalar
+  std::size_t begin = 0;           // its first byte within the data section
+  std::size_t end = 0;             // one past its last byte within the data section
 };
 
+// A whole safetensors file, as read(): its tensors by name, the header's "__metadata__" and the
+// data section.
 struct file {
-  std::map<std::string, tensor_info> tensors;
-  std::map<std::string, std::string> metadata;
-  std::vector<char> data;
+  std::map<std::string, tensor_info> tensors;   // by name
+  std::map<std::string, std::string> metadata;  // string to string, as the format allows
+  std::vector<char> data;                       // the data section, which tensors index
 };
 
+// The format's dtype name of T ("F32" for float, "BF16" for bfloat16, ...).
 template <class T>
 constexpr char const* dtype_name() {
   if constexpr (std::is_same_v<T, float>) return "F32";
@@ -357,13 +363,16 @@ class atomic_file {
 
 // One tensor to write: name, dtype, shape and host bytes.
 struct entry {
-  std::string name;
-  std::string dtype;
-  std::vector<std::size_t> shape;
-  void const* data;
-  std::size_t bytes;
+  std::string name;                // unique in the file
+  std::string dtype;               // the format's name (dtype_name<T>())
+  std::vector<std::size_t> shape;  // row-major, outermost first
+  void const* data;                // host memory, read while write() runs
+  std::size_t bytes;               // the shape's elements times the dtype's size
 };
 
+// Writes `entries` (their data in the order given) and `metadata` to `path` atomically:
+// into a temporary file beside it, flushed, synced and renamed over it, so a failure leaves the
+// previous file as it was and no temporary behind; io_error says what failed.
 inline void write(std::string const& path, std::vector<entry> const& entries,
                   std::map<std::string, std::string> const& metadata = {}) {
   std::string h = "{";

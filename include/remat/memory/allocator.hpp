@@ -32,11 +32,14 @@
 namespace REMAT_NAMESPACE {
 namespace memory {
 
+// What a block of memory holds; every allocation names one, and the allocator counts each apart.
 enum class tag : std::uint8_t { parameters, gradients, optimizer_state, activations, workspace };
-inline constexpr std::size_t tag_count = 5;
+inline constexpr std::size_t tag_count = 5;  // the number of tags
+// Every tag, in the order of tag's values (and of statistics::by_tag).
 inline constexpr std::array<tag, tag_count> all_tags{tag::parameters, tag::gradients, tag::optimizer_state,
                                                      tag::activations, tag::workspace};
 
+// A tag's name in tables and messages ("optimizer state").
 constexpr char const* name(tag t) {
   switch (t) {
     case tag::parameters: return "parameters";
@@ -48,26 +51,28 @@ constexpr char const* name(tag t) {
   return "?";
 }
 
+// A limit that is no limit (the default of caching_allocator).
 inline constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
 
 // Bytes in use, the largest in-use value since the last reset_peak, and bytes held from the
 // system (in use plus cached for reuse).
 struct usage {
-  std::size_t in_use = 0;
-  std::size_t peak = 0;
-  std::size_t reserved = 0;
+  std::size_t in_use = 0;    // handed out and not given back
+  std::size_t peak = 0;      // the most in use since the last reset_peak
+  std::size_t reserved = 0;  // held from the system: in use plus cached
 };
 
+// An allocator's counts at one moment (all bytes rounded to caching_allocator::granularity).
 struct statistics {
-  std::array<usage, tag_count> by_tag{};
-  usage total{};
-  std::size_t limit = unlimited;
+  std::array<usage, tag_count> by_tag{};  // per tag, in the order of all_tags
+  usage total{};                          // all tags together (peak: of the sum)
+  std::size_t limit = unlimited;          // reserved bytes allowed in total
   std::size_t system_allocations = 0;  // requests that went to the system
   std::size_t cache_hits = 0;          // requests served from the cache
   std::size_t arena = 0;               // bytes reserved as arenas (part of activations' reserved)
   std::size_t planned = 0;             // requests served from an arena
   std::size_t requests = 0;            // allocate and reserve_arena calls (what fail_request counts)
-  usage const& operator[](tag t) const { return by_tag[static_cast<std::size_t>(t)]; }
+  usage const& operator[](tag t) const { return by_tag[static_cast<std::size_t>(t)]; }  // by_tag's, by tag
 };
 
 // "1.50 MiB"-style, exact bytes below 1 KiB.
@@ -89,15 +94,20 @@ inline std::string format_bytes(std::size_t bytes) {
   return buf;
 }
 
+// The caching allocator of one device (see the top of this header): tagged blocks, cached per tag
+// and size, with counts, a limit, arenas for planned steps and fault injection for tests.
+// Thread-safe: every call takes its lock.
 template <class Device>
 class caching_allocator {
  public:
-  static constexpr std::size_t granularity = 256;
+  static constexpr std::size_t granularity = 256;  // every request is rounded up to a multiple
 
+  // What a request of `bytes` is counted as (and takes).
   static constexpr std::size_t rounded(std::size_t bytes) {
     return (bytes + granularity - 1) / granularity * granularity;
   }
 
+  // An allocator that throws out_of_memory rather than reserve more than `limit` bytes in all.
   explicit caching_allocator(std::size_t limit = unlimited) { stats_.limit = limit; }
   caching_allocator(caching_allocator const&) = delete;
   caching_allocator& operator=(caching_allocator const&) = delete;
@@ -190,6 +200,7 @@ class caching_allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     next_ = {base, offset, rounded(bytes), t};
   }
+  // Forgets a plan_next that no allocate used.
   void unplan() noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     next_ = {};
@@ -227,10 +238,12 @@ class caching_allocator {
     }
   }
 
+  // Every count now (a copy).
   statistics stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return stats_;
   }
+  // One tag's counts now.
   usage stats(tag t) const {
     std::lock_guard<std::mutex> lock(mutex_);
     return stats_.by_tag[index(t)];
@@ -287,6 +300,7 @@ class caching_allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.limit = bytes;
   }
+  // The limit on reserved bytes (set_limit's, or the constructor's).
   std::size_t limit() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return stats_.limit;
@@ -298,6 +312,7 @@ class caching_allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     timeline_ = &t;
   }
+  // Stops reporting to the timeline attached.
   void detach() {
     std::lock_guard<std::mutex> lock(mutex_);
     timeline_ = nullptr;
@@ -467,12 +482,14 @@ caching_allocator<Device>& default_allocator() {
 template <class Device>
 class scratch_buffer {
  public:
+  // At least one byte, from the device's default allocator, tagged workspace.
   explicit scratch_buffer(std::size_t bytes)
       : p_(default_allocator<Device>().allocate(bytes ? bytes : 1, tag::workspace)) {}
   ~scratch_buffer() { default_allocator<Device>().deallocate(p_); }
   scratch_buffer(scratch_buffer const&) = delete;
   scratch_buffer& operator=(scratch_buffer const&) = delete;
-  void* get() const { return p_; }
+  void* get() const { return p_; }  // the memory
+  // The memory as T* (aligned for any T: blocks start on 64 bytes on the host, 256 on the GPU).
   template <class T>
   T* as() const {
     return static_cast<T*>(p_);

@@ -13,9 +13,10 @@
 
 namespace REMAT_NAMESPACE {
 
+// What check_gradients checks and how closely.
 struct gradient_check_options {
-  std::size_t batch = 3;
-  std::uint64_t seed = 7;
+  std::size_t batch = 3;   // rows (or sequences) of the random batch
+  std::uint64_t seed = 7;  // of the model's parameters and the batch
   double step = 1e-6;                  // relative to max(1, |value|)
   double tolerance = 1e-6;             // on |analytic - numeric| / max(1, |analytic|, |numeric|)
   std::size_t max_checks_per_tensor = 48;  // larger tensors are sampled evenly
@@ -23,11 +24,13 @@ struct gradient_check_options {
   std::size_t sequence = 4;            // for sequence models: positions per sequence (batch sequences)
 };
 
+// What check_gradients found.
 struct gradient_check_report {
-  double max_error = 0;
+  double max_error = 0;     // the largest relative error (see gradient_check_options::tolerance)
   std::string worst;  // where the largest error was
-  std::size_t checked = 0;
-  bool passed = true;
+  std::size_t checked = 0;  // derivatives compared
+  bool passed = true;       // every error within the tolerance
+  // One line: "N derivatives checked, max error E at WHERE: passed" (or FAILED).
   std::string summary() const {
     char buf[256];
     std::snprintf(buf, sizeof buf, "%zu derivatives checked, max error %.3g at %s: %s", checked, max_error,

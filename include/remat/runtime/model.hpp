@@ -23,16 +23,18 @@
 
 namespace REMAT_NAMESPACE {
 
+// A model's seed: its initial parameters and every dropout mask are functions of it (and of the
+// pass and the element), so two models with one seed train alike, bit for bit.
 struct seed {
-  std::uint64_t value = 0;
+  std::uint64_t value = 0;  // any value; 0 is as good as another
 };
 
 // A parameter tensor of a model: its full name ("2.1.0.weight"), offset and shape.
 struct named_param {
-  std::string name;
-  std::size_t offset;
-  std::vector<std::size_t> shape;
-  std::size_t size() const { return shape_elements(shape); }
+  std::string name;                 // PyTorch-style: layer indices and the tensor's name
+  std::size_t offset;               // its first element in the model's flat buffer
+  std::vector<std::size_t> shape;   // PyTorch's order (Linear's weight: out x in)
+  std::size_t size() const { return shape_elements(shape); }  // its elements (the shape's product)
 };
 
 namespace detail {
@@ -141,11 +143,15 @@ class arena_hold {
 // its own; remat::dist sets it to the rank).
 class model_link {
  public:
+  // The wrapper plugged in (null when training alone).
   detail::gradient_sync* gradient_sync() const { return sync_; }
+  // Plugs a wrapper in (null: none); remat::dist::data_parallel does it when built.
   void set_gradient_sync(detail::gradient_sync* s) { sync_ = s; }
   // The slot the wrapper is read from, so an optimizer built before it still sees it.
   detail::gradient_sync* const* gradient_sync_slot() const { return &sync_; }
+  // Whose dropout streams the model draws (0: a model's own).
   std::uint64_t replica() const { return replica_; }
+  // Sets the replica (below 65536); remat::dist sets each rank's.
   void set_replica(std::uint64_t r) {
     if (r >= (std::uint64_t(1) << 16))
       detail::raise<argument_error>("model::link().set_replica: expected a replica below 65536, found ", r);
@@ -165,30 +171,33 @@ using offload_allocator_t = memory::caching_allocator<memory::offload_space_t<De
 template <class Net, class Device = host, class Precision = fp32>
 class model {
  public:
-  using net = Net;
-  using device = Device;
-  using precision = Precision;
+  using net = Net;              // the layer graph
+  using device = Device;        // host or cuda
+  using precision = Precision;  // fp32, fp64 or mixed<half or bfloat16, a loss scale>
   using value_type = typename Precision::master;  // parameters, gradients and what the caller sees
   using compute_type = typename Precision::compute;  // activations and the weights layers read
-  using T = value_type;
-  using C = compute_type;
-  using state_type = pass_state<C, Device, T>;
+  using T = value_type;    // (short for value_type)
+  using C = compute_type;  // (short for compute_type)
+  using state_type = pass_state<C, Device, T>;  // what a pass hands its layers
+  // Whether the model keeps fp32 master weights beside a 16-bit compute copy.
   static constexpr bool mixed_precision = is_mixed_v<Precision>;
-  static constexpr std::size_t in_width = Net::in_width;
-  static constexpr std::size_t out_width = Net::out_width;
-  static constexpr std::size_t parameter_count = Net::param_count;
+  static constexpr std::size_t in_width = Net::in_width;    // features per input row
+  static constexpr std::size_t out_width = Net::out_width;  // features per output row
+  static constexpr std::size_t parameter_count = Net::param_count;  // trained values, in all
   // Running state beside the parameters (BatchNorm2d's statistics): not trained, no gradients;
   // updated once by each training pass, whatever its storage policies recompute.
   static constexpr std::size_t buffer_count = buffer_count_v<Net>;
+  // Whether the input is token ids (an Embedding first) rather than features.
   static constexpr bool reads_ids = reads_ids_v<Net>;
   // A sequence model (attention, positions) sees its rows as positions of sequences: token ids come
   // batch x seq (one sequence per row); a model reading features groups its rows by
   // set_sequence_length. Sequences are at most max_sequence long (the positional table).
   static constexpr bool sequence_model = is_sequence_model_v<Net>;
-  static constexpr std::size_t max_sequence = max_sequence_v<Net>;
+  static constexpr std::size_t max_sequence = max_sequence_v<Net>;  // (see sequence_model)
+  // An input's element: int32 token ids, or features in value_type.
   using input_element = std::conditional_t<reads_ids, std::int32_t, T>;
-  using input_view = tensor_view<input_element const, Device>;
-  using allocator_type = memory::caching_allocator<Device>;
+  using input_view = tensor_view<input_element const, Device>;  // a batch of inputs
+  using allocator_type = memory::caching_allocator<Device>;     // what activations come from
 
   // Offloaded<S> segments use an allocator of the model's own unless given one. (Its blocks are
   // reused in the order of one model's copy stream: give a shared one to models that do not run
@@ -274,6 +283,8 @@ class model {
     return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
   }
 
+  // Sets the gradients to zero (after a data-parallel wrapper's reductions in flight finish):
+  // what a step of gradient accumulation starts with. train_step does it itself.
   void zero_grad() {
     [[maybe_unused]] auto const on_stream = stream_.scope();
     if (detail::gradient_sync* sync = link_.gradient_sync()) sync->zeroing_gradients();
@@ -324,6 +335,7 @@ class model {
     compute_stale_ = true;
     return params_.view().row_range(0, parameter_count);
   }
+  // Marks the compute copy stale after the master weights were written through a kept view.
   void parameters_changed() { compute_stale_ = true; }
   // The weights in the compute type that layers read (empty unless mixed precision), for an
   // optimizer that writes them in its update.
@@ -340,6 +352,7 @@ class model {
   // The loss scale: its value, skipped steps and (for DynamicLossScale) its schedule.
   loss_scaler& scaler() { return scaler_; }
   loss_scaler const& scaler() const { return scaler_; }
+  // The master weights, read-only (the compute copy stays valid).
   tensor_view<T const, Device> parameters() const { return params_.view().row_range(0, parameter_count); }
   // (A writable view may be written: the gradients are no longer known to be zero.)
   tensor_view<T, Device> gradients() {
@@ -347,10 +360,11 @@ class model {
     return grads_.view().row_range(0, parameter_count);
   }
   tensor_view<T const, Device> gradients() const { return grads_.view().row_range(0, parameter_count); }
+  // The allocator activations, gradients and parameters come from (given at construction).
   allocator_type& allocator() const { return *alloc_; }
   // The host memory Offloaded<S> segments move activations to.
   offload_allocator_t<Device>& offload_allocator() const { return *offload_alloc_; }
-  std::uint64_t seed_value() const { return seed_; }
+  std::uint64_t seed_value() const { return seed_; }  // the seed it was built with
   // What the last training pass kept and recomputed, and whether it ran in the planned arena.
   pass_report const& last_pass() const { return report_; }
   // Training passes lay their activations and the loss's workspace out in one arena at offsets
@@ -364,11 +378,13 @@ class model {
       layouts_.clear();
     }
   }
-  bool uses_planned_arena() const { return use_arena_; }
+  bool uses_planned_arena() const { return use_arena_; }  // (see use_planned_arena)
   // The bytes of the arena held now (reserved in the model's allocator as activations).
   std::size_t arena_bytes() const { return arena_.bytes(); }
   // Training passes run so far; each draws its own dropout stream.
   std::uint64_t passes() const { return passes_; }
+  // Sets the pass count (so the next pass draws pass p's dropout stream): what resuming a run, or
+  // a data-parallel wrapper's broadcast from rank 0, needs.
   void set_passes(std::uint64_t p) { passes_ = p; }
   // Makes the model's stream current until the end of the scope (on the GPU; nothing on the host):
   // work issued beside the model's own (a data-parallel wrapper's) is then ordered with it.
@@ -397,7 +413,7 @@ class model {
                                     "], found ", n);
     seq_len_ = n;
   }
-  std::size_t sequence_length() const { return seq_len_; }
+  std::size_t sequence_length() const { return seq_len_; }  // (0 until set_sequence_length is called)
 
   // Every parameter tensor with a PyTorch-style name ("0.weight", "1.2.0.bias"), offset and shape.
   static std::vector<named_param> parameter_table() {

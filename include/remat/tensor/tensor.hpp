@@ -17,6 +17,7 @@
 
 namespace REMAT_NAMESPACE {
 
+// A tensor's Width when the width is known at run time only (the default).
 inline constexpr std::size_t dynamic_width = std::numeric_limits<std::size_t>::max();
 
 namespace detail {
@@ -43,6 +44,9 @@ struct width_holder<dynamic_width> {
 
 }  // namespace detail
 
+// A non-owning view of rows x cols elements of type T (const for read-only), row-major, in
+// Device's memory; copied by value. Width fixes the column count at compile time (a mismatch
+// throws shape_error at construction), or is dynamic_width.
 template <class T, class Device = host, std::size_t Width = dynamic_width>
 class tensor_view {
   static_assert(is_device_v<Device>, "tensor_view: Device must be remat::host or remat::cuda");
@@ -50,15 +54,17 @@ class tensor_view {
   static_assert(Width > 0, "tensor_view: a compile-time width must be positive");
 
  public:
-  using element_type = T;
-  using value_type = std::remove_cv_t<T>;
-  using device_type = Device;
-  static constexpr std::size_t static_width = Width;
+  using element_type = T;                  // T as given (const for a read-only view)
+  using value_type = std::remove_cv_t<T>;  // T without const
+  using device_type = Device;              // host or cuda
+  static constexpr std::size_t static_width = Width;  // the compile-time width, or dynamic_width
 
   constexpr tensor_view() = default;
+  // rows x Width elements at data (a compile-time width).
   constexpr tensor_view(T* data, std::size_t rows)
     requires(Width != dynamic_width)
       : data_(data), rows_(rows) {}
+  // rows x cols elements at data; with a compile-time width, cols must equal it (shape_error).
   tensor_view(T* data, std::size_t rows, std::size_t cols) : data_(data), rows_(rows), cols_(cols) {
     if constexpr (Width != dynamic_width)
       if (cols != Width)
@@ -71,12 +77,12 @@ class tensor_view {
              !(std::is_same_v<U, T> && W == Width))
   constexpr tensor_view(tensor_view<U, Device, W> other) : data_(other.data()), rows_(other.rows()), cols_(other.cols()) {}
 
-  constexpr T* data() const { return data_; }
-  constexpr std::size_t rows() const { return rows_; }
-  constexpr std::size_t cols() const { return cols_.value(); }
-  constexpr std::size_t size() const { return rows_ * cols(); }
-  constexpr std::size_t bytes() const { return size() * sizeof(T); }
-  constexpr bool empty() const { return size() == 0; }
+  constexpr T* data() const { return data_; }                          // the first element
+  constexpr std::size_t rows() const { return rows_; }                 // the batch's rows
+  constexpr std::size_t cols() const { return cols_.value(); }         // elements per row
+  constexpr std::size_t size() const { return rows_ * cols(); }        // rows x cols
+  constexpr std::size_t bytes() const { return size() * sizeof(T); }   // size() x sizeof(T)
+  constexpr bool empty() const { return size() == 0; }                 // no elements
 
   // Rows [first, first + count).
   tensor_view row_range(std::size_t first, std::size_t count) const {
@@ -92,6 +98,7 @@ class tensor_view {
   {
     return data_[i];
   }
+  // The element of row r and column c (host memory).
   T& operator()(std::size_t r, std::size_t c) const
     requires std::is_same_v<Device, host>
   {
@@ -104,18 +111,20 @@ class tensor_view {
   [[no_unique_address]] detail::width_holder<Width> cols_{};
 };
 
+// Owns rows x cols elements of type T in Device's memory, row-major, from a tagged caching
+// allocator to which it gives them back; move-only. Width as tensor_view's.
 template <class T, class Device = host, std::size_t Width = dynamic_width>
 class tensor {
   static_assert(!std::is_const_v<T>, "tensor: the element type of an owning tensor cannot be const");
 
  public:
-  using element_type = T;
-  using value_type = T;
-  using device_type = Device;
-  using allocator_type = memory::caching_allocator<Device>;
-  using view_type = tensor_view<T, Device, Width>;
-  using const_view_type = tensor_view<T const, Device, Width>;
-  static constexpr std::size_t static_width = Width;
+  using element_type = T;                                      // the elements' type
+  using value_type = T;                                        // (the same)
+  using device_type = Device;                                  // host or cuda
+  using allocator_type = memory::caching_allocator<Device>;    // where the memory comes from
+  using view_type = tensor_view<T, Device, Width>;             // a writable view of it
+  using const_view_type = tensor_view<T const, Device, Width>; // a read-only view of it
+  static constexpr std::size_t static_width = Width;  // the compile-time width, or dynamic_width
 
   tensor() = default;
 
@@ -134,14 +143,16 @@ class tensor {
   // A tensor that has a shape and no memory: what a recomputation that needs no values passes on
   // (see Selective in graph/policies.hpp).
   struct shape_only_t {};
-  static constexpr shape_only_t shape_only{};
+  static constexpr shape_only_t shape_only{};  // the tag of the constructor below
+  // A shape without memory.
   tensor(shape_only_t, std::size_t rows, std::size_t cols)
     requires(Width == dynamic_width)
       : view_(nullptr, rows, cols) {}
   // A tensor over memory someone else owns (and frees): a training pass reads the caller's input
   // in place instead of copying it.
   struct borrowed_t {};
-  static constexpr borrowed_t borrowed{};
+  static constexpr borrowed_t borrowed{};  // the tag of the constructor below
+  // A tensor over rows x cols elements at data, which it does not free.
   tensor(borrowed_t, T* data, std::size_t rows, std::size_t cols)
     requires(Width == dynamic_width)
       : view_(data, rows, cols) {}
@@ -149,12 +160,15 @@ class tensor {
   // A tensor over a block `alloc` already handed out (allocate_at: a planned arena's), which it
   // gives back to `alloc` as any tensor does.
   struct adopted_t {};
-  static constexpr adopted_t adopted{};
+  static constexpr adopted_t adopted{};  // the tag of the constructor below
+  // A tensor that owns `data`, a block of `alloc` holding `tag`.
   tensor(adopted_t, T* data, std::size_t rows, std::size_t cols, memory::tag tag, allocator_type& alloc)
     requires(Width == dynamic_width)
       : view_(data, rows, cols), tag_(tag), alloc_(&alloc) {}
 
+  // Takes o's memory; o is left empty.
   tensor(tensor&& o) noexcept : view_(std::exchange(o.view_, view_type{})), tag_(o.tag_), alloc_(o.alloc_) {}
+  // Gives its memory back and takes o's; o is left empty.
   tensor& operator=(tensor&& o) noexcept {
     if (this != &o) {
       release();
@@ -168,25 +182,29 @@ class tensor {
   tensor& operator=(tensor const&) = delete;
   ~tensor() { release(); }
 
+  // The first element (null when empty).
   T* data() { return view_.data(); }
   T const* data() const { return view_.data(); }
-  std::size_t rows() const { return view_.rows(); }
-  std::size_t cols() const { return view_.cols(); }
-  std::size_t size() const { return view_.size(); }
-  std::size_t bytes() const { return view_.bytes(); }
-  bool empty() const { return view_.empty(); }
-  memory::tag tag() const { return tag_; }
-  allocator_type* allocator() const { return alloc_; }
+  std::size_t rows() const { return view_.rows(); }     // the batch's rows
+  std::size_t cols() const { return view_.cols(); }     // elements per row
+  std::size_t size() const { return view_.size(); }     // rows x cols
+  std::size_t bytes() const { return view_.bytes(); }   // size() x sizeof(T)
+  bool empty() const { return view_.empty(); }          // no elements
+  memory::tag tag() const { return tag_; }              // what the allocator counts it as
+  allocator_type* allocator() const { return alloc_; }  // where it gives its memory back (null: nowhere)
 
+  // A view of all of it.
   view_type view() { return view_; }
   const_view_type view() const { return view_; }
-  operator view_type() { return view_; }
-  operator const_view_type() const { return view_; }
+  operator view_type() { return view_; }               // (view(), implicitly)
+  operator const_view_type() const { return view_; }   // (view(), implicitly)
+  // Rows [first, first + count), as a view (shape_error past the end).
   view_type row_range(std::size_t first, std::size_t count) { return view_.row_range(first, count); }
   const_view_type row_range(std::size_t first, std::size_t count) const {
     return const_view_type(view_).row_range(first, count);
   }
 
+  // Element i in row-major order (host memory).
   T& operator[](std::size_t i)
     requires std::is_same_v<Device, host>
   {
@@ -197,6 +215,7 @@ class tensor {
   {
     return view_[i];
   }
+  // The element of row r and column c (host memory).
   T& operator()(std::size_t r, std::size_t c)
     requires std::is_same_v<Device, host>
   {

@@ -15,9 +15,10 @@ namespace REMAT_NAMESPACE {
 
 // A range of a model's flat parameter buffer: what a sharded optimizer updates.
 struct param_range {
-  std::size_t begin = 0;
-  std::size_t end = 0;
-  constexpr std::size_t size() const { return end - begin; }
+  std::size_t begin = 0;  // the first element
+  std::size_t end = 0;    // one past the last
+  constexpr std::size_t size() const { return end - begin; }  // the number of elements
+  // The same range.
   friend constexpr bool operator==(param_range, param_range) = default;
 };
 

@@ -13,15 +13,17 @@
 
 namespace REMAT_NAMESPACE {
 
+// A DynamicLossScale's schedule: PyTorch GradScaler's names and defaults.
 struct dynamic_scale_options {
-  double init_scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  std::uint64_t growth_interval = 2000;
+  double init_scale = 65536.0;           // the scale configure() sets
+  double growth_factor = 2.0;            // the scale's factor after growth_interval clean steps
+  double backoff_factor = 0.5;           // the scale's factor on an overflow (the step is skipped)
+  std::uint64_t growth_interval = 2000;  // steps in a row without overflow before it grows
 };
 
 class loss_scaler {
  public:
+  // The state a model with loss scale Scale starts with.
   template <class Scale>
   static loss_scaler of() {
     loss_scaler s;
@@ -35,11 +37,13 @@ class loss_scaler {
   double scale() const { return scale_; }
   // Whether the optimizer checks for overflow and skips (false for a scale of 1).
   bool checks() const { return checks_; }
+  // Whether the scale moves (DynamicLossScale) and configure() applies.
   bool dynamic() const { return dynamic_; }
   // Steps in a row without overflow since the scale last changed (GradScaler's growth tracker).
   std::uint64_t growth_tracker() const { return tracker_; }
   // Optimizer steps skipped because a gradient overflowed.
   std::uint64_t skipped_steps() const { return skipped_; }
+  // The schedule (the defaults until configure()).
   dynamic_scale_options const& options() const { return o_; }
 
   // A dynamic scale's schedule (and, optionally, its current value).

@@ -140,15 +140,20 @@ class optimizer_base {
 
 }  // namespace detail
 
+// AdamW's settings, PyTorch's names and defaults (torch.optim.AdamW).
 struct adamw_options {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-  double clip_norm = 0;  // 0: no clipping
+  double lr = 1e-3;            // the learning rate (set_lr changes it between steps)
+  double beta1 = 0.9;          // the first moment's decay
+  double beta2 = 0.999;        // the second moment's decay
+  double eps = 1e-8;           // added to the second moment's root
+  double weight_decay = 1e-2;  // decoupled: p -= lr * weight_decay * p, beside the Adam update
+  double clip_norm = 0;        // the gradients' global norm is clipped to this; 0: no clipping
 };
 
+// AdamW (Loshchilov and Hutter; PyTorch's update, bias corrections included) over fp32 (or fp64)
+// master weights T on device D; a mixed-precision model's compute copy C is written in the same
+// pass. step() unscales, checks (a loss scale's overflow skips the step) and clips the gradients
+// first. Build it from the model: AdamW opt(model, {.lr = 3e-4}).
 template <class T, class D = host, class C = T>
 class AdamW : public detail::optimizer_base<T, D, C> {
  public:
@@ -202,14 +207,20 @@ class AdamW : public detail::optimizer_base<T, D, C> {
     return true;
   }
 
-  void set_lr(double lr) { o_.lr = lr; }
-  double lr() const { return o_.lr; }
+  void set_lr(double lr) { o_.lr = lr; }  // the rate of the next steps (a schedule calls it)
+  double lr() const { return o_.lr; }     // the rate of the next step
+  // Steps taken (skipped ones not counted): the bias corrections' t.
   std::uint64_t steps() const { return t_; }
+  // Sets the step count (what a restored state resumes from).
   void set_steps(std::uint64_t t) { t_ = t; }
-  adamw_options const& options() const { return o_; }
+  adamw_options const& options() const { return o_; }  // its settings (and set_lr's rate)
+  // The first moments ("exp_avg" in PyTorch's state dict), one per parameter it updates.
   tensor<T, D>& exp_avg() { return m_; }
+  // The second moments ("exp_avg_sq" in PyTorch's state dict), one per parameter it updates.
   tensor<T, D>& exp_avg_sq() { return v_; }
+  // The first moments, read-only.
   tensor<T, D> const& exp_avg() const { return m_; }
+  // The second moments, read-only.
   tensor<T, D> const& exp_avg_sq() const { return v_; }
 
  private:
@@ -219,30 +230,39 @@ class AdamW : public detail::optimizer_base<T, D, C> {
   std::uint64_t t_ = 0;
 };
 
+// AdamW opt(model): the model's master type, device and compute type.
 template <class Model>
 AdamW(Model&, adamw_options = {})
     -> AdamW<typename Model::value_type, typename Model::device, typename Model::compute_type>;
 
+// SGD's settings, PyTorch's names and meaning (torch.optim.SGD, without dampening).
 struct sgd_options {
-  double lr = 1e-2;
-  double momentum = 0;
-  bool nesterov = false;
-  double weight_decay = 0;
-  double clip_norm = 0;
+  double lr = 1e-2;          // the learning rate (set_lr changes it between steps)
+  double momentum = 0;       // 0: plain SGD, no buffer kept
+  bool nesterov = false;     // Nesterov momentum (needs momentum > 0)
+  double weight_decay = 0;   // L2: weight_decay * p added to the gradient
+  double clip_norm = 0;      // the gradients' global norm is clipped to this; 0: no clipping
 };
 
+// Stochastic gradient descent with optional (Nesterov) momentum and weight decay, PyTorch's
+// update, over master weights T on device D (a mixed-precision model's compute copy C written in
+// the same pass); unscaling, the overflow check and clipping as AdamW's.
 template <class T, class D = host, class C = T>
 class SGD : public detail::optimizer_base<T, D, C> {
  public:
+  // Over the model's parameters, or this rank's shard of them when the model is wrapped in a
+  // sharded remat::dist::data_parallel.
   template <class Model>
   explicit SGD(Model& m, sgd_options o = {}) : SGD(m, o, detail::shard_of(m)) {}
 
+  // Over parameters [r.begin, r.end) of the model.
   template <class Model>
   SGD(Model& m, sgd_options o, param_range r)
       : SGD(detail::range_of(m.parameters(), r), detail::range_of(m.gradients(), r), o, m.allocator()) {
     this->attach(m, r, "SGD");
   }
 
+  // Over any parameter and gradient buffers of the same size.
   SGD(tensor_view<T, D> params, tensor_view<T, D> grads, sgd_options o = {},
       memory::caching_allocator<D>& alloc = memory::default_allocator<D>())
       : p_(params), g_(grads), o_(o) {
@@ -270,9 +290,9 @@ class SGD : public detail::optimizer_base<T, D, C> {
     return true;
   }
 
-  void set_lr(double lr) { o_.lr = lr; }
-  double lr() const { return o_.lr; }
-  std::uint64_t steps() const { return t_; }
+  void set_lr(double lr) { o_.lr = lr; }  // the rate of the next steps (a schedule calls it)
+  double lr() const { return o_.lr; }     // the rate of the next step
+  std::uint64_t steps() const { return t_; }  // steps taken (skipped ones not counted)
   // Sets the step count (what a restored state resumes from: the first step fills the momentum
   // buffer, later ones blend into it).
   void set_steps(std::uint64_t t) { t_ = t; }
@@ -290,17 +310,19 @@ class SGD : public detail::optimizer_base<T, D, C> {
   std::uint64_t t_ = 0;
 };
 
+// SGD opt(model): the model's master type, device and compute type.
 template <class Model>
 SGD(Model&, sgd_options = {})
     -> SGD<typename Model::value_type, typename Model::device, typename Model::compute_type>;
 
 // Linear warm-up from 0 to base_lr over `warmup` steps, then cosine decay to min_lr at `total`.
 struct warmup_cosine {
-  double base_lr;
-  std::size_t warmup;
-  std::size_t total;
-  double min_lr = 0;
+  double base_lr;       // the rate at the end of the warm-up
+  std::size_t warmup;   // steps of linear warm-up
+  std::size_t total;    // the step at which the rate reaches min_lr (and stays)
+  double min_lr = 0;    // the rate the decay ends at
 
+  // The rate of step `step` (from 0): opt.set_lr(schedule(step)) before each step.
   double operator()(std::size_t step) const {
     constexpr double pi = 3.14159265358979323846;
     if (step < warmup) return base_lr * double(step + 1) / double(warmup);
