@@ -115,6 +115,22 @@ if(NOT TARGET remat::mpi)
   endif()
 endif()
 
+# find_package(CUDAToolkit ARGS...), working around CMake before 3.30 with CUDA 12.9 and later:
+# those toolkits ship no nvToolsExt library, and older FindCUDAToolkit modules (Debian 12's CMake
+# 3.25 among them) then fail with "set_property could not find TARGET CUDA::nvToolsExt" in any
+# project that requires CMake 3.25 or later, since they mark that target deprecated without
+# checking that it exists. The search runs with the requirement seen as 3.24, which only skips
+# the deprecation mark; the caller's value is restored after it.
+macro(remat_find_cuda_toolkit)
+  set(_remat_required "${CMAKE_MINIMUM_REQUIRED_VERSION}")
+  if(CMAKE_VERSION VERSION_LESS 3.30 AND CMAKE_MINIMUM_REQUIRED_VERSION VERSION_GREATER_EQUAL 3.25)
+    set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
+  endif()
+  find_package(CUDAToolkit ${ARGN})
+  set(CMAKE_MINIMUM_REQUIRED_VERSION "${_remat_required}")
+  unset(_remat_required)
+endmacro()
+
 # --- CUDA (optional): the CUDA runtime and cuBLASLt for remat::cuda, the GPU backend. remat::cudart
 # always exists (empty without the toolkit), so the exported remat::cuda target links the same way
 # everywhere; sources that use the GPU are compiled by nvcc.
@@ -124,7 +140,7 @@ if(NOT TARGET remat::cudart)
     if(NOT DEFINED CUDAToolkit_ROOT AND EXISTS /usr/local/cuda/bin/nvcc)
       set(CUDAToolkit_ROOT /usr/local/cuda)
     endif()
-    find_package(CUDAToolkit QUIET)
+    remat_find_cuda_toolkit(QUIET)
   endif()
   if(TARGET CUDA::cudart AND TARGET CUDA::cublasLt)
     set_target_properties(remat::cudart PROPERTIES INTERFACE_LINK_LIBRARIES "CUDA::cudart;CUDA::cublasLt")
