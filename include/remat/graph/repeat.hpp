@@ -48,31 +48,44 @@ struct Repeat {
   static_assert(layer_contract<Block>::ok, "remat::Repeat<N, Block>: Block must be a layer (see layer_contract above)");
   static_assert(Block::in_width == Block::out_width || Block::out_width == any_width,
                 "remat::Repeat<N, Block>: the block must keep its width to be chained");
+  // Its block (what walks over the graph visit).
   using children = type_list<Block>;
+  // The same repetition of another block (what a policy that rewrites the graph builds).
   template <class C>
   using rebuild = Repeat<N, C>;
+  // N, the number of blocks.
   static constexpr std::size_t count = N;
+  // The block type.
   using block = Block;
+  // (Each block's layers ask for their input themselves.)
   static constexpr bool handles_hollow = true;
+  // The block's input width.
   static constexpr std::size_t in_width = Block::in_width;
+  // The block's output width.
   static constexpr std::size_t out_width = Block::out_width;
+  // N blocks' parameters, each block its own.
   static constexpr std::size_t param_count = N * Block::param_count;
 
+  // Calls f on each parameter tensor, blocks named "0.", "1.", ... as in nn.Sequential.
   template <class F>
   static void visit(std::string const& prefix, std::size_t offset, F& f) {
     for (std::size_t k = 0; k < N; ++k)
       detail::visit_params<Block>(prefix + std::to_string(k) + ".", offset + k * Block::param_count, f);
   }
+  // Initialises each block's parameters.
   template <class T>
   static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
     for (std::size_t k = 0; k < N; ++k)
       Block::init(p + k * Block::param_count, global_offset + k * Block::param_count, seed);
   }
 
+  // Runs the N blocks in order, each with its own parameters.
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
     return detail::forward_blocks<Block>(s, p, std::move(x), 0, N);
   }
+  // Runs the blocks' backwards in reverse order; each block's gradients are final when it returns
+  // (a data-parallel wrapper starts reducing them then).
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {

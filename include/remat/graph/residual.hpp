@@ -18,15 +18,22 @@ struct residual_width_mismatch {
 template <class S>
 struct Residual : detail::parameters_of<S> {
   static_assert(layer_contract<S>::ok, "remat::Residual<S>: S must be a layer (see layer_contract above)");
+  // Its segment.
   using children = type_list<S>;
+  // The same shortcut around another segment.
   template <class C>
   using rebuild = Residual<C>;
+  // (The segment's layers ask for their input themselves.)
   static constexpr bool handles_hollow = true;
+  // Whether the segment keeps the width (y = x + S(x) needs it).
   static constexpr bool widths_ok = residual_width_mismatch<S, S::in_width, S::out_width>::ok;
   static_assert(widths_ok, "remat::Residual: see residual_width_mismatch above");
+  // The segment's input width.
   static constexpr std::size_t in_width = S::in_width;
+  // The same: the sum keeps it.
   static constexpr std::size_t out_width = S::in_width;
 
+  // y = x + S(x).
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     static_assert(layer_pass_contract<S, St>::ok);

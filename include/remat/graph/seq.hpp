@@ -112,19 +112,30 @@ template <class... L>
 struct Seq {
   static_assert(sizeof...(L) > 0, "remat::Seq<>: a sequence needs at least one layer");
   static_assert((layer_contract<L>::ok && ...), "remat::Seq: every element must be a layer (see layer_contract above)");
+  // Its layers, in order (what walks over the graph visit).
   using children = type_list<L...>;
+  // The same container around other layers (what a policy that rewrites the graph builds).
   template <class... C>
   using rebuild = Seq<C...>;
+  // The widths of the chain (where any_width layers take their neighbour's).
   using widths = detail::seq_widths<L...>;
+  // Whether each layer's output width is the next one's input width.
   static constexpr bool widths_ok = detail::check_all<L...>(std::index_sequence_for<L...>{});
   static_assert(widths_ok, "remat::Seq: layer widths do not match (see width_mismatch above)");
+  // The first layer's input width.
   static constexpr std::size_t in_width = widths::in_width;
+  // The last layer's output width (or the last fixed one before it).
   static constexpr std::size_t out_width = widths::out_width;
+  // Where each layer's parameters start in the chain's, and their total.
   static constexpr std::array<std::size_t, sizeof...(L) + 1> offsets = detail::param_offsets<L...>();
+  // All its layers' parameters.
   static constexpr std::size_t param_count = offsets[sizeof...(L)];
+  // The number of layers.
   static constexpr std::size_t size = sizeof...(L);
+  // (Each layer that cannot take a hollow input asks for its input itself.)
   static constexpr bool handles_hollow = true;
 
+  // Calls f on each parameter tensor with PyTorch-style names ("2.weight"), layer by layer.
   template <class F>
   static void visit(std::string const& prefix, std::size_t offset, F& f) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -132,6 +143,7 @@ struct Seq {
     }(std::index_sequence_for<L...>{});
   }
 
+  // Initialises each layer's parameters (as a function of the seed and the global offset).
   template <class T>
   static void init(T* p, std::size_t global_offset, std::uint64_t seed) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -147,6 +159,7 @@ struct Seq {
     else
       return false;
   }
+  // Whether layer I ran within layer I - 1's pass (a point-wise layer after a fusing one).
   template <std::size_t I>
   static constexpr bool fused_with_previous() {
     if constexpr (I > 0)
@@ -173,6 +186,7 @@ struct Seq {
     }
   }
 
+  // Layer I's backward (nothing when it ran fused with the layer before it).
   template <std::size_t I, class S>
   static constexpr void backward_one(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                      typename S::act_type& dy) {
@@ -188,12 +202,14 @@ struct Seq {
     if constexpr (Layer::param_count > 0) s.grads_ready(g + offsets[I]);
   }
 
+  // Runs the layers' forwards in order.
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
     [&]<std::size_t... I>(std::index_sequence<I...>) { (forward_one<I>(s, p, x), ...); }(std::index_sequence_for<L...>{});
     return x;
   }
 
+  // Runs the layers' backwards in reverse order, each with its part of the parameters and gradients.
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {

@@ -31,18 +31,20 @@ struct AttentionCore {
   static_assert(W > 0 && H > 0 && W % H == 0,
                 "remat::AttentionCore<W, H>: the width W must be a positive multiple of the head count H");
   static_assert(P >= 0.0 && P < 1.0, "remat::AttentionCore<W, H, P>: the dropout probability P must be in [0, 1)");
-  static constexpr std::size_t in_width = 3 * W;
-  static constexpr std::size_t out_width = W;
-  static constexpr std::size_t param_count = 0;
-  static constexpr std::size_t heads = H;
+  static constexpr std::size_t in_width = 3 * W;    // q, k and v of each position, W each
+  static constexpr std::size_t out_width = W;       // the heads' outputs, side by side
+  static constexpr std::size_t param_count = 0;     // none (the projections are Linear layers)
+  static constexpr std::size_t heads = H;           // attention heads
+  // Features per head.
   static constexpr std::size_t head_width = W / H;
-  static constexpr double dropout = P;
+  static constexpr double dropout = P;              // on the attention weights, in training
   static constexpr bool sequence_layer = true;  // rows are positions of sequences (s.sequence_length())
   static constexpr bool attention_core = true;  // RecomputeAttention checkpoints it
 
-  static constexpr std::size_t causal_tile = 64;
+  static constexpr std::size_t causal_tile = 64;  // positions per tile of the causal products
 
-  static std::vector<param_desc> params() { return {}; }
+  static std::vector<param_desc> params() { return {}; }  // none
+  // (Nothing to initialise.)
   template <class T>
   static void init(T*, std::size_t, std::uint64_t) {}
 
@@ -223,17 +225,19 @@ struct BlockedAttentionCore {
                 "remat::BlockedAttentionCore<W, H>: the width W must be a positive multiple of the head count H");
   static_assert(P >= 0.0 && P < 1.0,
                 "remat::BlockedAttentionCore<W, H, P>: the dropout probability P must be in [0, 1)");
-  static constexpr std::size_t in_width = 3 * W;
-  static constexpr std::size_t out_width = W;
-  static constexpr std::size_t param_count = 0;
-  static constexpr std::size_t heads = H;
+  static constexpr std::size_t in_width = 3 * W;    // q, k and v of each position, W each
+  static constexpr std::size_t out_width = W;       // the heads' outputs, side by side
+  static constexpr std::size_t param_count = 0;     // none (the projections are Linear layers)
+  static constexpr std::size_t heads = H;           // attention heads
+  // Features per head.
   static constexpr std::size_t head_width = W / H;
-  static constexpr double dropout = P;
-  static constexpr bool sequence_layer = true;
+  static constexpr double dropout = P;              // on the attention weights, in training
+  static constexpr bool sequence_layer = true;      // rows are positions of sequences
 
-  static constexpr std::size_t panel_rows = 64;
+  static constexpr std::size_t panel_rows = 64;  // queries per panel
 
-  static std::vector<param_desc> params() { return {}; }
+  static std::vector<param_desc> params() { return {}; }  // none
+  // (Nothing to initialise.)
   template <class T>
   static void init(T*, std::size_t, std::uint64_t) {}
 

@@ -22,32 +22,36 @@ template <class T>
 constexpr std::size_t stat_columns(std::size_t n) {
   return (n * sizeof(compute_type_t<T>) + sizeof(T) - 1) / sizeof(T);
 }
+// The statistics stored in a tensor of T (stat_columns), as T's compute type.
 template <class T>
 compute_type_t<T>* stat_data(T* p) {
   return reinterpret_cast<compute_type_t<T>*>(p);
 }
 
+// The number of elements of a shape: the product of its extents (1 for a scalar's {}).
 inline std::size_t shape_elements(std::vector<std::size_t> const& shape) {
   std::size_t n = 1;
   for (auto s : shape) n *= s;
   return n;
 }
 
-// One parameter tensor of a layer: its name within the layer, offset and shape.
 // The shape of an image a layer reads or writes (NCHW rows: channels x height x width values);
 // all zero where a layer declares none.
 struct image_shape {
-  std::size_t channels = 0, height = 0, width = 0;
-  constexpr std::size_t size() const { return channels * height * width; }
-  constexpr bool known() const { return channels != 0; }
-  constexpr bool operator==(image_shape const&) const = default;
+  std::size_t channels = 0;  // planes
+  std::size_t height = 0;    // rows of a plane
+  std::size_t width = 0;     // values per row of a plane
+  constexpr std::size_t size() const { return channels * height * width; }  // values per image
+  constexpr bool known() const { return channels != 0; }  // whether the layer declares one
+  constexpr bool operator==(image_shape const&) const = default;  // the same shape
 };
 
+// One parameter tensor of a layer: its name within the layer, offset and shape.
 struct param_desc {
-  char const* name;
-  std::size_t offset;
-  std::vector<std::size_t> shape;
-  std::size_t size() const { return shape_elements(shape); }
+  char const* name;                // PyTorch's ("weight", "bias", ...)
+  std::size_t offset;              // its first element among the layer's parameters
+  std::vector<std::size_t> shape;  // PyTorch's order
+  std::size_t size() const { return shape_elements(shape); }  // its elements
 };
 
 namespace init {
@@ -56,6 +60,7 @@ namespace init {
 // and the parameter's position, whatever the order of initialisation.
 inline constexpr std::uint64_t init_stream = 0x1417'0000'0000'0000ull;
 
+// p[0, n) from U(-bound, bound): element i from the model's parameter global_offset + i.
 template <class T>
 void uniform(T* p, std::size_t n, std::size_t global_offset, std::uint64_t seed, double bound) {
   for (std::size_t i = 0; i < n; ++i)
@@ -73,6 +78,7 @@ void normal(T* p, std::size_t n, std::size_t global_offset, std::uint64_t seed, 
   }
 }
 
+// p[0, n) = v.
 template <class T>
 void fill(T* p, std::size_t n, double v) {
   for (std::size_t i = 0; i < n; ++i) p[i] = T(v);

@@ -28,15 +28,23 @@ struct Conv2d {
   static_assert(Kernel > 0 && Stride > 0, "remat::Conv2d: the kernel and the stride must be positive");
   static_assert(Height + 2 * Padding >= Kernel && Width + 2 * Padding >= Kernel,
                 "remat::Conv2d: the kernel is larger than the padded image");
+  // The image in: InChannels x Height x Width.
   static constexpr image_shape in_image{InChannels, Height, Width};
+  // The image out: OutChannels x ((Height + 2 Padding - Kernel) / Stride + 1) x (the same for Width).
   static constexpr image_shape out_image{OutChannels, (Height + 2 * Padding - Kernel) / Stride + 1,
                                          (Width + 2 * Padding - Kernel) / Stride + 1};
+  // Values per row in: the image's.
   static constexpr std::size_t in_width = in_image.size();
+  // Values per row out: the output image's.
   static constexpr std::size_t out_width = out_image.size();
+  // The weights: OutChannels x InChannels x Kernel x Kernel.
   static constexpr std::size_t weight_count = OutChannels * InChannels * Kernel * Kernel;
+  // The weights, and the bias (OutChannels) when Bias.
   static constexpr std::size_t param_count = weight_count + (Bias ? OutChannels : 0);
   static constexpr bool handles_hollow = true;  // it needs its input, and says so itself
 
+  // "weight" (OutChannels x InChannels x Kernel x Kernel) and "bias" (OutChannels), PyTorch's
+  // names, shapes and layout.
   static std::vector<param_desc> params() {
     std::vector<param_desc> p{{"weight", 0, {OutChannels, InChannels, Kernel, Kernel}}};
     if constexpr (Bias) p.push_back({"bias", weight_count, {OutChannels}});
@@ -50,10 +58,12 @@ struct Conv2d {
     init::uniform(p, param_count, global_offset, seed, 1.0 / std::sqrt(double(InChannels * Kernel * Kernel)));
   }
 
+  // The convolution of a batch of `batch` images, as the kernels take it.
   static constexpr kernels::conv_shape shape(std::size_t batch) {
     return {batch, InChannels, Height, Width, OutChannels, Kernel, Stride, Padding};
   }
 
+  // Compile-time checks of the pass's device and types (cuDNN on the GPU, no fp64 there).
   template <class S>
   static constexpr void check_state() {
 #if REMAT_HAS_CUDA
@@ -85,6 +95,8 @@ struct Conv2d {
     });
   }
 
+  // The gradients of the input (unless nobody needs it), the weights and the bias, from the
+  // saved input.
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {

@@ -20,11 +20,12 @@ namespace REMAT_NAMESPACE {
 // the same type.
 struct rate {
   std::uint64_t bits;  // (public: a template argument's members must be)
+  // The probability p.
   constexpr rate(double p) : bits(std::bit_cast<std::uint64_t>(p)) {}
   // An int is a probability too: Dropout<0>.
   constexpr rate(int p) : rate(double(p)) {}
-  constexpr double value() const { return std::bit_cast<double>(bits); }
-  constexpr operator double() const { return value(); }
+  constexpr double value() const { return std::bit_cast<double>(bits); }  // the probability
+  constexpr operator double() const { return value(); }                 // (value(), implicitly)
 };
 
 // The type of a probability template parameter: rate, except in sources nvcc compiles, where it
@@ -42,11 +43,13 @@ namespace expr {
 
 // The dropout mask as an expression terminal: 0 or 1/(1-p) for element i.
 struct dropout_mask : expr_base {
-  using device = void;
-  static constexpr bool is_double = false;
-  random_draw draw;
-  float p, scale;
-  constexpr std::size_t size() const { return any_size; }
+  using device = void;                      // (computed where it is read: any device)
+  static constexpr bool is_double = false;  // (its values are float)
+  random_draw draw;                         // the Philox stream and offset of the mask
+  float p;                                  // the probability of a zero
+  float scale;                              // the value of a kept element: 1 / (1 - p)
+  constexpr std::size_t size() const { return any_size; }  // (as long as what it multiplies)
+  // Element i's mask value, as V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
     return philox::uniform(draw.seed, draw.stream, draw.offset + i) < p ? V(0) : V(scale);
@@ -58,16 +61,25 @@ struct dropout_mask : expr_base {
 template <rate_param P>
 struct Dropout {
   static_assert(P >= 0.0 && P < 1.0, "remat::Dropout<P>: P must be in [0, 1)");
+  // Any width: it takes its input's.
   static constexpr std::size_t in_width = any_width;
+  // Its input's width.
   static constexpr std::size_t out_width = any_width;
+  // None.
   static constexpr std::size_t param_count = 0;
+  // P, the probability that an element is zeroed.
   static constexpr double probability = P;
+  // It copes with a hollow input (a shape without values) in a selective recomputation: its
+  // backward reads no values (see layer.hpp's optional traits).
   static constexpr bool handles_hollow = true;
 
+  // None.
   static std::vector<param_desc> params() { return {}; }
+  // (Nothing to initialise.)
   template <class T>
   static void init(T*, std::size_t, std::uint64_t) {}
 
+  // The mask of draw d: 0 with probability P, else 1 / (1 - P).
   static expr::dropout_mask mask(random_draw d) { return {{}, d, float(P), float(1.0 / (1.0 - P))}; }
 
   // The mask of a training pass is drawn from the elements [offset, offset + size) of the pass's
@@ -83,6 +95,7 @@ struct Dropout {
     return y;
   }
 
+  // dx = dy * the same mask, drawn again from the pass's stream (nothing was stored).
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr,
                                                  typename S::act_type dy) {

@@ -25,10 +25,10 @@ struct learned_table {
 template <std::size_t Vocab, std::size_t W>
 struct Embedding : detail::learned_table<Vocab, W> {
   static_assert(Vocab > 0 && W > 0, "remat::Embedding<Vocab, W>: sizes must be positive");
-  static constexpr std::size_t vocabulary = Vocab;
-  static constexpr bool reads_ids = true;
+  static constexpr std::size_t vocabulary = Vocab;  // ids are in [0, Vocab)
+  static constexpr bool reads_ids = true;           // the model's input is token ids
   static constexpr std::size_t in_width = 1;  // one id per row
-  static constexpr std::size_t out_width = W;
+  static constexpr std::size_t out_width = W;       // the id's row of the table
 
   // The ids of the pass are in the pass state; the layer before (there is none) passes nothing.
   template <class S>
@@ -56,11 +56,12 @@ struct Embedding : detail::learned_table<Vocab, W> {
 template <std::size_t MaxLen, std::size_t W>
 struct PositionEmbedding : detail::learned_table<MaxLen, W> {
   static_assert(MaxLen > 0 && W > 0, "remat::PositionEmbedding<MaxLen, W>: sizes must be positive");
-  static constexpr std::size_t max_sequence = MaxLen;
-  static constexpr bool sequence_layer = true;
-  static constexpr std::size_t in_width = W;
-  static constexpr std::size_t out_width = W;
+  static constexpr std::size_t max_sequence = MaxLen;  // the longest sequence it takes
+  static constexpr bool sequence_layer = true;         // its rows are positions of sequences
+  static constexpr std::size_t in_width = W;           // features per position in
+  static constexpr std::size_t out_width = W;          // the same, with the position's row added
 
+  // y = x + the table's row of each row's position in its sequence (in place in inference).
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
     std::size_t const rows = x->rows(), seq = s.sequence_length();

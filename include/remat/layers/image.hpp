@@ -29,30 +29,44 @@ namespace REMAT_NAMESPACE {
 template <std::size_t Channels, std::size_t Height, std::size_t Width>
 struct BatchNorm2d {
   static_assert(Channels > 0 && Height > 0 && Width > 0, "remat::BatchNorm2d: the image must not be empty");
+  // The image in: Channels x Height x Width.
   static constexpr image_shape in_image{Channels, Height, Width};
+  // The image out: the same.
   static constexpr image_shape out_image = in_image;
+  // Values per row in: the image's.
   static constexpr std::size_t in_width = in_image.size();
+  // Values per row out: the same.
   static constexpr std::size_t out_width = in_width;
+  // weight and bias, one per channel each.
   static constexpr std::size_t param_count = 2 * Channels;
+  // running_mean and running_var, one per channel each.
   static constexpr std::size_t buffer_count = 2 * Channels;
+  // Added to the variance (PyTorch's default).
   static constexpr double eps = 1e-5;
+  // The running statistics' update: r = (1 - momentum) r + momentum * batch's (PyTorch's
+  // default; the variance unbiased).
   static constexpr double momentum = 0.1;
 
+  // "weight" and "bias", PyTorch's names and shapes.
   static std::vector<param_desc> params() { return {{"weight", 0, {Channels}}, {"bias", Channels, {Channels}}}; }
+  // "running_mean" and "running_var", PyTorch's names and shapes.
   static std::vector<param_desc> buffers() {
     return {{"running_mean", 0, {Channels}}, {"running_var", Channels, {Channels}}};
   }
+  // weight 1, bias 0 (PyTorch's).
   template <class T>
   static void init(T* p, std::size_t, std::uint64_t) {
     init::fill(p, Channels, 1.0);
     init::fill(p + Channels, Channels, 0.0);
   }
+  // running_mean 0, running_var 1 (PyTorch's).
   template <class T>
   static void init_buffers(T* b) {
     init::fill(b, Channels, 0.0);
     init::fill(b + Channels, Channels, 1.0);
   }
 
+  // A batch of `rows` images as the kernels see it: rows x Channels planes of Height x Width.
   static constexpr kernels::planes planes(std::size_t rows) { return {rows, Channels, Height * Width}; }
 
   template <class S>
@@ -93,6 +107,7 @@ struct BatchNorm2d {
     return y;
   }
 
+  // The gradients of x, weight and bias from the saved input and statistics.
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
@@ -121,20 +136,29 @@ struct GroupNorm {
   static_assert(Groups > 0 && Channels % Groups == 0,
                 "remat::GroupNorm<Groups, Channels, H, W>: the channels must divide into the groups");
   static_assert(Height > 0 && Width > 0, "remat::GroupNorm: the image must not be empty");
+  // The image in: Channels x Height x Width.
   static constexpr image_shape in_image{Channels, Height, Width};
+  // The image out: the same.
   static constexpr image_shape out_image = in_image;
+  // Values per row in: the image's.
   static constexpr std::size_t in_width = in_image.size();
+  // Values per row out: the same.
   static constexpr std::size_t out_width = in_width;
+  // weight and bias, one per channel each.
   static constexpr std::size_t param_count = 2 * Channels;
+  // Added to the variance (PyTorch's default).
   static constexpr double eps = 1e-5;
 
+  // "weight" and "bias", PyTorch's names and shapes.
   static std::vector<param_desc> params() { return {{"weight", 0, {Channels}}, {"bias", Channels, {Channels}}}; }
+  // weight 1, bias 0 (PyTorch's).
   template <class T>
   static void init(T* p, std::size_t, std::uint64_t) {
     init::fill(p, Channels, 1.0);
     init::fill(p + Channels, Channels, 0.0);
   }
 
+  // A batch of `rows` images as the kernels see it: rows x Channels planes of Height x Width.
   static constexpr kernels::planes planes(std::size_t rows) { return {rows, Channels, Height * Width}; }
 
   template <class S>
@@ -161,6 +185,7 @@ struct GroupNorm {
     return y;
   }
 
+  // The gradients of x, weight and bias from the saved input and statistics.
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
@@ -205,11 +230,13 @@ struct pool_geometry {
 template <std::size_t Channels, std::size_t Height, std::size_t Width, std::size_t Kernel = 2,
           std::size_t Stride = Kernel>
 struct MaxPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride> {
+  // The image in and out, no parameters.
   using geometry = detail::pool_geometry<Channels, Height, Width, Kernel, Stride>;
   using geometry::in_width;
   using geometry::out_width;
   using geometry::shape;
 
+  // Each window's largest value.
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
     std::size_t const rows = x->rows();
@@ -218,6 +245,7 @@ struct MaxPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride
     s.save(std::move(x));
     return y;
   }
+  // The gradient to each window's first largest value (read from the saved input).
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr,
                                                  typename S::act_type dy) {
@@ -235,17 +263,20 @@ struct MaxPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride
 template <std::size_t Channels, std::size_t Height, std::size_t Width, std::size_t Kernel = 2,
           std::size_t Stride = Kernel>
 struct AvgPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride> {
+  // The image in and out, no parameters.
   using geometry = detail::pool_geometry<Channels, Height, Width, Kernel, Stride>;
   using geometry::in_width;
   using geometry::out_width;
   using geometry::shape;
 
+  // Each window's mean.
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
     typename S::act_type y = s.make(x->rows(), out_width);
     if constexpr (S::computes) kernels::avg_pool_forward(typename S::device{}, x->rows() * Channels, shape, x->data(), y->data());
     return y;
   }
+  // The gradient spread evenly over each window.
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr,
                                                  typename S::act_type dy) {
@@ -260,15 +291,23 @@ struct AvgPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride
 template <std::size_t Channels, std::size_t Height, std::size_t Width, std::size_t Factor = 2>
 struct Upsample2d {
   static_assert(Channels > 0 && Height > 0 && Width > 0 && Factor > 0, "remat::Upsample2d: empty image or factor 0");
+  // The image in: Channels x Height x Width.
   static constexpr image_shape in_image{Channels, Height, Width};
+  // The image out: Channels x (Height * Factor) x (Width * Factor).
   static constexpr image_shape out_image{Channels, Height * Factor, Width * Factor};
+  // Values per row in: the image's.
   static constexpr std::size_t in_width = in_image.size();
+  // Values per row out: the larger image's.
   static constexpr std::size_t out_width = out_image.size();
+  // None.
   static constexpr std::size_t param_count = 0;
+  // None.
   static std::vector<param_desc> params() { return {}; }
+  // (Nothing to initialise.)
   template <class T>
   static void init(T*, std::size_t, std::uint64_t) {}
 
+  // Each value repeated over a Factor x Factor block.
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
     typename S::act_type y = s.make(x->rows(), out_width);
@@ -276,6 +315,7 @@ struct Upsample2d {
       kernels::upsample_nearest_forward(typename S::device{}, x->rows() * Channels, Height, Width, Factor, x->data(), y->data());
     return y;
   }
+  // Each block's gradients summed into its value's.
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr,
                                                  typename S::act_type dy) {

@@ -116,7 +116,7 @@ struct layer_contract {
   static_assert(detail::names_params<L>,
                 "remat: not a layer: layer_contract<L> names a type without `static std::vector<param_desc> "
                 "params()` (see remat/layers/layer.hpp)");
-  static constexpr bool ok = layer<L>;
+  static constexpr bool ok = layer<L>;  // (true: the assertions above passed)
 };
 
 // Fails to compile, naming the layer and the pass state, when L cannot run on S.
@@ -130,21 +130,26 @@ struct layer_pass_contract {
                 "remat: layer_pass_contract<L, S> names a layer without `template <class S> static constexpr "
                 "typename S::act_type backward(S&, typename S::param_ptr, typename S::grad_ptr, typename "
                 "S::act_type)` for the pass state S (see remat/layers/layer.hpp)");
-  static constexpr bool ok = detail::has_forward<L, S> && detail::has_backward<L, S>;
+  static constexpr bool ok = detail::has_forward<L, S> && detail::has_backward<L, S>;  // (true: they passed)
 };
 
 // ---- the optional traits
 
 template <class L>
 inline constexpr bool handles_hollow_v = requires { requires L::handles_hollow; };
+// Whether L declares fuses_epilogue (see the optional traits above).
 template <class L>
 inline constexpr bool fuses_epilogue_v = requires { requires L::fuses_epilogue; };
+// Whether L is a point-wise layer (declares pointwise_function).
 template <class L>
 inline constexpr bool is_pointwise_v = requires { typename L::pointwise_function; };
+// Whether L declares sequence_layer: its rows are positions of sequences.
 template <class L>
 inline constexpr bool is_sequence_layer_v = requires { requires L::sequence_layer; };
+// Whether L declares reads_ids: it reads token ids (an Embedding).
 template <class L>
 inline constexpr bool layer_reads_ids_v = requires { requires L::reads_ids; };
+// Whether L declares attention_core: RecomputeAttention recomputes it.
 template <class L>
 inline constexpr bool is_attention_core_v = requires { requires L::attention_core; };
 

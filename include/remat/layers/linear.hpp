@@ -14,12 +14,13 @@ namespace REMAT_NAMESPACE {
 template <std::size_t In, std::size_t Out, bool Bias = true>
 struct Linear {
   static_assert(In > 0 && Out > 0, "remat::Linear<In, Out>: widths must be positive");
-  static constexpr std::size_t in_width = In;
-  static constexpr std::size_t out_width = Out;
-  static constexpr std::size_t param_count = In * Out + (Bias ? Out : 0);
+  static constexpr std::size_t in_width = In;    // features per row in
+  static constexpr std::size_t out_width = Out;  // features per row out
+  static constexpr std::size_t param_count = In * Out + (Bias ? Out : 0);  // weight (Out x In), bias (Out)
   static constexpr bool handles_hollow = true;  // it needs its input, and says so itself
   static constexpr bool fuses_epilogue = true;  // forward<F>: a following point-wise F in the same pass
 
+  // "weight" (Out x In) and "bias" (Out), PyTorch's names, shapes and layout.
   static std::vector<param_desc> params() {
     std::vector<param_desc> p{{"weight", 0, {Out, In}}};
     if constexpr (Bias) p.push_back({"bias", In * Out, {Out}});

@@ -23,9 +23,11 @@ namespace REMAT_NAMESPACE {
 
 // Mean squared error against a target of the output's shape: mean((y - t)^2).
 struct MSE {
+  // A target: values of the output's shape, in the model's master type T.
   template <class T, class D>
   using target_type = tensor_view<T const, D>;
 
+  // Throws, before anything changes, unless t is rows x cols of finite values in D's memory.
   template <class T, class D>
   static void validate(std::size_t rows, std::size_t cols, tensor_view<T const, D> t) {
     if (t.rows() != rows || t.cols() != cols)
@@ -47,10 +49,12 @@ struct MSE {
     if (dy) evaluate(*dy, (y - t) * (2.0 * scale / n));
     return loss;
   }
+  // The workspace it allocates (none: one fused reduction).
   template <class C>
   static constexpr std::size_t workspace_bytes(std::size_t, std::size_t) {
     return 0;  // one fused reduction; nothing allocated
   }
+  // forward_backward_pending, read at once.
   template <class T, class U, class D>
   static double forward_backward(tensor<T, D> const& y, tensor_view<U const, D> t, double scale, tensor<T, D>* dy) {
     return forward_backward_pending(y, t, scale, dy).get();
@@ -61,6 +65,7 @@ struct MSE {
 // per position): mean over rows of
 // -log softmax(y)[label], computed stably.
 struct SoftmaxCrossEntropy {
+  // A target: int32 class labels, one per output row (rows x 1, or batch x seq).
   template <class T, class D>
   using target_type = tensor_view<std::int32_t const, D>;
 
@@ -95,6 +100,7 @@ struct SoftmaxCrossEntropy {
   static constexpr std::size_t workspace_bytes(std::size_t rows, std::size_t) {
     return memory::caching_allocator<host>::rounded(rows * sizeof(compute_type_t<C>));
   }
+  // forward_backward_pending, read at once.
   template <class T, class D>
   static double forward_backward(tensor<T, D> const& y, tensor_view<std::int32_t const, D> labels, double scale,
                                  tensor<T, D>* dy) {

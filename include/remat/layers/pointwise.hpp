@@ -15,14 +15,15 @@ namespace REMAT_NAMESPACE {
 
 template <class F>
 struct Pointwise {
-  using pointwise_function = F;
+  using pointwise_function = F;  // a fusing layer before it (Linear) may apply F in its own pass
   // F declares `static constexpr bool derivative_from_output = true` when F'(F(x)) = F'(x).
-  static constexpr bool derivative_from_output = requires { requires F::derivative_from_output; };  // a fusing layer before it (Linear) may apply F in its own pass
-  static constexpr std::size_t in_width = any_width;
-  static constexpr std::size_t out_width = any_width;
-  static constexpr std::size_t param_count = 0;
+  static constexpr bool derivative_from_output = requires { requires F::derivative_from_output; };
+  static constexpr std::size_t in_width = any_width;   // any width: it takes its input's
+  static constexpr std::size_t out_width = any_width;  // its input's width
+  static constexpr std::size_t param_count = 0;        // none
 
-  static std::vector<param_desc> params() { return {}; }
+  static std::vector<param_desc> params() { return {}; }  // none
+  // (Nothing to initialise.)
   template <class T>
   static void init(T*, std::size_t, std::uint64_t) {}
 
@@ -46,6 +47,7 @@ struct Pointwise {
     return y;
   }
 
+  // dx = F'(x) * dy, F' derived from F::apply at compile time (from y when F says so).
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr, typename S::grad_ptr,
                                                  typename S::act_type dy) {
@@ -60,32 +62,44 @@ struct Pointwise {
 };
 
 namespace fn {
+// max(x, 0).
 struct relu {
   static constexpr bool derivative_from_output = true;  // relu'(relu(x)) = relu'(x) = [x > 0]
+  // The expression of F(x).
   template <class X> static auto apply(X x) { return remat::relu(x); }
 };
+// x * Phi(x), with the error function (PyTorch's GELU, approximate='none').
 struct gelu {
+  // The expression of F(x).
   template <class X> static auto apply(X x) { return remat::gelu(x); }
 };
+// GELU's tanh approximation (approximate='tanh', GPT-2's).
 struct gelu_tanh {
+  // The expression of F(x).
   template <class X> static auto apply(X x) { return remat::gelu_tanh(x); }
 };
+// x * sigmoid(x) (SiLU, swish).
 struct silu {
+  // The expression of F(x).
   template <class X> static auto apply(X x) { return remat::silu(x); }
 };
+// tanh(x).
 struct tanh {
+  // The expression of F(x).
   template <class X> static auto apply(X x) { return remat::tanh(x); }
 };
+// 1 / (1 + exp(-x)).
 struct sigmoid {
+  // The expression of F(x).
   template <class X> static auto apply(X x) { return remat::sigmoid(x); }
 };
 }  // namespace fn
 
-using ReLU = Pointwise<fn::relu>;
-using GELU = Pointwise<fn::gelu>;
-using GELUTanh = Pointwise<fn::gelu_tanh>;
-using SiLU = Pointwise<fn::silu>;
-using Tanh = Pointwise<fn::tanh>;
-using Sigmoid = Pointwise<fn::sigmoid>;
+using ReLU = Pointwise<fn::relu>;            // torch.nn.ReLU
+using GELU = Pointwise<fn::gelu>;            // torch.nn.GELU()
+using GELUTanh = Pointwise<fn::gelu_tanh>;   // torch.nn.GELU(approximate='tanh')
+using SiLU = Pointwise<fn::silu>;            // torch.nn.SiLU
+using Tanh = Pointwise<fn::tanh>;            // torch.nn.Tanh
+using Sigmoid = Pointwise<fn::sigmoid>;      // torch.nn.Sigmoid
 
 }  // namespace REMAT_NAMESPACE

@@ -51,7 +51,7 @@ struct system<pinned_host> {
 // The memory that Offloaded<S> moves a Device's activations to.
 template <class Device>
 struct offload_space {
-  using type = host;
+  using type = host;  // host memory, apart from the activations' allocator
 };
 #if REMAT_HAS_CUDA
 template <>
@@ -59,6 +59,7 @@ struct offload_space<cuda> {
   using type = pinned_host;
 };
 #endif
+// The memory that Offloaded<S> moves a Device's activations to: host, or pinned host for cuda.
 template <class Device>
 using offload_space_t = typename offload_space<Device>::type;
 
@@ -75,10 +76,13 @@ template <class Space>
 class held_block {
  public:
   held_block() = default;
+  // `bytes` bytes of `a` holding `t` (out_of_memory as allocate's).
   held_block(caching_allocator<Space>& a, std::size_t bytes, tag t)
       : alloc_(&a), p_(a.allocate(bytes, t)), bytes_(bytes) {}
+  // Takes o's block; o holds none.
   held_block(held_block&& o) noexcept
       : alloc_(std::exchange(o.alloc_, nullptr)), p_(std::exchange(o.p_, nullptr)), bytes_(o.bytes_) {}
+  // Gives its block back and takes o's; o holds none.
   held_block& operator=(held_block&& o) noexcept {
     if (this != &o) {
       reset();
@@ -89,14 +93,15 @@ class held_block {
     return *this;
   }
   ~held_block() { reset(); }
+  // Gives the block back now (if it holds one).
   void reset() noexcept {
     if (alloc_ && p_) alloc_->deallocate(p_);
     alloc_ = nullptr;
     p_ = nullptr;
   }
-  void* get() const { return p_; }
-  std::size_t bytes() const { return bytes_; }
-  explicit operator bool() const { return p_ != nullptr; }
+  void* get() const { return p_; }                          // the block (null: none)
+  std::size_t bytes() const { return bytes_; }              // the bytes asked for
+  explicit operator bool() const { return p_ != nullptr; }  // whether it holds a block
 
  private:
   caching_allocator<Space>* alloc_ = nullptr;

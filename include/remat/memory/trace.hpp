@@ -33,9 +33,11 @@
 namespace REMAT_NAMESPACE {
 namespace memory {
 
+// The part of a training step running: what out_of_memory messages and timelines report.
 enum class phase : std::uint8_t { none, forward, recomputation, loss, backward, optimizer };
-inline constexpr std::size_t phase_count = 6;
+inline constexpr std::size_t phase_count = 6;  // the number of phases
 
+// A phase's name in messages and tables ("outside a step" for none).
 constexpr char const* name(phase p) {
   switch (p) {
     case phase::none:
@@ -96,18 +98,19 @@ char const* type_name() {
   return n.c_str();
 }
 
+// One layer call on a thread's stack of calls.
 struct trace_frame {
-  std::uint32_t index = 0;
-  char const* (*name)() = nullptr;
-  bool leaf = false;
+  std::uint32_t index = 0;           // its position in its parent (~0: none, the model's graph)
+  char const* (*name)() = nullptr;   // its short type name
+  bool leaf = false;                 // a layer that computes (not a container)
 };
 
 // What is running on this thread: the layer frames (a path) and the phase.
 struct trace_context {
-  static constexpr std::uint32_t max_depth = 32;
-  std::array<trace_frame, max_depth> frames{};
-  std::uint32_t depth = 0;
-  phase current = phase::none;
+  static constexpr std::uint32_t max_depth = 32;  // frames kept (deeper calls are counted only)
+  std::array<trace_frame, max_depth> frames{};    // the calls, outermost first
+  std::uint32_t depth = 0;                        // calls open now
+  phase current = phase::none;                    // the phase now
   timeline* recording = nullptr;  // a timeline recording layer times on this thread
 
   // "2.3.1 Linear" (or "" outside any layer).
@@ -127,6 +130,7 @@ struct trace_context {
   }
 };
 
+// This thread's context.
 inline trace_context& current_trace() {
   thread_local trace_context c;
   return c;
@@ -138,6 +142,7 @@ inline trace_context& current_trace() {
 inline std::string current_layer() {
   return tracing::current_trace().path();
 }
+// The phase of the step running on this thread.
 inline phase current_phase() {
   return tracing::current_trace().current;
 }
@@ -147,6 +152,7 @@ inline phase current_phase() {
 // that called recording().
 class timeline {
  public:
+  // One allocation or free.
   struct event {
     double time_us = 0;                // since the recording started
     std::int64_t bytes = 0;            // + allocated, - freed (rounded as the allocator counts)
@@ -155,12 +161,14 @@ class timeline {
     phase allocated_in = phase::none;  // for a free: the phase its block was allocated in
     std::uint32_t path = 0;            // index into paths(): the layer that allocated the block
     std::size_t in_use = 0;            // the allocator's total in use after it
-    std::array<std::size_t, 5> in_use_by_tag{};
+    std::array<std::size_t, 5> in_use_by_tag{};  // the allocator's in use per tag after it
   };
-  struct span {  // one leaf layer call
-    double begin_us = 0, end_us = 0;
-    std::uint32_t path = 0;
-    phase when = phase::none;
+  // One leaf layer call.
+  struct span {
+    double begin_us = 0;       // since the recording started
+    double end_us = 0;         // since the recording started
+    std::uint32_t path = 0;    // index into paths(): the layer
+    phase when = phase::none;  // the phase it ran in
   };
 
   timeline() { paths_.push_back(""); }
@@ -170,6 +178,7 @@ class timeline {
   // Records on this thread until the end of the returned scope.
   class scope {
    public:
+    // Starts recording t on this thread (the first scope starts its clock).
     explicit scope(timeline& t) : t_(t), was_(tracing::current_trace().recording) {
       std::lock_guard<std::mutex> lock(t_.mutex_);
       if (!t_.started_) {
@@ -191,7 +200,8 @@ class timeline {
     timeline& t_;
     timeline* was_;
   };
-  [[nodiscard]] scope recording() { return scope(*this); }
+  [[nodiscard]] scope recording() { return scope(*this); }  // auto rec = tl.recording();
+  // Whether a recording scope is open.
   bool is_recording() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return on_;
@@ -224,17 +234,20 @@ class timeline {
     events_.push_back(e);
   }
 
+  // Called by a leaf layer's call when it ends (this thread records).
   void on_span(double begin_us, double end_us, std::string const& path, phase when) {
     std::lock_guard<std::mutex> lock(mutex_);
     spans_.push_back({begin_us, end_us, intern(path), when});
   }
+  // Microseconds since the recording started.
   double now_us() const {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_).count();
   }
 
-  std::vector<event> const& events() const { return events_; }
-  std::vector<span> const& spans() const { return spans_; }
-  std::vector<std::string> const& paths() const { return paths_; }
+  std::vector<event> const& events() const { return events_; }       // in the order they came
+  std::vector<span> const& spans() const { return spans_; }          // in the order they ended
+  std::vector<std::string> const& paths() const { return paths_; }   // the layers, "" first
+  // Forgets what was recorded (the next recording restarts the clock).
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
     events_.clear();
@@ -249,15 +262,18 @@ class timeline {
   // recording's peak of all tags together; all bytes it allocated.
   struct layer_row {
     std::string path;  // "" for what runs outside layers
-    std::size_t calls = 0;
-    std::array<double, phase_count> ms{};
-    std::size_t saved = 0, at_peak = 0, allocated = 0;
+    std::size_t calls = 0;                 // forward calls
+    std::array<double, phase_count> ms{};  // milliseconds per phase
+    std::size_t saved = 0;                 // bytes its forward kept for the backward
+    std::size_t at_peak = 0;               // bytes of its in use at the peak
+    std::size_t allocated = 0;             // bytes it allocated, in all
   };
+  // What summarize() finds.
   struct summary {
     std::vector<layer_row> layers;  // in the order their paths first appeared
     std::size_t peak = 0;           // the most in use (all tags) in the recording
     std::size_t start = 0;          // in use when the recording's first event came (before it)
-    phase peak_phase = phase::none;
+    phase peak_phase = phase::none; // the phase the peak came in
   };
   summary summarize() const;
   // summarize() as a text table.
@@ -292,10 +308,11 @@ namespace tracing {
 // the layer's frame and sets the phase, and when this thread records a timeline, times a leaf
 // layer's call. A literal type whose work is done only outside constant evaluation.
 struct layer_scope {
-  bool pushed = false;
-  phase was = phase::none;
-  double begin_us = -1;
+  bool pushed = false;      // a frame was pushed (pop() is due)
+  phase was = phase::none;  // the phase before the call
+  double begin_us = -1;     // when a timed call began (-1: not timed)
   constexpr layer_scope() = default;
+  // Pushes the frame of the call of layer `name`, number `index` in its parent, in phase p.
   layer_scope(std::uint32_t index, char const* (*name)(), bool leaf, phase p) : pushed(true) {
     trace_context& c = current_trace();
     if (c.depth < trace_context::max_depth) c.frames[c.depth] = {index, name, leaf};
@@ -304,12 +321,14 @@ struct layer_scope {
     c.current = p;
     if (c.recording && leaf) begin_us = c.recording->now_us();
   }
+  // Takes o's frame.
   layer_scope(layer_scope&& o) noexcept : pushed(o.pushed), was(o.was), begin_us(o.begin_us) { o.pushed = false; }
   layer_scope(layer_scope const&) = delete;
   layer_scope& operator=(layer_scope const&) = delete;
   constexpr ~layer_scope() {
     if (pushed) pop();
   }
+  // Ends the call: records its span if timed, restores the phase.
   void pop() noexcept {
     trace_context& c = current_trace();
     if (begin_us >= 0 && c.recording) {
@@ -325,7 +344,8 @@ struct layer_scope {
 
 // The phase of a step, outside any layer (the model's pass, the loss, the optimizer).
 struct phase_scope {
-  phase was;
+  phase was;  // the phase before
+  // Enters phase p on this thread.
   explicit phase_scope(phase p) : was(current_trace().current) { current_trace().current = p; }
   ~phase_scope() { current_trace().current = was; }
   phase_scope(phase_scope const&) = delete;

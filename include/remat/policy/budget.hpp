@@ -50,8 +50,10 @@ namespace REMAT_NAMESPACE {
 
 // One way to store the chain, and what its plan says.
 struct budget_choice {
+  // blocks: the first blocks checkpointed, the next Selective, the rest stored; revolve: the
+  // binomial schedule.
   enum kind_type : std::uint8_t { blocks, revolve };
-  kind_type kind = blocks;
+  kind_type kind = blocks;  // which of the two
   std::uint32_t checkpointed = 0;  // blocks: the first ones, each checkpointed
   std::uint32_t selective = 0;     // blocks: the next ones, each Selective
   std::uint32_t slots = 0;         // revolve: block inputs kept at once
@@ -59,17 +61,19 @@ struct budget_choice {
   std::uint64_t work = 0;          // the step's work in the cost model above
   std::uint64_t recomputed = 0;    // block forwards run again
   std::size_t saved = 0;           // activation bytes kept when the forward ends
-  constexpr bool operator==(budget_choice const&) const = default;
+  constexpr bool operator==(budget_choice const&) const = default;  // the same choice and plan
 };
 
+// Fails to compile, naming the budget given and the smallest that fits, when nothing fits.
 template <std::size_t Bytes, std::size_t Smallest>
 struct budget_below_minimum {
-  static constexpr bool ok = Bytes >= Smallest;
+  static constexpr bool ok = Bytes >= Smallest;  // (true: the assertion passed)
   static_assert(ok,
                 "remat::Budget<Bytes, Batch, S>: no way to store S fits Bytes of activations at this batch; "
                 "budget_below_minimum<Bytes, Smallest> names the budget given and the smallest that fits");
 };
 
+// Fails to compile, naming the type given, when a Budget wraps something without one Repeat chain.
 template <class S>
 struct budget_needs_a_chain {
   static constexpr bool ok = sizeof(S*) == 0;  // always false, once instantiated
@@ -337,12 +341,15 @@ struct Budget : wraps<S> {
   static_assert(detail::budget_split<S>::ok);
   static_assert(Batch >= 1 && Sequence >= 1,
                 "remat::Budget<Bytes, Batch, S, Sequence>: Batch and Sequence must be at least 1");
+  // The same budget around another segment (what a policy that rewrites the graph builds).
   template <class... C>
   using rebuild = typename detail::budget_rebuild<Bytes, Batch, Sequence, C...>::type;
 
-  using runner = detail::budget_runner<S>;
-  static constexpr std::size_t budget_bytes = Bytes, batch = Batch, sequence = Sequence;
-  static constexpr std::size_t rows = Batch * Sequence;
+  using runner = detail::budget_runner<S>;  // how S's chain is run under a choice
+  static constexpr std::size_t budget_bytes = Bytes;  // the activation bytes a step may peak at
+  static constexpr std::size_t batch = Batch;         // the batch planned for
+  static constexpr std::size_t sequence = Sequence;   // the sequence length planned for (1: none)
+  static constexpr std::size_t rows = Batch * Sequence;  // the rows of a training pass planned for
   // The rows a model checks a training pass against before it starts (planned_rows_v).
   static constexpr std::size_t planned_rows = rows;
   // The sequence length a model checks a training pass against (planned_sequence_v).
@@ -400,6 +407,7 @@ struct Budget : wraps<S> {
     return c;
   }();
 
+  // Runs S's chain as chosen<T> says (all of S when nothing is kept).
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     if (!s.keeps()) return S::forward(s, p, std::move(x));
@@ -409,6 +417,7 @@ struct Budget : wraps<S> {
     return runner::forward(s, p, std::move(x), chosen<T>, schedule.data(), schedule.size());
   }
 
+  // S's backward under the choice: recomputing what chosen<T> did not keep.
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {

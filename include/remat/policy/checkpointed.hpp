@@ -52,6 +52,7 @@ template <class S>
 struct Checkpointed : wraps<S> {
   static_assert(not_a_segment<Checkpointed, S>::ok);
 
+  // Runs S, keeping only S's input and its dropout offset (all of S's own when nothing is kept).
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     static_assert(layer_pass_contract<S, St>::ok);
@@ -60,6 +61,8 @@ struct Checkpointed : wraps<S> {
                                       [&](typename St::act_type in) { return S::forward(s, p, std::move(in)); });
   }
 
+  // Runs S's forward again from its input (same masks), up to the last product S's backward
+  // needs, then S's backward.
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {

@@ -18,6 +18,7 @@ template <class S>
 struct Offloaded : wraps<S> {
   static_assert(not_a_segment<Offloaded, S>::ok);
 
+  // Runs S, then starts copying what S saved to the offload allocator.
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     static_assert(layer_pass_contract<S, St>::ok);
@@ -28,6 +29,8 @@ struct Offloaded : wraps<S> {
     return y;
   }
 
+  // Waits for S's saved activations to be back (their copy started one segment ahead), then
+  // runs S's backward.
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {

@@ -20,6 +20,8 @@ template <class S>
 struct Selective : wraps<S> {
   static_assert(not_a_segment<Selective, S>::ok);
 
+  // Runs S keeping nothing of its own but the products the recomputation needs, and S's input
+  // and dropout offset.
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     static_assert(layer_pass_contract<S, St>::ok);
@@ -45,6 +47,8 @@ struct Selective : wraps<S> {
     return y;
   }
 
+  // Runs S's forward again taking the kept products back (only point-wise work is redone), then
+  // S's backward.
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {
