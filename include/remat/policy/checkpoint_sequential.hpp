@@ -10,9 +10,10 @@
 
 namespace REMAT_NAMESPACE {
 
+// Fails to compile, naming K and the number of layers or blocks, unless 1 <= K <= Layers.
 template <std::size_t K, std::size_t Layers>
 struct too_many_segments {
-  static constexpr bool ok = K >= 1 && K <= Layers;
+  static constexpr bool ok = K >= 1 && K <= Layers;  // (true: the assertion passed)
   static_assert(ok, "remat::CheckpointSequential<K, S>: K must be between 1 and the number of layers (or blocks) "
                     "of S; too_many_segments<K, layers of S> names both");
 };
@@ -53,13 +54,16 @@ struct CheckpointSequential {
 template <std::size_t K, class... L>
 struct CheckpointSequential<K, Seq<L...>> : wraps<Seq<L...>> {
   static_assert(too_many_segments<K, sizeof...(L)>::ok);
+  // Seq<Checkpointed<Seq<first run>>, ...>: what runs (its parameters laid out as S's).
   using runs = typename detail::checkpointed_runs_impl<K, Seq<L...>, std::make_index_sequence<K>>::type;
   static_assert(runs::param_count == Seq<L...>::param_count);
 
+  // The runs' forwards, each keeping only its input.
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     return runs::forward(s, p, std::move(x));
   }
+  // The runs' backwards, last first, each recomputing its forward first.
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {
@@ -72,6 +76,7 @@ template <std::size_t K, std::size_t N, class B>
 struct CheckpointSequential<K, Repeat<N, B>> : wraps<Repeat<N, B>> {
   static_assert(too_many_segments<K, N>::ok);
 
+  // The runs of blocks, each keeping only its input.
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     if (!s.keeps()) return Repeat<N, B>::forward(s, p, std::move(x));
@@ -82,6 +87,7 @@ struct CheckpointSequential<K, Repeat<N, B>> : wraps<Repeat<N, B>> {
     return x;
   }
 
+  // The runs' backwards, last first, each recomputing its blocks' forwards first.
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {

@@ -19,6 +19,7 @@ template <class L>
 using checkpoint_attention_core = std::conditional_t<is_attention_core_v<L>, Checkpointed<L>, L>;
 }  // namespace detail
 
+// S with every attention core checkpointed (see the top of this header).
 template <class S>
 using RecomputeAttention = rewrite_t<S, detail::checkpoint_attention_core>;
 
@@ -35,6 +36,7 @@ template <class L>
 using blocked_attention_core = typename to_blocked_core<L>::type;
 }  // namespace detail
 
+// S with every AttentionCore replaced by a BlockedAttentionCore (see the top of this header).
 template <class S>
 using BlockedAttention = rewrite_t<S, detail::blocked_attention_core>;
 

@@ -13,12 +13,14 @@
 
 namespace REMAT_NAMESPACE {
 
+// Fails to compile, naming C, when C is 0.
 template <std::size_t C>
 struct revolve_needs_a_slot {
-  static constexpr bool ok = C >= 1;
+  static constexpr bool ok = C >= 1;  // (true: the assertion passed)
   static_assert(ok, "remat::Revolve<C, Repeat<N, B>>: C (the block inputs kept at once) must be at least 1");
 };
 
+// Fails to compile, naming the type given, when Revolve wraps anything but a Repeat.
 template <class Given>
 struct revolve_needs_a_repeat {
   static constexpr bool ok = sizeof(Given*) == 0;  // always false, once instantiated
@@ -77,18 +79,22 @@ struct Revolve {
   static_assert(revolve_needs_a_repeat<S>::ok);
 };
 
+// (See the top of this header.)
 template <std::size_t C, std::size_t N, class B>
 struct Revolve<C, Repeat<N, B>> : wraps<Repeat<N, B>> {
   static_assert(revolve_needs_a_slot<C>::ok);
-  static constexpr std::size_t slots = C;
+  static constexpr std::size_t slots = C;  // block inputs kept at once
   // (With C = 0 the assertion above has failed; the schedule is then built for one slot, so that a
   // compiler going on after the error, as clang does, does not evaluate a search with no slot.)
   static constexpr std::size_t built_for = C < 1 ? 1 : C;
+  // The binomial schedule of N blocks with C slots: the forward's actions, then the backward's.
   static constexpr auto const& schedule = revolve::schedule<N, built_for>;
+  // Where the forward's actions end in schedule.
   static constexpr std::size_t forward_end = revolve::forward_end<N, built_for>;
   // Block forwards the backward runs again: revolve::cost(N, C), the fewest possible with C slots.
   static constexpr std::uint64_t recomputed_forwards = revolve::recomputed_forwards<N, built_for>;
 
+  // The schedule's forward actions: all N blocks, keeping at most C block inputs.
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     if (!s.keeps()) return Repeat<N, B>::forward(s, p, std::move(x));
@@ -97,6 +103,8 @@ struct Revolve<C, Repeat<N, B>> : wraps<Repeat<N, B>> {
     return x;
   }
 
+  // The schedule's backward actions: each block's backward, last first, after advancing from the
+  // nearest kept input (recomputed_forwards block forwards in all).
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {

@@ -35,6 +35,7 @@ constexpr std::uint64_t binomial(std::uint64_t n, std::uint64_t k, std::uint64_t
   return b;
 }
 
+// (See the top of this header.)
 constexpr std::uint64_t cost(std::uint64_t l, std::uint64_t s) {
   if (l <= 1) return 0;
   if (s <= 1) return l * (l - 1) / 2;
@@ -61,10 +62,12 @@ enum class op : std::uint8_t {
   drop,     // free the newest slot
 };
 
+// One step of the schedule (see op).
 struct action {
-  op what;
-  std::uint32_t first = 0, last = 0;
-  constexpr bool operator==(action const&) const = default;
+  op what;                     // what it does
+  std::uint32_t first = 0;     // the first block it concerns
+  std::uint32_t last = 0;      // one past the last (advance and taped runs)
+  constexpr bool operator==(action const&) const = default;  // the same step
 };
 
 namespace detail {
@@ -103,9 +106,11 @@ constexpr std::vector<action> schedule_list(std::uint32_t n, std::uint32_t c) {
   return out;
 }
 
+// The number of actions of the schedule for N blocks and C slots.
 template <std::size_t N, std::size_t C>
 inline constexpr std::size_t schedule_length = schedule_list(N, C).size();
 
+// The schedule for N blocks and C slots, as a constant array.
 template <std::size_t N, std::size_t C>
 inline constexpr std::array<action, schedule_length<N, C>> schedule = [] {
   std::array<action, schedule_length<N, C>> a{};
