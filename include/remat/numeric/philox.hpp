@@ -11,10 +11,12 @@
 namespace REMAT_NAMESPACE {
 namespace philox {
 
+// Four 32-bit words: a Philox counter, or the random bits it gives.
 struct block {
-  std::uint32_t v[4];
+  std::uint32_t v[4];  // the words
 };
 
+// The 64-bit product of a and b, as its high and low words.
 REMAT_HOST_DEVICE void mulhilo(std::uint32_t a, std::uint32_t b, std::uint32_t& hi, std::uint32_t& lo) {
   std::uint64_t const p = std::uint64_t(a) * std::uint64_t(b);
   hi = std::uint32_t(p >> 32);

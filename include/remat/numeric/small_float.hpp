@@ -112,50 +112,74 @@ struct bfloat16_format {
 template <class Format>
 class small_float {
  public:
+  // The bit layout and its conversions (binary16 or bfloat16).
   using format = Format;
 
   small_float() = default;
+  // f rounded to nearest, ties to even (NaN stays NaN).
   REMAT_HOST_DEVICE explicit small_float(float f) : bits_(Format::from_float(f)) {}
+  // d through float, then rounded as a float is.
   REMAT_HOST_DEVICE explicit small_float(double d) : small_float(static_cast<float>(d)) {}
+  // i through float, then rounded as a float is.
   REMAT_HOST_DEVICE explicit small_float(int i) : small_float(static_cast<float>(i)) {}
+  // The value, exactly (every value is a float).
   REMAT_HOST_DEVICE explicit operator float() const { return Format::to_float(bits_); }
+  // The value, exactly.
   REMAT_HOST_DEVICE explicit operator double() const { return Format::to_float(bits_); }
 
+  // The value whose 16 bits are `bits`.
   REMAT_HOST_DEVICE static constexpr small_float from_bits(std::uint16_t bits) {
     small_float r;
     r.bits_ = bits;
     return r;
   }
+  // Its 16 bits.
   REMAT_HOST_DEVICE constexpr std::uint16_t bits() const { return bits_; }
 
+  // The value as a float, exactly.
   REMAT_HOST_DEVICE float to_float() const { return Format::to_float(bits_); }
 
+  // The sign flipped (exact, NaN included).
   REMAT_HOST_DEVICE small_float operator-() const { return from_bits(std::uint16_t(bits_ ^ 0x8000u)); }
+  // Itself.
   REMAT_HOST_DEVICE small_float operator+() const { return *this; }
 
+  // *this = *this + o (in float, rounded once).
   REMAT_HOST_DEVICE small_float& operator+=(small_float o) { return *this = *this + o; }
+  // *this = *this - o (in float, rounded once).
   REMAT_HOST_DEVICE small_float& operator-=(small_float o) { return *this = *this - o; }
+  // *this = *this * o (in float, rounded once).
   REMAT_HOST_DEVICE small_float& operator*=(small_float o) { return *this = *this * o; }
+  // *this = *this / o (in float, rounded once).
   REMAT_HOST_DEVICE small_float& operator/=(small_float o) { return *this = *this / o; }
 
+  // a + b in float, rounded once.
   REMAT_HOST_DEVICE friend small_float operator+(small_float a, small_float b) {
     return small_float(a.to_float() + b.to_float());
   }
+  // a - b in float, rounded once.
   REMAT_HOST_DEVICE friend small_float operator-(small_float a, small_float b) {
     return small_float(a.to_float() - b.to_float());
   }
+  // a * b in float, rounded once.
   REMAT_HOST_DEVICE friend small_float operator*(small_float a, small_float b) {
     return small_float(a.to_float() * b.to_float());
   }
+  // a / b in float, rounded once.
   REMAT_HOST_DEVICE friend small_float operator/(small_float a, small_float b) {
     return small_float(a.to_float() / b.to_float());
   }
   // Comparisons follow IEEE (NaN compares unequal to everything, +0 == -0).
   REMAT_HOST_DEVICE friend bool operator==(small_float a, small_float b) { return a.to_float() == b.to_float(); }
+  // Not equal (true when either is NaN).
   REMAT_HOST_DEVICE friend bool operator!=(small_float a, small_float b) { return a.to_float() != b.to_float(); }
+  // Less than.
   REMAT_HOST_DEVICE friend bool operator<(small_float a, small_float b) { return a.to_float() < b.to_float(); }
+  // Less than or equal.
   REMAT_HOST_DEVICE friend bool operator<=(small_float a, small_float b) { return a.to_float() <= b.to_float(); }
+  // Greater than.
   REMAT_HOST_DEVICE friend bool operator>(small_float a, small_float b) { return a.to_float() > b.to_float(); }
+  // Greater than or equal.
   REMAT_HOST_DEVICE friend bool operator>=(small_float a, small_float b) { return a.to_float() >= b.to_float(); }
 
 #if REMAT_HAS_CUDA
@@ -170,17 +194,25 @@ class small_float {
   std::uint16_t bits_;
 };
 
+// IEEE binary16: 1 sign, 5 exponent, 10 fraction bits (CUDA's __half, PyTorch's float16).
 using half = small_float<detail::binary16_format>;
+// bfloat16: 1 sign, 8 exponent, 7 fraction bits, float's range (CUDA's __nv_bfloat16).
 using bfloat16 = small_float<detail::bfloat16_format>;
 
 static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2);
 static_assert(std::is_trivially_copyable_v<half> && std::is_trivially_copyable_v<bfloat16>);
 
+// Whether h is NaN.
 REMAT_HOST_DEVICE bool isnan(half h) { return (h.bits() & 0x7fffu) > 0x7c00u; }
+// Whether h is an infinity.
 REMAT_HOST_DEVICE bool isinf(half h) { return (h.bits() & 0x7fffu) == 0x7c00u; }
+// Whether h is neither NaN nor an infinity.
 REMAT_HOST_DEVICE bool isfinite(half h) { return (h.bits() & 0x7c00u) != 0x7c00u; }
+// Whether b is NaN.
 REMAT_HOST_DEVICE bool isnan(bfloat16 b) { return (b.bits() & 0x7fffu) > 0x7f80u; }
+// Whether b is an infinity.
 REMAT_HOST_DEVICE bool isinf(bfloat16 b) { return (b.bits() & 0x7fffu) == 0x7f80u; }
+// Whether b is neither NaN nor an infinity.
 REMAT_HOST_DEVICE bool isfinite(bfloat16 b) { return (b.bits() & 0x7f80u) != 0x7f80u; }
 
 }  // namespace REMAT_NAMESPACE
