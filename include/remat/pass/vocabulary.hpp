@@ -36,34 +36,34 @@ namespace REMAT_NAMESPACE {
 // One matrix-product output that a selective policy keeps, and whether its recomputation needs it.
 template <class A>
 struct captured_product {
-  A value;
-  bool needed;
+  A value;      // the product's output
+  bool needed;  // whether the recomputation reads it (else it is dropped)
 };
 
 // Where a pass's dropout masks come from: element i of a draw at `offset` is
 // philox(seed, stream, offset + i). A pure function of these, so a mask is never stored.
 struct random_draw {
-  std::uint64_t seed = 0;
-  std::uint64_t stream = 0;
-  std::uint64_t offset = 0;
+  std::uint64_t seed = 0;    // the model's seed
+  std::uint64_t stream = 0;  // the pass's stream (its pass count and replica)
+  std::uint64_t offset = 0;  // the draw's first element in the stream
 };
 
 // The token ids of a pass (for a model whose first layer reads ids).
 struct token_ids {
-  std::int32_t const* data = nullptr;
-  std::size_t count = 0;
+  std::int32_t const* data = nullptr;  // in the model's device memory
+  std::size_t count = 0;               // ids in all (batch x sequence)
 };
 
 // How a pass starts.
 struct pass_options {
-  bool training = false;
+  bool training = false;  // dropout on, batch statistics (a training pass, or its loss)
   // False: a training-mode forward that keeps nothing for a backward (a loss without gradients).
   bool keep = true;
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0;    // the model's seed
   std::uint64_t stream = 0;  // the dropout stream of this pass
   // Rows of a sequence batch: row r is position r % length of sequence r / length (1: no sequences).
   std::size_t sequence_length = 1;
-  token_ids ids{};
+  token_ids ids{};  // the pass's token ids (a model reading ids)
   // False: nobody reads the gradient with respect to the pass's input (a training step; a loss
   // gradient without an input gradient), so the layer that takes the input skips computing it.
   bool input_gradient = true;
@@ -80,6 +80,7 @@ class pass_vocabulary {
   };
 
  public:
+  // A pass started as `o` says.
   constexpr explicit pass_vocabulary(pass_options const& o = {})
       : training_(o.training),
         keep_(o.keep),
@@ -98,7 +99,9 @@ class pass_vocabulary {
   // A forward whose side effects already happened once (a policy recomputing): a layer that
   // updates state in forward (a counter, a running statistic) does so only when this is false.
   constexpr bool recomputing() const { return recomputing_; }
+  // Rows per sequence (1: the rows are not sequences).
   constexpr std::size_t sequence_length() const { return seq_len_; }
+  // The pass's token ids (empty unless the model reads ids).
   constexpr token_ids ids() const { return ids_; }
   // Whether backward must compute the gradient with respect to `x` (a layer's saved input): false
   // only for the pass's own input when nobody asked for its gradient. A layer that skips it
@@ -113,14 +116,17 @@ class pass_vocabulary {
     else
       need_input();
   }
+  // Takes back the newest tensor kept (last in, first out).
   constexpr A restore() {
     A a = static_cast<A&&>(saved_.back());
     saved_.pop_back();
     return a;
   }
+  // Keeps a number for backward (a dropout offset), as save keeps a tensor.
   constexpr void save_counter(std::uint64_t v) {
     if (keeps()) counters_.push_back(v);
   }
+  // Takes back the newest number kept.
   constexpr std::uint64_t restore_counter() {
     std::uint64_t const v = counters_.back();
     counters_.pop_back();
@@ -138,6 +144,7 @@ class pass_vocabulary {
     rng_offset_ += n;
     return offset;
   }
+  // The draw of the pass's stream at `offset` (what draw(n) returned): a dropout mask's source.
   constexpr random_draw random(std::uint64_t offset) const { return {seed_, stream_, offset}; }
 
   // A matrix product's rows x cols output. `compute(out)` fills it: the product and whatever the
@@ -184,7 +191,7 @@ class pass_vocabulary {
   // multiply-adds, and what a layer that multiplies outside s.product notes itself (the attention
   // core's); the plan's state adds one per element of every tensor it makes. Only counted.
   constexpr void note_work(std::uint64_t n) { work_ += n; }
-  constexpr std::uint64_t work() const { return work_; }
+  constexpr std::uint64_t work() const { return work_; }  // the work noted so far
 
   // ---- what composites and storage policies use
 
@@ -201,8 +208,10 @@ class pass_vocabulary {
   // start, as need_input marks every product made so far. A recomputation of the same forward may
   // skip the rest (skip_products_from).
   struct product_count {
-    std::size_t products = 0, needed = 0;
+    std::size_t products = 0;  // products made in the scope
+    std::size_t needed = 0;    // of them, the first ones what follows needs
   };
+  // (See product_count.)
   [[nodiscard]] constexpr auto count_products(product_count& c) { return restorer<product_count*>(tally_, &c); }
 
   // Until the end of the returned scope, the products from the n-th on (counted from the start of
@@ -219,6 +228,7 @@ class pass_vocabulary {
   // with side effects off. restart_at(o) moves it to another offset (a schedule with many starts).
   class recomputation {
    public:
+    // Starts a recomputation of s from dropout offset `offset`.
     constexpr recomputation(pass_vocabulary& s, std::uint64_t offset)
         : s_(s), offset_(s.rng_offset_), was_(s.recomputing_) {
       s.rng_offset_ = offset;
@@ -230,13 +240,14 @@ class pass_vocabulary {
       s_.rng_offset_ = offset_;
       s_.recomputing_ = was_;
     }
-    constexpr void restart_at(std::uint64_t offset) { s_.rng_offset_ = offset; }
+    constexpr void restart_at(std::uint64_t offset) { s_.rng_offset_ = offset; }  // (see above)
 
    private:
     pass_vocabulary& s_;
     std::uint64_t offset_;
     bool was_;
   };
+  // (See recomputation.)
   [[nodiscard]] constexpr recomputation recompute_from(std::uint64_t offset) { return recomputation(*this, offset); }
 
   // Until the end of the returned scope, products are captured into `list` (Selective's forward).
@@ -247,6 +258,7 @@ class pass_vocabulary {
   // recomputation).
   class replay_scope {
    public:
+    // Products of s come from `list`, in order, until the scope ends.
     constexpr replay_scope(pass_vocabulary& s, std::vector<A>& list) : s_(s), list_(s.replay_), next_(s.replay_next_) {
       s.replay_ = &list;
       s.replay_next_ = 0;
@@ -263,16 +275,17 @@ class pass_vocabulary {
     std::vector<A>* list_;
     std::size_t next_;
   };
+  // (See replay_scope.)
   [[nodiscard]] constexpr replay_scope replay_products(std::vector<A>& list) { return replay_scope(*this, list); }
 
   // Where the dropout stream stands (what a policy keeps to recompute a segment).
   constexpr std::uint64_t rng_offset() const { return rng_offset_; }
   // The newest kept tensor and number, left in place (a schedule that restores a slot many times).
   constexpr A peek() const { return saved_.back(); }
-  constexpr std::uint64_t peek_counter() const { return counters_.back(); }
+  constexpr std::uint64_t peek_counter() const { return counters_.back(); }  // (see peek)
   // Block forwards run again by storage policies in this pass.
   constexpr void count_recomputed(std::uint64_t n) { recomputed_ += n; }
-  constexpr std::uint64_t recomputed() const { return recomputed_; }
+  constexpr std::uint64_t recomputed() const { return recomputed_; }  // (see count_recomputed)
   // Activation bytes in use when the forward ended, its output excluded (set by forward_done).
   constexpr std::size_t saved_bytes() const { return saved_bytes_; }
 
@@ -328,7 +341,7 @@ class pass_vocabulary {
   }
 
  protected:
-  constexpr void set_saved_bytes(std::size_t b) { saved_bytes_ = b; }
+  constexpr void set_saved_bytes(std::size_t b) { saved_bytes_ = b; }  // (see saved_bytes)
 
  private:
   // Sets `slot` to `value` until the end of the scope.
