@@ -111,6 +111,7 @@ auto sum(E const& e) {
   return detail::reduce<false, detail::load_fn>(e, "remat::sum", kernels::plus_op{}, 0.0);
 }
 
+// The mean of e's elements (sum / size, in e's compute type).
 template <class E>
   requires array_operand<E>
 auto mean(E const& e) {
@@ -140,12 +141,14 @@ auto sum_pending(E const& e) {
   return detail::reduce<true, detail::load_fn>(e, "remat::sum_pending", kernels::plus_op{}, 0.0);
 }
 
+// sum_squares, read later (see sum_pending).
 template <class E>
   requires array_operand<E>
 auto sum_squares_pending(E const& e) {
   return detail::reduce<true, detail::square_fn>(e, "remat::sum_squares_pending", kernels::plus_op{}, 0.0);
 }
 
+// max_of, read later (see sum_pending).
 template <class E>
   requires array_operand<E>
 auto max_of_pending(E const& e) {

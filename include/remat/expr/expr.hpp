@@ -47,21 +47,25 @@ template <class A, class B>
 auto operator+(A const& a, B const& b) {
   return expr::to_expr(a) + expr::to_expr(b);
 }
+// a - b, element by element, as an expression (evaluated when assigned).
 template <class A, class B>
   requires expr::operands<A, B> && (!expr::expression<A> && !expr::expression<B>)
 auto operator-(A const& a, B const& b) {
   return expr::to_expr(a) - expr::to_expr(b);
 }
+// a * b, element by element, as an expression (evaluated when assigned).
 template <class A, class B>
   requires expr::operands<A, B> && (!expr::expression<A> && !expr::expression<B>)
 auto operator*(A const& a, B const& b) {
   return expr::to_expr(a) * expr::to_expr(b);
 }
+// a / b, element by element, as an expression (evaluated when assigned).
 template <class A, class B>
   requires expr::operands<A, B> && (!expr::expression<A> && !expr::expression<B>)
 auto operator/(A const& a, B const& b) {
   return expr::to_expr(a) / expr::to_expr(b);
 }
+// -a, element by element, as an expression.
 template <class A>
   requires expr::tensor_like<A>
 auto operator-(A const& a) {

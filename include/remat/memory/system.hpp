@@ -20,6 +20,7 @@ namespace memory {
 template <class Device>
 struct system;
 
+// The host's memory: aligned operator new and delete, memcpy for copies.
 template <>
 struct system<host> {
   // Cache-line and vector friendly; also what BLAS kernels like.
@@ -28,11 +29,15 @@ struct system<host> {
   static void* allocate(std::size_t bytes) noexcept {
     return ::operator new(bytes, std::align_val_t{alignment}, std::nothrow);
   }
+  // Gives back what allocate returned.
   static void deallocate(void* p) noexcept { ::operator delete(p, std::align_val_t{alignment}); }
+  // The memory there is (the host: no bound known; the allocator's limit is the caller's).
   static std::size_t capacity() noexcept { return std::numeric_limits<std::size_t>::max(); }
   // What an out-of-memory message adds about the device itself.
   static std::string describe() { return {}; }
+  // bytes from the device's src to host memory at dst (here: memcpy).
   static void copy_to_host(void* dst, void const* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+  // bytes from host memory at src to the device's dst (here: memcpy).
   static void copy_from_host(void* dst, void const* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
 };
 

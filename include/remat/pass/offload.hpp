@@ -13,17 +13,20 @@
 
 namespace REMAT_NAMESPACE {
 
+// What one Offloaded forward moved off the device (see the top of this header).
 template <class A, class H, class Fence>
 struct offload_record {
+  // One tensor moved.
   struct item {
-    A device;
-    H host;
-    std::vector<std::size_t> slots;
-    std::size_t rows = 0, cols = 0;
+    A device;                        // the device tensor, held until its copy is done (then null)
+    H host;                          // its copy in offloaded memory
+    std::vector<std::size_t> slots;  // the kept-tensor slots that held it (hollow meanwhile)
+    std::size_t rows = 0;            // its shape
+    std::size_t cols = 0;            // its shape
   };
-  std::vector<item> items;
-  bool pending = true;
-  bool fetched = false;
+  std::vector<item> items;  // the tensors moved
+  bool pending = true;      // the copies may still be running (device memory still held)
+  bool fetched = false;     // the copies back have been issued
   Fence fence;  // (declared last, so destroyed first: the compute waits before the memory goes)
 };
 

@@ -15,14 +15,18 @@
 
 namespace REMAT_NAMESPACE {
 
+// An activation of a pass: shared (a layer keeps it for backward while the next reads it), freed
+// when the last holder lets go.
 template <class T, class D>
 using act = std::shared_ptr<tensor<T, D>>;
 
 // Told by backward as a layer's gradients become final: those from `offset` (in elements from the
 // start of the model's gradient buffer) to its end. A data-parallel wrapper starts reducing them.
 struct gradient_listener {
-  void* context = nullptr;
+  void* context = nullptr;  // passed back to ready
+  // Called with the offset (null: nobody listens).
   void (*ready)(void* context, std::size_t offset) = nullptr;
+  // Tells the listener, if any.
   void operator()(std::size_t offset) const {
     if (ready) ready(context, offset);
   }
@@ -31,10 +35,10 @@ struct gradient_listener {
 // Where a planned step's activations go (plan/arena.hpp): make number k of the pass at
 // offset[k] of the arena at `base`, when it takes bytes[k] (rounded) as planned.
 struct arena_slots {
-  void* base = nullptr;
-  std::size_t const* offset = nullptr;
-  std::size_t const* bytes = nullptr;
-  std::size_t count = 0;
+  void* base = nullptr;                 // the arena
+  std::size_t const* offset = nullptr;  // make number k's offset in it
+  std::size_t const* bytes = nullptr;   // make number k's planned bytes
+  std::size_t count = 0;                // the makes planned
 };
 
 template <class T, class D, class G = T>
@@ -47,15 +51,16 @@ class pass_state
   using base = pass_vocabulary<act<T, D>, pass_state, record>;
 
  public:
-  using value_type = T;
-  using grad_type = G;
-  using device = D;
-  using act_type = act<T, D>;
-  using param_ptr = T const*;
-  using grad_ptr = G*;
-  using buffer_ptr = G*;
-  static constexpr bool computes = true;
+  using value_type = T;      // the activations' type (the compute type)
+  using grad_type = G;       // the gradients' type (the master type)
+  using device = D;          // host or cuda
+  using act_type = act<T, D>;  // an activation (see act)
+  using param_ptr = T const*;  // a layer's parameters, in the activations' type
+  using grad_ptr = G*;         // a layer's gradients, to add to
+  using buffer_ptr = G*;       // a layer's running state
+  static constexpr bool computes = true;  // this state runs kernels (the plan's only counts)
 
+  // A pass started as `o` says, its activations from `alloc`, its offloads through `offload`.
   explicit pass_state(pass_options const& o = {},
                       memory::caching_allocator<D>& alloc = memory::default_allocator<D>(),
                       detail::offload_channel<D> offload = {})
@@ -66,8 +71,10 @@ class pass_state
     grad_base_ = grad_base;
     listener_ = listener;
   }
-  void grads_ready(G const* g) const { listener_(std::size_t(g - grad_base_)); }
+  void grads_ready(G const* g) const { listener_(std::size_t(g - grad_base_)); }  // the gradients from g on are final
 
+  // A new rows x cols activation: from the planned arena when the pass has one, else from the
+  // allocator (out_of_memory when it cannot).
   act_type make(std::size_t rows, std::size_t cols) {
     making_ = true;
     act_type a = arena_.base ? from_arena(rows, cols) : nullptr;
@@ -106,17 +113,18 @@ class pass_state
   // Of those, made outside the arena because the plan did not foresee them (0 when the step
   // follows its plan).
   std::size_t unplanned() const { return unplanned_; }
-  bool make_failed() const { return making_; }
+  bool make_failed() const { return making_; }  // (see makes)
   // A shape without memory (what a selective recomputation passes on past its last product).
   act_type hollow(std::size_t rows, std::size_t cols) {
     return std::make_shared<tensor<T, D>>(tensor<T, D>::shape_only, rows, cols);
   }
-  static bool is_hollow(act_type const& a) { return a && a->data() == nullptr; }
+  static bool is_hollow(act_type const& a) { return a && a->data() == nullptr; }  // a shape without values
   // Whether the pass made `a` (not the caller's input, read in place).
   static bool owns(act_type const& a) { return a->allocator() != nullptr; }
   // The pass's input (the training pass marks it; held weakly: a tensor made after it was freed is
   // never taken for it).
   void mark_pass_input(act_type const& a) { input_ = a; }
+  // Whether `a` is the pass's input.
   bool is_pass_input(act_type const& a) const { return a && !input_.expired() && input_.lock() == a; }
 
   // The caller's input as the first activation: read in place (never written: training makes
@@ -126,6 +134,7 @@ class pass_state
     static_assert(std::is_same_v<U, T>, "pass_state::borrow: only an input of the activation type is read in place");
     return std::make_shared<tensor<T, D>>(tensor<T, D>::borrowed, const_cast<T*>(v.data()), v.rows(), v.cols());
   }
+  // The caller's input of another type, converted into a new activation of T.
   template <class U>
   act_type convert(tensor_view<U const, D> v) {
     act_type a = make(v.rows(), v.cols());
@@ -146,11 +155,13 @@ class pass_state
     f.to_host(h.get(), a->data(), a->bytes());
     return h;
   }
+  // (See copy_off.)
   act_type copy_back(typename record::item const& it, detail::copy_fence<D>& f) {
     act_type a = make(it.rows, it.cols);
     f.to_device(a->data(), it.host.get(), a->bytes());
     return a;
   }
+  // Where offloads go: the offload allocator and, on the GPU, the copy stream.
   detail::offload_channel<D> const& offload_target() const { return offload_; }
 
  private:

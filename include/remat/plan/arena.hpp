@@ -34,18 +34,20 @@
 
 namespace REMAT_NAMESPACE {
 
+// Where each activation of a planned training pass goes in one arena, and the arena's size.
 struct arena_layout {
   std::vector<std::size_t> offset;  // make number k of the pass is at offset[k] ...
   std::vector<std::size_t> bytes;   // ... and takes bytes[k] (rounded as the allocator rounds)
-  std::size_t workspace_offset = 0, workspace_bytes = 0;  // the loss's workspace, while it runs
+  std::size_t workspace_offset = 0;  // where the loss's workspace goes, while it runs
+  std::size_t workspace_bytes = 0;   // the loss's workspace
   std::size_t size = 0;         // the arena's bytes
   std::size_t lower_bound = 0;  // the most activation and workspace bytes in use at once
 };
 
 // What a layout's sizes are, without the layout (a constant expression can return only this).
 struct arena_size {
-  std::size_t bytes = 0;
-  std::size_t lower_bound = 0;
+  std::size_t bytes = 0;        // the arena's bytes
+  std::size_t lower_bound = 0;  // the most activation and workspace bytes in use at once
 };
 
 namespace detail {

@@ -43,8 +43,9 @@ struct step_options {
   input_gradient dx = input_gradient::none;  // accumulate asked for the input's gradient
   // Data parallelism (remat::dist::data_parallel): the number of ranks and this rank's index;
   // with shard_optimizer (ZeRO-1) the optimizer keeps the state of this rank's 1/ranks only.
-  std::size_t ranks = 1, rank = 0;
-  bool shard_optimizer = false;
+  std::size_t ranks = 1;         // data-parallel ranks (1: training alone)
+  std::size_t rank = 0;          // this rank's index, in [0, ranks)
+  bool shard_optimizer = false;  // ZeRO-1: this rank's optimizer keeps 1/ranks of the state
   bool momentum = true;  // SGD only: a momentum buffer (SGD with momentum 0 keeps no state)
   // Also lay out the step's arena (fills `arena` and `reserved`). A constant expression over a
   // model of hundreds of activations can pass a compiler's evaluation limits with it (nvcc's
@@ -55,21 +56,25 @@ struct step_options {
 // How many parameter-sized buffers of state an optimizer keeps. A user's optimizer specialises it.
 template <template <class, class, class> class Optimizer>
 struct optimizer_state_buffers;
+// AdamW keeps two: the first and second moments.
 template <>
 struct optimizer_state_buffers<AdamW> {
-  static constexpr std::size_t count(step_options const&) { return 2; }
+  static constexpr std::size_t count(step_options const&) { return 2; }  // exp_avg and exp_avg_sq
 };
+// SGD keeps its momentum buffer, if it has momentum.
 template <>
 struct optimizer_state_buffers<SGD> {
-  static constexpr std::size_t count(step_options const& o) { return o.momentum ? 1 : 0; }
+  static constexpr std::size_t count(step_options const& o) { return o.momentum ? 1 : 0; }  // the momentum buffer
 };
 
+// A whole training step's memory, per tag of the allocator, as plan_step computes it at compile
+// time (in bytes, rounded as the allocator rounds): what the allocator's peaks measure.
 struct memory_plan_result {
   std::size_t master_weights = 0;  // tag parameters
   std::size_t compute_copy = 0;    // tag parameters (mixed precision's 16-bit weights)
   std::size_t buffers = 0;         // tag parameters (running state and the copy a pass updates)
-  std::size_t gradients = 0;
-  std::size_t optimizer_state = 0;
+  std::size_t gradients = 0;        // tag gradients: one per parameter, in the master type
+  std::size_t optimizer_state = 0;  // tag optimizer_state: this rank's (a shard of it when sharded)
   activation_plan_result activations{};  // activations.peak_bytes: the tag's peak
   std::size_t workspace = 0;             // the tag's peak
   std::size_t persistent = 0;            // in use for the model's and optimizer's life
@@ -77,6 +82,7 @@ struct memory_plan_result {
   std::size_t arena = 0;                 // reserved for activations and workspace (>= their peak; 0: not laid out)
   std::size_t reserved = 0;              // the total reserved: persistent + arena
 
+  // Tag parameters in all: master weights, compute copy and running state.
   constexpr std::size_t parameters() const { return master_weights + compute_copy + buffers; }
   // "weights 1.00 MiB, gradients ..., peak ...": one line for a program's log.
   std::string describe() const {
