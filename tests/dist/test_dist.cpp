@@ -6,6 +6,8 @@
 #include <remat/dist/mpi.hpp>
 #include <remat/remat.hpp>
 
+#include "../train/trainer.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -304,13 +306,7 @@ TEST_CASE("bad input on one rank fails every rank with a clear error and changes
 
 namespace {
 
-template <class T>
-std::vector<unsigned char> bytes_of(tensor_view<T const> v) {
-  std::vector<T> h = tensor_to_host(v);
-  std::vector<unsigned char> out(h.size() * sizeof(T));
-  if (!h.empty()) std::memcpy(out.data(), h.data(), out.size());
-  return out;
-}
+using remat_test::bytes_of;  // (the fault and bad-input tests' snapshot helper)
 
 // One rank's side of a data-parallel run with its own allocator (what fail_request counts): a
 // step is one train_step, or two micro-batches of which the second adds to the first's gradients.
