@@ -90,8 +90,10 @@ for k, line in enumerate(body):
     if m:
         out.append(m.group(1) + "/// " + text(m.group(2)))
         continue
-    m = re.match(r"^(\s*[^/\"]*?;)(\s+)// ?(.*)$", line) or re.match(
-        r"^(\s*[^/\"]*\([^/\"]*\)[^/\"]*\{[^/\"]*\})(\s+)// ?(.*)$", line)  # (a one-line function)
+    # (code without strings or comments: a `/` is a division unless another `/` or a `*` follows)
+    c = r"""(?:[^/"]|/(?![/*]))"""
+    m = re.match(r"^(\s*%s*?;)(\s+)// ?(.*)$" % c, line) or re.match(
+        r"^(\s*%s*\(%s*\)%s*\{%s*\})(\s+)// ?(.*)$" % (c, c, c, c), line)  # (a one-line function)
     if m and not re.match(r"^\s*(return|if|for|while|else|case|break|continue)\b", line):
         out.append(m.group(1) + m.group(2) + "///< " + text(m.group(3)))
         continue

@@ -17,8 +17,8 @@ namespace REMAT_NAMESPACE {
 namespace expr {
 namespace float_math {
 
-REMAT_HOST_DEVICE float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
-REMAT_HOST_DEVICE std::uint32_t to_bits(float f) { return std::bit_cast<std::uint32_t>(f); }
+REMAT_HOST_DEVICE float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }  // the float with these bits
+REMAT_HOST_DEVICE std::uint32_t to_bits(float f) { return std::bit_cast<std::uint32_t>(f); }  // the bits of a float
 // a where c, else b, as bits: a select the compiler keeps branch-free (under -ftrapping-math, GCC's
 // default, it leaves a floating-point `c ? a : b` as a branch, which stops vectorisation).
 REMAT_HOST_DEVICE float select(bool c, float a, float b) {

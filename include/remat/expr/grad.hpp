@@ -10,44 +10,64 @@
 namespace REMAT_NAMESPACE {
 namespace expr {
 
-// d op(a) / da for each unary op, as an expression of a.
+// d op(a) / da for each unary op, as an expression of a (one overload per op).
+
+// d e^a / da = e^a.
 template <class A> auto derivative(exp_op, A const& a) { return make_unary(exp_op{}, a); }
+// d ln a / da = 1 / a.
 template <class A> auto derivative(log_op, A const& a) { return div(one_t{}, a); }
+// d sqrt a / da = 0.5 / sqrt a.
 template <class A> auto derivative(sqrt_op, A const& a) { return div(constant{{}, 0.5}, make_unary(sqrt_op{}, a)); }
+// d a^-1/2 / da = -0.5 a^-1/2 / a.
 template <class A> auto derivative(rsqrt_op, A const& a) {
   return mul(constant{{}, -0.5}, div(make_unary(rsqrt_op{}, a), a));
 }
+// d tanh a / da = 1 - tanh^2 a.
 template <class A> auto derivative(tanh_op, A const& a) {
   auto t = make_unary(tanh_op{}, a);
   return sub(one_t{}, mul(t, t));
 }
+// d sigmoid a / da = sigmoid a (1 - sigmoid a).
 template <class A> auto derivative(sigmoid_op, A const& a) {
   auto s = make_unary(sigmoid_op{}, a);
   return mul(s, sub(one_t{}, s));
 }
+// d erf a / da = 2 / sqrt(pi) e^(-a^2).
 template <class A> auto derivative(erf_op, A const& a) {
   return mul(constant{{}, two_sqrtpi}, make_unary(exp_op{}, neg(mul(a, a))));
 }
+// d |a| / da = sign a (0 at 0).
 template <class A> auto derivative(abs_op, A const& a) { return make_unary(sign_op{}, a); }
+// d relu a / da = [a > 0].
 template <class A> auto derivative(relu_op, A const& a) { return make_unary(step_op{}, a); }
+// d max(a, c) / da = [a >= c].
 template <class A> auto derivative(max_op op, A const& a) { return make_unary(ge_op{op.c}, a); }
+// d min(a, c) / da = [a <= c].
 template <class A> auto derivative(min_op op, A const& a) { return make_unary(le_op{op.c}, a); }
+// d a^p / da = p a^(p-1).
 template <class A> auto derivative(pow_op op, A const& a) {
   return mul(constant{{}, op.p}, make_unary(pow_op{op.p - 1.0}, a));
 }
-// Piecewise-constant ops have derivative 0 (almost everywhere).
+// Piecewise-constant ops (sign, step, [a >= c], [a <= c]) have derivative 0 (almost everywhere).
 template <class A> auto derivative(sign_op, A const&) { return zero_t{}; }
+// (0: step is piecewise constant)
 template <class A> auto derivative(step_op, A const&) { return zero_t{}; }
+// (0: [a >= c] is piecewise constant)
 template <class A> auto derivative(ge_op, A const&) { return zero_t{}; }
+// (0: [a <= c] is piecewise constant)
 template <class A> auto derivative(le_op, A const&) { return zero_t{}; }
 
+// Whether E is a unary node.
 template <class E>
 inline constexpr bool is_unary_v = false;
+// (a unary node)
 template <class Op, class A>
 inline constexpr bool is_unary_v<unary<Op, A>> = true;
 
+// Whether E is a binary node of Op.
 template <class E, class Op>
 inline constexpr bool is_binary_v = false;
+// (a binary node of Op)
 template <class Op, class A, class B>
 inline constexpr bool is_binary_v<binary<Op, A, B>, Op> = true;
 

@@ -13,6 +13,7 @@ namespace REMAT_NAMESPACE {
 namespace expr {
 namespace math {
 
+// e^x in float (on the host, remat's own float_math::exp).
 REMAT_HOST_DEVICE float exp(float x) {
 #if REMAT_DEVICE_CODE
   return ::expf(x);
@@ -20,11 +21,12 @@ REMAT_HOST_DEVICE float exp(float x) {
   return float_math::exp(x);
 #endif
 }
-REMAT_HOST_DEVICE double exp(double x) { return ::exp(x); }
-REMAT_HOST_DEVICE float log(float x) { return ::logf(x); }
-REMAT_HOST_DEVICE double log(double x) { return ::log(x); }
-REMAT_HOST_DEVICE float sqrt(float x) { return ::sqrtf(x); }
-REMAT_HOST_DEVICE double sqrt(double x) { return ::sqrt(x); }
+REMAT_HOST_DEVICE double exp(double x) { return ::exp(x); }  // e^x in double
+REMAT_HOST_DEVICE float log(float x) { return ::logf(x); }  // the natural logarithm in float
+REMAT_HOST_DEVICE double log(double x) { return ::log(x); }  // the natural logarithm in double
+REMAT_HOST_DEVICE float sqrt(float x) { return ::sqrtf(x); }  // the square root in float
+REMAT_HOST_DEVICE double sqrt(double x) { return ::sqrt(x); }  // the square root in double
+// The hyperbolic tangent in float (on the host, float_math::tanh).
 REMAT_HOST_DEVICE float tanh(float x) {
 #if REMAT_DEVICE_CODE
   return ::tanhf(x);
@@ -32,7 +34,8 @@ REMAT_HOST_DEVICE float tanh(float x) {
   return float_math::tanh(x);
 #endif
 }
-REMAT_HOST_DEVICE double tanh(double x) { return ::tanh(x); }
+REMAT_HOST_DEVICE double tanh(double x) { return ::tanh(x); }  // the hyperbolic tangent in double
+// The error function in float (on the host, float_math::erf).
 REMAT_HOST_DEVICE float erf(float x) {
 #if REMAT_DEVICE_CODE
   return ::erff(x);
@@ -40,11 +43,12 @@ REMAT_HOST_DEVICE float erf(float x) {
   return float_math::erf(x);
 #endif
 }
-REMAT_HOST_DEVICE double erf(double x) { return ::erf(x); }
-REMAT_HOST_DEVICE float abs(float x) { return ::fabsf(x); }
-REMAT_HOST_DEVICE double abs(double x) { return ::fabs(x); }
-REMAT_HOST_DEVICE float pow(float x, float p) { return ::powf(x, p); }
-REMAT_HOST_DEVICE double pow(double x, double p) { return ::pow(x, p); }
+REMAT_HOST_DEVICE double erf(double x) { return ::erf(x); }  // the error function in double
+REMAT_HOST_DEVICE float abs(float x) { return ::fabsf(x); }  // |x| in float
+REMAT_HOST_DEVICE double abs(double x) { return ::fabs(x); }  // |x| in double
+REMAT_HOST_DEVICE float pow(float x, float p) { return ::powf(x, p); }  // x^p in float
+REMAT_HOST_DEVICE double pow(double x, double p) { return ::pow(x, p); }  // x^p in double
+// 1 / sqrt(x) in float.
 REMAT_HOST_DEVICE float rsqrt(float x) {
 #if REMAT_DEVICE_CODE
   return ::rsqrtf(x);
@@ -52,6 +56,7 @@ REMAT_HOST_DEVICE float rsqrt(float x) {
   return 1.0f / ::sqrtf(x);
 #endif
 }
+// 1 / sqrt(x) in double.
 REMAT_HOST_DEVICE double rsqrt(double x) {
 #if REMAT_DEVICE_CODE
   return ::rsqrt(x);

@@ -20,6 +20,7 @@ struct expr_base {};
 template <class T>
 concept expression = std::is_base_of_v<expr_base, std::remove_cvref_t<T>>;
 
+// The size of a node that fits any size (a constant): it takes its operand's.
 inline constexpr std::size_t any_size = std::numeric_limits<std::size_t>::max();
 
 // The id of a terminal that is a constant as far as differentiation goes.
@@ -28,14 +29,15 @@ inline constexpr int no_id = -1;
 // Reads element i of a tensor. Id names it as a variable for grad(); no_id for a constant.
 template <class T, class Device, int Id>
 struct ref : expr_base {
-  using device = Device;
-  using element = std::remove_cv_t<T>;
-  static constexpr int id = Id;
-  static constexpr bool is_double = std::is_same_v<element, double>;
-  T const* data;
-  std::size_t n;
+  using device = Device;  // where the tensor lives
+  using element = std::remove_cv_t<T>;  // the tensor's element type
+  static constexpr int id = Id;  // the variable it is for grad() (no_id: a constant)
+  static constexpr bool is_double = std::is_same_v<element, double>;  // whether it computes in double
+  T const* data;  // the tensor's first element
+  std::size_t n;  // its elements
 
-  constexpr std::size_t size() const { return n; }
+  constexpr std::size_t size() const { return n; }  // the tensor's elements
+  // Element i, converted to the compute type V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
     return to_compute<V>(data[i]);
@@ -45,15 +47,16 @@ struct ref : expr_base {
 // Reads a row vector of `width` elements as if repeated over `n / width` rows (a bias).
 template <class T, class Device, int Id>
 struct row_broadcast : expr_base {
-  using device = Device;
-  using element = std::remove_cv_t<T>;
-  static constexpr int id = Id;
-  static constexpr bool is_double = std::is_same_v<element, double>;
-  T const* data;
-  std::size_t width;
-  std::size_t n;
+  using device = Device;  // where the row lives
+  using element = std::remove_cv_t<T>;  // the row's element type
+  static constexpr int id = Id;  // the variable it is for grad() (no_id: a constant)
+  static constexpr bool is_double = std::is_same_v<element, double>;  // whether it computes in double
+  T const* data;  // the row's first element
+  std::size_t width;  // the row's elements
+  std::size_t n;  // the elements it reads as (rows times width)
 
-  constexpr std::size_t size() const { return n; }
+  constexpr std::size_t size() const { return n; }  // rows times width
+  // Element i: the row's element i % width, converted to the compute type V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
     return to_compute<V>(data[i % width]);
@@ -62,31 +65,35 @@ struct row_broadcast : expr_base {
 
 // A run-time scalar, the same for every element.
 struct constant : expr_base {
-  using device = void;
-  static constexpr bool is_double = false;
-  double value;
+  using device = void;  // (any: a constant lives nowhere)
+  static constexpr bool is_double = false;  // (a constant does not make an expression double)
+  double value;  // the scalar
 
-  constexpr std::size_t size() const { return any_size; }
+  constexpr std::size_t size() const { return any_size; }  // any: it takes its operand's size
+  // The scalar, converted to the compute type V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t) const {
     return static_cast<V>(value);
   }
 };
 
-// Compile-time 0 and 1: what differentiation produces and simplifies away.
+// Compile-time 0: what differentiation produces and simplifies away.
 struct zero_t : expr_base {
-  using device = void;
-  static constexpr bool is_double = false;
-  constexpr std::size_t size() const { return any_size; }
+  using device = void;  // (any)
+  static constexpr bool is_double = false;  // (does not make an expression double)
+  constexpr std::size_t size() const { return any_size; }  // any: it takes its operand's size
+  // 0 in the compute type V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t) const {
     return V(0);
   }
 };
+// Compile-time 1: what differentiation produces and simplifies away.
 struct one_t : expr_base {
-  using device = void;
-  static constexpr bool is_double = false;
-  constexpr std::size_t size() const { return any_size; }
+  using device = void;  // (any)
+  static constexpr bool is_double = false;  // (does not make an expression double)
+  constexpr std::size_t size() const { return any_size; }  // any: it takes its operand's size
+  // 1 in the compute type V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t) const {
     return V(1);
@@ -111,31 +118,37 @@ inline std::size_t common_size(std::size_t a, std::size_t b) {
 
 }  // namespace detail
 
+// Op applied to every element of A (an op may hold a value: pow's exponent, min's bound).
 template <class Op, class A>
 struct unary : expr_base {
-  using device = typename A::device;
-  static constexpr bool is_double = A::is_double;
-  [[no_unique_address]] Op op;
-  A a;
+  using device = typename A::device;  // the operand's
+  static constexpr bool is_double = A::is_double;  // whether it computes in double (as its operand)
+  [[no_unique_address]] Op op;  // the function applied
+  A a;  // the operand
 
-  constexpr unary(Op o, A x) : op(o), a(x) {}
-  constexpr std::size_t size() const { return a.size(); }
+  constexpr unary(Op o, A x) : op(o), a(x) {}  // o applied to x
+  constexpr std::size_t size() const { return a.size(); }  // the operand's size
+  // op of the operand's element i, computed in V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
     return op(a.template eval<V>(i));
   }
 };
 
+// Op (a stateless function of two values) applied element by element to A and B.
 template <class Op, class A, class B>
 struct binary : expr_base {
+  // The operands' device (static_assert when they differ; a constant fits either).
   using device = typename detail::common_device<typename A::device, typename B::device>::type;
-  static constexpr bool is_double = A::is_double || B::is_double;
-  A a;
-  B b;
-  std::size_t n;
+  static constexpr bool is_double = A::is_double || B::is_double;  // whether either operand is double
+  A a;  // the left operand
+  B b;  // the right operand
+  std::size_t n;  // the elements (the operands', which must agree unless one is a constant)
 
+  // x op y; shape_error when the operands' sizes differ.
   binary(A x, B y) : a(x), b(y), n(detail::common_size(x.size(), y.size())) {}
-  constexpr std::size_t size() const { return n; }
+  constexpr std::size_t size() const { return n; }  // the operands' common size
+  // Op of the operands' elements i, computed in V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
     return Op{}(a.template eval<V>(i), b.template eval<V>(i));
@@ -153,13 +166,17 @@ template <class Op, class A, int Id>
 struct contains<unary<Op, A>, Id> : contains<A, Id> {};
 template <class Op, class A, class B, int Id>
 struct contains<binary<Op, A, B>, Id> : std::bool_constant<contains<A, Id>::value || contains<B, Id>::value> {};
+// Whether E reads the variable Id (contains, for any cv-ref E).
 template <class E, int Id>
 inline constexpr bool contains_v = contains<std::remove_cvref_t<E>, Id>::value;
 
+// Whether E is a terminal that reads memory (ref, row_broadcast).
 template <class E>
 inline constexpr bool is_terminal_v = false;
+// (a tensor read is a terminal)
 template <class T, class D, int I>
 inline constexpr bool is_terminal_v<ref<T, D, I>> = true;
+// (a broadcast row is a terminal)
 template <class T, class D, int I>
 inline constexpr bool is_terminal_v<row_broadcast<T, D, I>> = true;
 

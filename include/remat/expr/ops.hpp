@@ -60,94 +60,118 @@ auto broadcast_rows(X const& v, std::size_t rows) {
   return row_broadcast<T, D, Id>{{}, v.data(), v.size(), v.size() * rows};
 }
 
+// The expression to_expr makes of an X (a tensor, a scalar or an expression).
 template <class X>
 using expr_t = decltype(to_expr(std::declval<X const&>()));
 
 // ---------------------------------------------------------------- op functors
+// (Each computes in the type V it is given: float, or double; see node.hpp.)
+
+// a + b.
 struct add_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V a, V b) const { return a + b; }
+  template <class V> REMAT_HOST_DEVICE V operator()(V a, V b) const { return a + b; }  // a + b
 };
+// a - b.
 struct sub_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V a, V b) const { return a - b; }
+  template <class V> REMAT_HOST_DEVICE V operator()(V a, V b) const { return a - b; }  // a - b
 };
+// a * b.
 struct mul_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V a, V b) const { return a * b; }
+  template <class V> REMAT_HOST_DEVICE V operator()(V a, V b) const { return a * b; }  // a * b
 };
+// a / b.
 struct div_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V a, V b) const { return a / b; }
+  template <class V> REMAT_HOST_DEVICE V operator()(V a, V b) const { return a / b; }  // a / b
 };
+// -x.
 struct neg_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return -x; }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return -x; }  // -x
 };
+// e^x (math::exp: the same bits on the host and the GPU).
 struct exp_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::exp(x); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::exp(x); }  // e^x
 };
+// The natural logarithm.
 struct log_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::log(x); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::log(x); }  // ln x
 };
+// The square root.
 struct sqrt_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::sqrt(x); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::sqrt(x); }  // sqrt x
 };
+// 1 / sqrt(x).
 struct rsqrt_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::rsqrt(x); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::rsqrt(x); }  // 1 / sqrt x
 };
+// The hyperbolic tangent.
 struct tanh_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::tanh(x); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::tanh(x); }  // tanh x
 };
+// The logistic function 1 / (1 + e^-x).
 struct sigmoid_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return V(1) / (V(1) + math::exp(-x)); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return V(1) / (V(1) + math::exp(-x)); }  // sigmoid x
 };
+// The error function.
 struct erf_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::erf(x); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::erf(x); }  // erf x
 };
+// |x|; its derivative is sign(x).
 struct abs_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::abs(x); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::abs(x); }  // |x|
 };
 // sign(x): -1, 0 or 1 (the derivative of abs, 0 at 0 as in PyTorch).
 struct sign_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return V(x > V(0)) - V(x < V(0)); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return V(x > V(0)) - V(x < V(0)); }  // sign x
 };
 // relu(x) = max(x, 0); its derivative is step(x) = [x > 0] (0 at the kink, as in PyTorch).
 struct relu_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x > V(0) ? x : V(0); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x > V(0) ? x : V(0); }  // max(x, 0)
 };
+// step(x) = [x > 0]: relu's derivative.
 struct step_op {
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x > V(0) ? V(1) : V(0); }
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x > V(0) ? V(1) : V(0); }  // [x > 0]
 };
-// max(x, c) and min(x, c) with a constant; derivatives [x >= c] and [x <= c] (PyTorch's clamp).
+// max(x, c) with a constant; its derivative is [x >= c] (PyTorch's clamp).
 struct max_op {
-  double c;
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x < V(c) ? V(c) : x; }
+  double c;  // the lower bound
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x < V(c) ? V(c) : x; }  // max(x, c)
 };
+// min(x, c) with a constant; its derivative is [x <= c] (PyTorch's clamp).
 struct min_op {
-  double c;
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x > V(c) ? V(c) : x; }
+  double c;  // the upper bound
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x > V(c) ? V(c) : x; }  // min(x, c)
 };
+// [x >= c]: max's derivative.
 struct ge_op {
-  double c;
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x >= V(c) ? V(1) : V(0); }
+  double c;  // the bound
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x >= V(c) ? V(1) : V(0); }  // [x >= c]
 };
+// [x <= c]: min's derivative.
 struct le_op {
-  double c;
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x <= V(c) ? V(1) : V(0); }
+  double c;  // the bound
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return x <= V(c) ? V(1) : V(0); }  // [x <= c]
 };
 // pow(x, p) with a constant exponent.
 struct pow_op {
-  double p;
-  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::pow(x, V(p)); }
+  double p;  // the exponent
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::pow(x, V(p)); }  // x^p
 };
 
 // ---------------------------------------------------------------- builders (simplifying)
+// Whether E is a negation (neg of a negation gives back its operand).
 template <class E>
 inline constexpr bool is_neg_v = false;
+// (a neg_op node is a negation)
 template <class A>
 inline constexpr bool is_neg_v<unary<neg_op, A>> = true;
 
+// The node op(a).
 template <class Op, expression A>
 auto make_unary(Op op, A const& a) {
   return unary<Op, A>(op, a);
 }
 
+// a + b, with 0 + b = b and a + 0 = a.
 template <expression A, expression B>
 auto add(A const& a, B const& b) {
   if constexpr (std::is_same_v<A, zero_t>)
@@ -158,6 +182,7 @@ auto add(A const& a, B const& b) {
     return binary<add_op, A, B>(a, b);
 }
 
+// -a, with -0 = 0 and -(-a) = a.
 template <expression A>
 auto neg(A const& a) {
   if constexpr (std::is_same_v<A, zero_t>)
@@ -168,6 +193,7 @@ auto neg(A const& a) {
     return unary<neg_op, A>(neg_op{}, a);
 }
 
+// a - b, with a - 0 = a and 0 - b = -b.
 template <expression A, expression B>
 auto sub(A const& a, B const& b) {
   if constexpr (std::is_same_v<B, zero_t>)
@@ -178,6 +204,7 @@ auto sub(A const& a, B const& b) {
     return binary<sub_op, A, B>(a, b);
 }
 
+// a * b, with 0 * b = a * 0 = 0, 1 * b = b and a * 1 = a.
 template <expression A, expression B>
 auto mul(A const& a, B const& b) {
   if constexpr (std::is_same_v<A, zero_t> || std::is_same_v<B, zero_t>)
@@ -190,6 +217,7 @@ auto mul(A const& a, B const& b) {
     return binary<mul_op, A, B>(a, b);
 }
 
+// a / b, with 0 / b = 0 and a / 1 = a.
 template <expression A, expression B>
 auto div(A const& a, B const& b) {
   if constexpr (std::is_same_v<A, zero_t>)
@@ -201,26 +229,33 @@ auto div(A const& a, B const& b) {
 }
 
 // ---------------------------------------------------------------- operators
+// (Operands: expressions, tensors and views, and scalars, at least one of them not a scalar.)
+
+// a + b, element by element.
 template <class A, class B>
   requires operands<A, B>
 auto operator+(A const& a, B const& b) {
   return add(to_expr(a), to_expr(b));
 }
+// a - b, element by element.
 template <class A, class B>
   requires operands<A, B>
 auto operator-(A const& a, B const& b) {
   return sub(to_expr(a), to_expr(b));
 }
+// a * b, element by element.
 template <class A, class B>
   requires operands<A, B>
 auto operator*(A const& a, B const& b) {
   return mul(to_expr(a), to_expr(b));
 }
+// a / b, element by element.
 template <class A, class B>
   requires operands<A, B>
 auto operator/(A const& a, B const& b) {
   return div(to_expr(a), to_expr(b));
 }
+// -a, element by element.
 template <class A>
   requires(expression<A> || tensor_like<A>)
 auto operator-(A const& a) {
@@ -231,6 +266,8 @@ auto operator-(A const& a) {
 template <class A>
 concept array_operand = expression<A> || tensor_like<A>;
 
+// Declares fn(a): the op applied to every element of a (exp, log, sqrt, rsqrt, tanh, sigmoid, erf,
+// abs, sign, relu, step; each differentiated by grad() through its rule in grad.hpp).
 #define REMAT_EXPR_UNARY(fn, op)            \
   template <array_operand A>                \
   auto fn(A const& a) {                     \
@@ -249,22 +286,27 @@ REMAT_EXPR_UNARY(relu, relu_op)
 REMAT_EXPR_UNARY(step, step_op)
 #undef REMAT_EXPR_UNARY
 
+// max(a, c) of every element, with a constant c (PyTorch's clamp_min).
 template <array_operand A>
 auto max(A const& a, double c) {
   return make_unary(max_op{c}, to_expr(a));
 }
+// max(c, a) = max(a, c).
 template <array_operand A>
 auto max(double c, A const& a) {
   return make_unary(max_op{c}, to_expr(a));
 }
+// min(a, c) of every element, with a constant c (PyTorch's clamp_max).
 template <array_operand A>
 auto min(A const& a, double c) {
   return make_unary(min_op{c}, to_expr(a));
 }
+// min(c, a) = min(a, c).
 template <array_operand A>
 auto min(double c, A const& a) {
   return make_unary(min_op{c}, to_expr(a));
 }
+// a^p of every element, with a constant exponent.
 template <array_operand A>
 auto pow(A const& a, double p) {
   return make_unary(pow_op{p}, to_expr(a));

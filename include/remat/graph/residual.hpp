@@ -9,10 +9,12 @@
 
 namespace REMAT_NAMESPACE {
 
+// Fails to compile with the segment and its two widths in the instantiation the compiler prints:
+// a Residual<S> whose S changes the width.
 template <class Block, std::size_t In, std::size_t Out>
 struct residual_width_mismatch {
   static_assert(In == Out, "remat::Residual<S>: S must keep the width (in residual_width_mismatch<S, in, out>)");
-  static constexpr bool ok = In == Out;
+  static constexpr bool ok = In == Out;  // whether the widths agree (when it compiles, they do)
 };
 
 template <class S>

@@ -20,7 +20,7 @@ struct width_mismatch {
   static_assert(LeftOut == RightIn,
                 "remat: width mismatch between neighbouring layers: the output width of the first layer named in "
                 "width_mismatch<First, its output width, Second, its input width> differs from the second's input");
-  static constexpr bool ok = LeftOut == RightIn;
+  static constexpr bool ok = LeftOut == RightIn;  // whether the widths agree (when it compiles, they do)
 };
 
 // Fails to compile with both layers and both images (channels, height, width) in the
@@ -29,6 +29,7 @@ struct width_mismatch {
 template <class Left, std::size_t LeftChannels, std::size_t LeftHeight, std::size_t LeftWidth, class Right,
           std::size_t RightChannels, std::size_t RightHeight, std::size_t RightWidth>
 struct image_mismatch {
+  // Whether the images agree (when it compiles, they do).
   static constexpr bool ok = LeftChannels == RightChannels && LeftHeight == RightHeight && LeftWidth == RightWidth;
   static_assert(ok,
                 "remat: image mismatch between neighbouring layers: the first layer named in image_mismatch<First, "

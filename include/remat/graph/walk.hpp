@@ -166,6 +166,7 @@ struct image_walk<L, type_list<C...>> {
 // declares none (a Linear, a point-wise layer).
 template <class L>
 inline constexpr image_shape image_in_v = detail::image_walk<L>::in;
+// (image_in_v's counterpart: the image a layer or segment writes)
 template <class L>
 inline constexpr image_shape image_out_v = detail::image_walk<L>::out;
 

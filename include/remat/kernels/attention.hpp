@@ -96,12 +96,13 @@ void causal_softmax(D, V const* scores, T* probs, std::size_t count, std::size_t
 // Masks for causal_softmax_backward (functors, not lambdas: they travel into GPU kernels).
 template <class V>
 struct no_mask {
-  REMAT_HOST_DEVICE V operator()(std::size_t) const { return V(1); }
+  REMAT_HOST_DEVICE V operator()(std::size_t) const { return V(1); }  // 1: every element kept
 };
+// The mask held by an expression M (a dropout mask): element i is M's element i.
 template <class V, class M>
 struct mask_values {
-  M m;
-  REMAT_HOST_DEVICE V operator()(std::size_t i) const { return m.template eval<V>(i); }
+  M m;  // the mask's expression
+  REMAT_HOST_DEVICE V operator()(std::size_t i) const { return m.template eval<V>(i); }  // M's element i
 };
 
 // The gradient of the scores: dscores = scale * P o (dP - sum_c dP o P) with dP = dpd o mask,
@@ -141,9 +142,14 @@ void causal_softmax_backward(D, T const* probs, V const* dpd, Out* dscores, std:
 // dropout mask is element ((first + m) * seq + position) * seq + key of the stream: the one
 // AttentionCore's count*seq x seq probabilities draw.
 struct panel_geometry {
-  std::size_t count, seq, r0, rb, panel_stride, ld;
+  std::size_t count;         // the sequence-heads (matrices)
+  std::size_t seq;           // the sequence length
+  std::size_t r0;            // the panel's first row (position)
+  std::size_t rb;            // the panel's rows
+  std::size_t panel_stride;  // elements between the matrices of the panel
+  std::size_t ld;            // elements between rows
   std::size_t first = 0;  // the sequence-head of matrix 0 (the pointers given start at its panel)
-  REMAT_HOST_DEVICE std::size_t keys() const { return r0 + rb; }
+  REMAT_HOST_DEVICE std::size_t keys() const { return r0 + rb; }  // L: the keys the panel's last row sees
 };
 
 // Forward: each row's softmax statistics, its maximum m of scale * z and inv = 1 / sum exp(scale *

@@ -53,12 +53,19 @@ namespace kernels {
 
 // The shape of one convolution over a batch.
 struct conv_shape {
-  std::size_t batch, in_channels, height, width, out_channels, kernel, stride, padding;
-  constexpr std::size_t out_height() const { return (height + 2 * padding - kernel) / stride + 1; }
-  constexpr std::size_t out_width() const { return (width + 2 * padding - kernel) / stride + 1; }
-  constexpr std::size_t in_features() const { return in_channels * height * width; }
-  constexpr std::size_t out_features() const { return out_channels * out_height() * out_width(); }
-  constexpr std::size_t weight_count() const { return out_channels * in_channels * kernel * kernel; }
+  std::size_t batch;         // images
+  std::size_t in_channels;   // input planes per image
+  std::size_t height;        // the input's height
+  std::size_t width;         // the input's width
+  std::size_t out_channels;  // output planes per image
+  std::size_t kernel;        // the square kernel's side
+  std::size_t stride;        // the step between windows
+  std::size_t padding;       // zeros around the input, on every side
+  constexpr std::size_t out_height() const { return (height + 2 * padding - kernel) / stride + 1; }  // the output's height
+  constexpr std::size_t out_width() const { return (width + 2 * padding - kernel) / stride + 1; }  // the output's width
+  constexpr std::size_t in_features() const { return in_channels * height * width; }  // values per input image
+  constexpr std::size_t out_features() const { return out_channels * out_height() * out_width(); }  // values per output image
+  constexpr std::size_t weight_count() const { return out_channels * in_channels * kernel * kernel; }  // the kernel's weights
 };
 
 namespace detail {

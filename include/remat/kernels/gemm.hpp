@@ -39,13 +39,15 @@
 namespace REMAT_NAMESPACE {
 namespace kernels {
 
+// Whether a product reads an operand as stored (no) or transposed (yes).
 enum class trans : bool { no = false, yes = true };
 
 // Where matrix i of a batch starts: base + (i / group) * outer + (i % group) * inner, with
 // `group` matrices per outer step (the heads of one sequence in attention).
 struct batch_stride {
-  index_t outer = 0;
-  index_t inner = 0;
+  index_t outer = 0;  // elements between groups
+  index_t inner = 0;  // elements between the matrices of a group
+  // Where matrix i starts, in elements from the operand's data.
   constexpr index_t at(std::size_t i, std::size_t group) const {
     return index_t(i / group) * outer + index_t(i % group) * inner;
   }
@@ -58,12 +60,15 @@ struct batch_stride {
 // C are checked against each other before anything is read.
 enum class operand_role { a, b, c };
 
+// One operand of a product (see operand_role): made by lhs(), rhs() and result().
 template <class T, operand_role Role>
 struct operand {
-  T* data = nullptr;
-  index_t rows = 0, cols = 0, ld = 0;
-  trans op = trans::no;
-  batch_stride stride{};
+  T* data = nullptr;  // the first matrix's first element
+  index_t rows = 0;  // the rows as stored
+  index_t cols = 0;  // the columns as stored
+  index_t ld = 0;  // the row stride, in elements (at least cols)
+  trans op = trans::no;  // whether the product reads it transposed
+  batch_stride stride{};  // where matrix i of a batch starts
 
   // Read transposed (when `yes`).
   constexpr operand transposed(bool yes = true) const {
@@ -86,14 +91,17 @@ struct operand {
     o.stride = s;
     return o;
   }
-  constexpr index_t op_rows() const { return op == trans::no ? rows : cols; }
-  constexpr index_t op_cols() const { return op == trans::no ? cols : rows; }
+  constexpr index_t op_rows() const { return op == trans::no ? rows : cols; }  // the rows of op(this)
+  constexpr index_t op_cols() const { return op == trans::no ? cols : rows; }  // the columns of op(this)
 };
 
+// A, the left operand (read).
 template <class T>
 using lhs_operand = operand<T const, operand_role::a>;
+// B, the right operand (read).
 template <class T>
 using rhs_operand = operand<T const, operand_role::b>;
+// C, the result (written, or added to when beta is not 0).
 template <class T>
 using result_operand = operand<T, operand_role::c>;
 
@@ -102,10 +110,12 @@ template <class T>
 constexpr lhs_operand<T> lhs(T const* data, index_t rows, index_t cols, index_t ld = 0) {
   return {data, rows, cols, ld ? ld : cols};
 }
+// B: `rows` x `cols` at `data`, row stride `ld` (`cols` when 0).
 template <class T>
 constexpr rhs_operand<T> rhs(T const* data, index_t rows, index_t cols, index_t ld = 0) {
   return {data, rows, cols, ld ? ld : cols};
 }
+// C: `rows` x `cols` at `data`, row stride `ld` (`cols` when 0).
 template <class T>
 constexpr result_operand<T> result(T* data, index_t rows, index_t cols, index_t ld = 0) {
   return {data, rows, cols, ld ? ld : cols};
@@ -114,17 +124,22 @@ constexpr result_operand<T> result(T* data, index_t rows, index_t cols, index_t 
 // Where an operand's matrices lie: rows x cols with row stride ld (cols when 0), and in a batch
 // matrix i at stride.at(i, group).
 struct matrix_layout {
-  index_t rows = 0, cols = 0, ld = 0;
-  batch_stride stride{};
+  index_t rows = 0;  // the rows as stored
+  index_t cols = 0;  // the columns as stored
+  index_t ld = 0;  // the row stride (cols when 0)
+  batch_stride stride{};  // where matrix i of a batch starts
 };
+// A at data, laid out as l.
 template <class T>
 constexpr lhs_operand<T> lhs(T const* data, matrix_layout l) {
   return {data, l.rows, l.cols, l.ld ? l.ld : l.cols, trans::no, l.stride};
 }
+// B at data, laid out as l.
 template <class T>
 constexpr rhs_operand<T> rhs(T const* data, matrix_layout l) {
   return {data, l.rows, l.cols, l.ld ? l.ld : l.cols, trans::no, l.stride};
 }
+// C at data, laid out as l.
 template <class T>
 constexpr result_operand<T> result(T* data, matrix_layout l) {
   return {data, l.rows, l.cols, l.ld ? l.ld : l.cols, trans::no, l.stride};
@@ -132,14 +147,14 @@ constexpr result_operand<T> result(T* data, matrix_layout l) {
 
 // alpha and beta of C = alpha * op(A) * op(B) + beta * C (beta = 1: add into C).
 struct scale {
-  double alpha = 1;
-  double beta = 0;
+  double alpha = 1;  // the product's factor
+  double beta = 0;  // C's factor (0: C is overwritten, never read)
 };
 
 // `count` products of one shape: product i reads and writes its operands' matrix i.
 struct batch {
-  std::size_t count = 1;
-  std::size_t group = 1;
+  std::size_t count = 1;  // the products
+  std::size_t group = 1;  // matrices per outer step of the operands' batch_stride
 };
 
 namespace detail {
@@ -188,12 +203,14 @@ inline CBLAS_TRANSPOSE cblas_trans(trans t) { return t == trans::no ? CblasNoTra
 // matmul on the CPU). Tests and benchmarks set it to compare the paths.
 enum class gemm16_path { automatic, onednn, convert };
 
+// The process-wide setting for 16-bit products (set_gemm16_path changes it).
 inline std::atomic<gemm16_path>& gemm16_setting() {
   static std::atomic<gemm16_path> p{gemm16_path::automatic};
   return p;
 }
-inline void set_gemm16_path(gemm16_path p) { gemm16_setting().store(p); }
+inline void set_gemm16_path(gemm16_path p) { gemm16_setting().store(p); }  // for every later product
 
+// Whether remat was built with oneDNN (libdnnl-dev found; host C++ only).
 inline constexpr bool has_onednn =
 #if defined(REMAT_GEMM_ONEDNN)
     true;
@@ -207,6 +224,7 @@ inline constexpr bool has_onednn =
 // batched products (attention's per-head ones, one per thread) stay on OpenBLAS.
 enum class gemm32_path { automatic, openblas, onednn };
 
+// The process-wide setting for fp32 products (set_gemm32_path changes it).
 inline std::atomic<gemm32_path>& gemm32_setting() {
   static std::atomic<gemm32_path> p{gemm32_path::automatic};
   return p;
@@ -218,6 +236,7 @@ inline gemm32_path gemm32_path_now() {
   if (p == gemm32_path::automatic) return has_onednn ? gemm32_path::onednn : gemm32_path::openblas;
   return p;
 }
+// Sets the path of every later fp32 product; oneDNN without it is an argument_error (nothing changes).
 inline void set_gemm32_path(gemm32_path p) {
   if (p == gemm32_path::onednn && !has_onednn)
     REMAT_NAMESPACE::detail::raise<argument_error>(

@@ -23,9 +23,11 @@ namespace kernels {
 
 // The planes of one batch: `batch` images of `channels` planes of `plane` (height x width) values.
 struct planes {
-  std::size_t batch, channels, plane;
-  constexpr std::size_t image() const { return channels * plane; }
-  constexpr std::size_t size() const { return batch * image(); }
+  std::size_t batch;     // images
+  std::size_t channels;  // planes per image
+  std::size_t plane;     // values per plane (height x width)
+  constexpr std::size_t image() const { return channels * plane; }  // values per image
+  constexpr std::size_t size() const { return batch * image(); }  // values in all
 };
 
 namespace detail {
@@ -194,9 +196,12 @@ void group_norm_backward(D, planes const& p, std::size_t groups, T const* x, T c
 
 // The window geometry of a pooling layer: square kernel, stride, no padding.
 struct pool_shape {
-  std::size_t height, width, kernel, stride;
-  constexpr std::size_t out_height() const { return (height - kernel) / stride + 1; }
-  constexpr std::size_t out_width() const { return (width - kernel) / stride + 1; }
+  std::size_t height;  // the input plane's height
+  std::size_t width;   // the input plane's width
+  std::size_t kernel;  // the square window's side
+  std::size_t stride;  // the step between windows
+  constexpr std::size_t out_height() const { return (height - kernel) / stride + 1; }  // the output plane's height
+  constexpr std::size_t out_width() const { return (width - kernel) / stride + 1; }  // the output plane's width
 };
 
 // y = the largest value of each window (a NaN wins, as in PyTorch).

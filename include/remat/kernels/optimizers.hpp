@@ -17,19 +17,24 @@
 namespace REMAT_NAMESPACE {
 namespace kernels {
 
+// What one AdamW update of step t uses, worked out once on the host (remat::AdamW fills it).
 struct adamw_scalars {
   double grad_scale;   // gradient clipping times 1 / loss scale
   double decay;        // 1 - lr * weight_decay
-  double beta1, beta2;
+  double beta1;        // the first moment's decay
+  double beta2;        // the second moment's decay
   double step_size;    // lr / (1 - beta1^t)
   double bc2_sqrt;     // sqrt(1 - beta2^t)
-  double eps;
+  double eps;          // added to the denominator
 };
 
+// g[i]^2 in double, for the gradient norm (a functor: it travels into GPU kernels).
 struct square_as_double {
+  // The squares of the values at g.
   template <class T>
   struct fn {
-    T const* g;
+    T const* g;  // the gradients
+    // g[i]^2, computed in double from g[i]'s compute type.
     REMAT_HOST_DEVICE double operator()(std::size_t i) const {
       double const x = double(to_compute<compute_type_t<T>>(g[i]));
       return x * x;
@@ -37,6 +42,8 @@ struct square_as_double {
   };
 };
 
+// The sum of the squares of n gradients at g, in double: the norm for clipping, and inf or NaN
+// when any gradient is (a loss scale's overflow check).
 template <class T, device_tag D>
 double grad_check(D, std::size_t n, T const* g) {
   return transform_reduce(D{}, n, square_as_double::fn<T>{g}, 0.0, plus_op{});
@@ -52,6 +59,8 @@ void run_update(D, std::size_t n, C* pc, Step const& step) {
     for_each_index(D{}, n, n, [=] REMAT_LAMBDA(std::size_t i) { (void)step(i); });
 }
 
+// One AdamW update of n parameters p with gradients g and moments m, v (all in T), in one pass;
+// the new weights are also written, rounded, to the compute copy pc when there is one.
 template <class T, class C = T, device_tag D>
 void adamw_update(D, std::size_t n, T* p, T const* g, T* m, T* v, adamw_scalars k, C* pc = nullptr) {
   using V = compute_type_t<T>;
@@ -73,9 +82,14 @@ void adamw_update(D, std::size_t n, T* p, T const* g, T* m, T* v, adamw_scalars 
   run_update(D{}, n, pc, step);
 }
 
+// What one SGD update uses (remat::SGD fills it).
 struct sgd_scalars {
-  double grad_scale, lr, momentum, weight_decay;
-  bool nesterov, first_step;
+  double grad_scale;    // gradient clipping times 1 / loss scale
+  double lr;            // the learning rate
+  double momentum;      // 0: plain SGD, no buffer
+  double weight_decay;  // added to the gradient as weight_decay * p (PyTorch's SGD)
+  bool nesterov;        // Nesterov momentum
+  bool first_step;      // the momentum buffer is set to the gradient, not decayed into
 };
 
 namespace detail {
@@ -106,6 +120,8 @@ void sgd_update_as(D, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C*
 }
 }  // namespace detail
 
+// One SGD update of n parameters p with gradients g and momentum buffer buf; the new weights are
+// also written, rounded, to the compute copy pc when there is one.
 template <class T, class C = T, device_tag D>
 void sgd_update(D, std::size_t n, T* p, T const* g, T* buf, sgd_scalars k, C* pc = nullptr) {
   if (k.momentum == 0.0)

@@ -33,6 +33,8 @@ REMAT_HOST_CLONES void host_transform_rows(Out* out, std::size_t first, std::siz
 
 }  // namespace detail
 
+// out[i] = f(i) for i in [0, n) (host): split across the host's threads, each part a loop the
+// compiler can vectorise.
 template <class Out, class F>
 void transform(host, std::size_t n, Out* out, F const& f) {
   if (n == 0) return;

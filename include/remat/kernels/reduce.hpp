@@ -25,7 +25,9 @@
 namespace REMAT_NAMESPACE {
 namespace kernels {
 
+// The sum of two values.
 struct plus_op {
+  // a + b.
   template <class T>
   REMAT_HOST_DEVICE T operator()(T a, T b) const {
     return a + b;
@@ -34,6 +36,7 @@ struct plus_op {
 
 // The larger of two values; NaN wins, so a NaN anywhere makes the maximum NaN.
 struct max_op {
+  // The larger of a and b, or the NaN among them.
   template <class T>
   REMAT_HOST_DEVICE T operator()(T a, T b) const {
     if (a != a) return a;
@@ -91,9 +94,9 @@ Acc transform_reduce(host, std::size_t n, F const& f, Acc init, Op op) {
 template <class D>
 class pending_scalar {
  public:
-  explicit pending_scalar(double value = 0) : value_(value) {}
-  double get() const { return value_ / divisor_; }
-  void divide_by(double d) { divisor_ = d; }
+  explicit pending_scalar(double value = 0) : value_(value) {}  // a value known now
+  double get() const { return value_ / divisor_; }  // the value over the divisor
+  void divide_by(double d) { divisor_ = d; }  // get() divides by d (the default is 1)
 
  private:
   double value_;
@@ -219,7 +222,9 @@ pending_scalar<cuda> transform_reduce_pending(cuda, std::size_t n, F const& f, A
 }
 #endif
 
+// The smaller of two values.
 struct min_op {
+  // The smaller of a and b (a when they are equal).
   template <class T>
   REMAT_HOST_DEVICE T operator()(T a, T b) const {
     return b < a ? b : a;
@@ -238,6 +243,7 @@ pending_scalar<D> first_out_of_range_pending(D, std::int32_t const* v, std::size
   };
   return transform_reduce_pending(D{}, n, outside, index(n), min_op{});
 }
+// The first i in [0, n) with v[i] outside [lo, hi), or n: first_out_of_range_pending, waited for.
 template <class D>
 std::size_t first_out_of_range(D, std::int32_t const* v, std::size_t n, std::int64_t lo, std::int64_t hi) {
   return std::size_t(first_out_of_range_pending(D{}, v, n, lo, hi).get());

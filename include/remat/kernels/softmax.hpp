@@ -46,6 +46,8 @@ __global__ void __launch_bounds__(row_threads)
 }  // namespace detail
 #endif
 
+// Softmax cross-entropy of `rows` rows of `classes` logits against their labels: each row's loss
+// in row_loss (in the compute type), and, when dlogits is given, scale * (softmax - one_hot) there.
 template <class T, device_tag D>
 void softmax_cross_entropy(D, T const* logits, std::int32_t const* labels, std::size_t rows, std::size_t classes,
                            double scale, compute_type_t<T>* row_loss, T* dlogits) {

@@ -88,6 +88,8 @@ inline std::string short_type_name(std::string_view pretty) {
   return std::string(head);
 }
 
+// L's name as a trace shows it, without namespaces (Linear<784, 128>; a Pointwise by its
+// function's name), worked out once per type.
 template <class L>
 char const* type_name() {
 #if defined(__GNUC__) || defined(__clang__)

@@ -25,9 +25,11 @@
 
 namespace REMAT_NAMESPACE {
 
+// Causal multi-head self-attention of width W with H heads and attention dropout P (see above).
 template <std::size_t W, std::size_t H, rate_param P = 0.0>
 using CausalSelfAttention = Seq<Linear<W, 3 * W>, AttentionCore<W, H, P>, Linear<W, W>>;
 
+// GPT-2's pre-norm transformer block of width W with H heads and dropout P (see above).
 template <std::size_t W, std::size_t H, rate_param P = 0.0>
 using GPTBlock = Seq<Residual<Seq<LayerNorm<W>, Linear<W, 3 * W>, AttentionCore<W, H, P>, Linear<W, W>, Dropout<P>>>,
                      Residual<Seq<LayerNorm<W>, Linear<W, 4 * W>, GELU, Linear<4 * W, W>, Dropout<P>>>>;

@@ -166,6 +166,7 @@ class pass_vocabulary {
   constexpr A product(std::size_t rows, std::size_t cols, Compute&& compute) {
     return product(rows, cols, 1, static_cast<Compute&&>(compute));
   }
+  // The product of inner dimension `depth` (see above).
   template <class Compute>
   constexpr A product(std::size_t rows, std::size_t cols, std::size_t depth, Compute&& compute) {
     if (tally_) ++tally_->products;

@@ -22,6 +22,7 @@
 
 namespace REMAT_NAMESPACE {
 
+// What activation_plan finds: the activation bytes of a training step, worked out without running it.
 struct activation_plan_result {
   std::size_t peak_bytes = 0;    // the most activation bytes in use at once in a training step
   std::size_t saved_bytes = 0;   // in use when the forward ends, its output excluded: what it kept
@@ -107,6 +108,10 @@ constexpr pass_plan plan_pass(std::size_t batch, std::size_t features, std::size
 
 }  // namespace detail
 
+// The activation plan of a training step of a model<Net, Device, Precision> on `batch` rows (or
+// sequences) of `features` values; `dx`: whether accumulate computes the input's gradient. The
+// step's measured peak, model.last_pass().activation_peak, equals peak_bytes (the tests check it
+// model by model); see the file's description.
 template <class Net, class Precision = fp32>
 constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width,
                                                  std::size_t sequence = 1, input_gradient dx = input_gradient::none) {

@@ -7,6 +7,7 @@
 #include "../../config.hpp"
 
 #if !REMAT_HAS_CUDA && !defined(THRUST_DEVICE_SYSTEM)
+// Thrust's device system without nvcc: the serial CPP system.
 #define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
 #endif
 
