@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 using namespace remat;
@@ -463,6 +465,33 @@ TEST_CASE("cuda policies: every storage policy trains bit for bit like the store
   using P = mixed<bf16, DynamicLossScale>;
   CHECK(bitwise_equal(train<Check, gpu, P>().first, train<Plain, gpu, P>().first));
   CHECK(bitwise_equal(train<Off, gpu, P>().first, train<Plain, gpu, P>().first));
+}
+
+TEST_CASE("cuda OffloadedAdamW: the update on the host follows AdamW on the GPU; no state on the device",
+          "[cuda][optim][offload]") {
+  auto run = [](auto opt_tag, memory::caching_allocator<gpu>& alloc) {
+    using P = mixed<bf16, DynamicLossScale>;
+    model<Plain, gpu, P> m(seed{5}, alloc);
+    auto x = make<float>(batch, 12, inputs(12));
+    auto y = make<std::int32_t>(batch, 1, labels(5));
+    std::vector<double> losses;
+    if constexpr (decltype(opt_tag)::value) {
+      OffloadedAdamW opt(m, {.lr = 1e-2, .clip_norm = 1.0});
+      for (int s = 0; s < 3; ++s) losses.push_back(m.template train_step<SoftmaxCrossEntropy>(x, y, opt));
+      CHECK(alloc.stats()[memory::tag::optimizer_state].in_use == 0);
+      CHECK(bitwise_equal(tensor_to_host(opt.master_weights().view()), tensor_to_host(std::as_const(m).parameters())));
+    } else {
+      AdamW opt(m, {.lr = 1e-2, .clip_norm = 1.0});
+      for (int s = 0; s < 3; ++s) losses.push_back(m.template train_step<SoftmaxCrossEntropy>(x, y, opt));
+      CHECK(alloc.stats()[memory::tag::optimizer_state].in_use > 0);
+    }
+    return std::pair{tensor_to_host(std::as_const(m).parameters()), losses};
+  };
+  memory::caching_allocator<gpu> a1, a2;
+  auto const [po, lo] = run(std::true_type{}, a1);
+  auto const [pa, la] = run(std::false_type{}, a2);
+  require_close(lo, la, 1e-5, "losses");
+  require_close(po, pa, 1e-5, "parameters after 3 steps");
 }
 
 TEST_CASE("cuda precision: mixed<bf16> on the GPU follows the fp32 model", "[cuda][precision]") {

@@ -65,6 +65,10 @@ double max_abs_diff(std::vector<float> const& a, std::vector<float> const& b) {
   return d;
 }
 
+// AdamW for a model, as a template of the model (what OffloadedAdamW is).
+template <class M>
+using AdamW_of = AdamW<typename M::value_type, typename M::device, typename M::compute_type>;
+
 // One process on the whole batch: `steps` AdamW steps.
 template <class NetT, class P = fp32>
 std::vector<float> reference(int steps, adamw_options o, std::vector<double>* losses = nullptr) {
@@ -78,12 +82,12 @@ std::vector<float> reference(int steps, adamw_options o, std::vector<double>* lo
   return params_of(m);
 }
 
-template <class NetT, class P = fp32>
+template <class NetT, class P = fp32, template <class> class Opt = AdamW_of>
 std::vector<float> data_parallel_run(int steps, adamw_options o, dist::options d, std::vector<double>* losses = nullptr,
-                                     dist::traffic* traffic = nullptr) {
+                                     dist::traffic* traffic = nullptr, std::string const& save_to = "") {
   model<NetT, host, P> m(seed{7});
   dist::data_parallel dp(m, MPI_COMM_WORLD, d);
-  AdamW opt(m, o);
+  Opt<model<NetT, host, P>> opt(m, o);
   param_range const r = my_rows(dp.rank(), dp.size());
   for (int t = 0; t < steps; ++t) {
     batch b = whole_batch(t);
@@ -91,6 +95,7 @@ std::vector<float> data_parallel_run(int steps, adamw_options o, dist::options d
     if (losses) losses->push_back(l);
   }
   if (traffic) *traffic = dp.last_step_traffic();
+  if (!save_to.empty()) dist::save(dp, opt, save_to);
   return params_of(m);
 }
 
@@ -660,6 +665,38 @@ TEST_CASE("rank 0 saves; a sharded optimizer's file is the whole state", "[dist]
     MPI_Barrier(MPI_COMM_WORLD);
   }
   if (world_size() <= 2) CHECK(full_m == sharded_m);
+}
+
+TEST_CASE("an offloaded optimizer, whole or sharded, trains bit for bit as AdamW does and saves the same state",
+          "[dist][offload]") {
+  std::string const dir = REMAT_TEST_BINARY_DIR;
+  std::string const tag = std::to_string(world_size());
+  for (bool shard : {false, true}) {
+    INFO("shard_optimizer " << shard << ", " << world_size() << " ranks");
+    dist::options const d{.bucket_bytes = 512, .shard_optimizer = shard};
+    std::string const fa = dir + "/dist_offload_a_" + tag + ".safetensors";
+    std::string const fo = dir + "/dist_offload_o_" + tag + ".safetensors";
+    std::vector<double> la, lo;
+    std::vector<float> const a = data_parallel_run<Net, fp32, AdamW_of>(4, opts, d, &la, nullptr, fa);
+    std::vector<float> const o = data_parallel_run<Net, fp32, OffloadedAdamW>(4, opts, d, &lo, nullptr, fo);
+    CHECK(std::memcmp(a.data(), o.data(), a.size() * sizeof(float)) == 0);
+    CHECK(la == lo);
+    CHECK(same_on_every_rank(o));
+    using P = mixed<bfloat16, DynamicLossScale>;
+    std::vector<float> const a16 = data_parallel_run<Net, P, AdamW_of>(3, opts, d);
+    std::vector<float> const o16 = data_parallel_run<Net, P, OffloadedAdamW>(3, opts, d);
+    CHECK(std::memcmp(a16.data(), o16.data(), a16.size() * sizeof(float)) == 0);
+    // The files rank 0 wrote hold the same whole state.
+    MPI_Barrier(MPI_COMM_WORLD);
+    model<Net> ma, mo;
+    AdamW ra(ma, opts), ro(mo, opts);
+    load(ra, fa);
+    load(ro, fo);
+    CHECK(tensor_to_host(ro.exp_avg().view()) == tensor_to_host(ra.exp_avg().view()));
+    CHECK(tensor_to_host(ro.exp_avg_sq().view()) == tensor_to_host(ra.exp_avg_sq().view()));
+    CHECK(ro.steps() == 4);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
 }
 
 TEST_CASE("a wait for a rank that does not come times out with dist_error", "[dist][errors]") {

@@ -475,5 +475,24 @@ void load(data_parallel<Model, Transport>& dp, AdamW<T, host, C>& opt, std::stri
            [&] { REMAT_NAMESPACE::detail::load_adamw(opt, path, Model::parameter_count, dp.shard().begin); });
 }
 
+// Saves an OffloadedAdamW state from rank 0, in AdamW's format (the shards' host moments gathered).
+template <class Model, class Transport>
+void save(data_parallel<Model, Transport>& dp, OffloadedAdamW<Model> const& opt, std::string const& path,
+          std::map<std::string, std::string> metadata = {}) {
+  std::vector<typename Model::value_type> const m = dp.gather_shards(tensor_to_host(opt.exp_avg().view()));
+  std::vector<typename Model::value_type> const v = dp.gather_shards(tensor_to_host(opt.exp_avg_sq().view()));
+  dp.agree("dist::save", [&] {
+    if (dp.rank() == 0) REMAT_NAMESPACE::detail::save_adamw(m, v, opt, path, std::move(metadata));
+  });
+}
+
+// Loads an AdamW-format state into an OffloadedAdamW on every rank, each keeping its shard; all or
+// nothing on every rank.
+template <class Model, class Transport>
+void load(data_parallel<Model, Transport>& dp, OffloadedAdamW<Model>& opt, std::string const& path) {
+  dp.agree("dist::load",
+           [&] { REMAT_NAMESPACE::detail::load_adamw(opt, path, Model::parameter_count, dp.shard().begin); });
+}
+
 }  // namespace dist
 }  // namespace REMAT_NAMESPACE

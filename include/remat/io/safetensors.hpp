@@ -603,9 +603,10 @@ void optimizer_metadata(O const& opt, char const* kind, std::map<std::string, st
   }
 }
 
-// Writes an AdamW state (moments of the whole model, step, loss scale) as save(opt, path) does.
-template <class T, class D, class C>
-void save_adamw(std::vector<T> const& m, std::vector<T> const& v, AdamW<T, D, C> const& opt, std::string const& path,
+// Writes an AdamW state (moments of the whole model, step, loss scale) as save(opt, path) does
+// (opt: an AdamW or an OffloadedAdamW).
+template <class T, class Opt>
+void save_adamw(std::vector<T> const& m, std::vector<T> const& v, Opt const& opt, std::string const& path,
                 std::map<std::string, std::string> metadata) {
   std::vector<safetensors::entry> entries{
       {"exp_avg", safetensors::dtype_name<T>(), {m.size()}, m.data(), m.size() * sizeof(T)},
@@ -616,8 +617,9 @@ void save_adamw(std::vector<T> const& m, std::vector<T> const& v, AdamW<T, D, C>
 
 // Reads a saved AdamW state of `total` parameters into an optimizer over [offset, offset + its
 // size) of them: all or nothing.
-template <class T, class D, class C>
-void load_adamw(AdamW<T, D, C>& opt, std::string const& path, std::size_t total, std::size_t offset) {
+template <class Opt>
+void load_adamw(Opt& opt, std::string const& path, std::size_t total, std::size_t offset) {
+  using T = typename std::remove_cvref_t<decltype(opt.exp_avg())>::value_type;
   safetensors::file const f = safetensors::read(path);
   optimizer_state const state = optimizer_state_of(f, path, "AdamW");
   std::size_t const n = opt.exp_avg().size();
@@ -652,6 +654,19 @@ void save(AdamW<T, D, C> const& opt, std::string const& path, std::map<std::stri
 // or a corrupt one throws io_error and leaves the optimizer and its loss scale as they were.
 template <class T, class D, class C>
 void load(AdamW<T, D, C>& opt, std::string const& path) {
+  detail::load_adamw(opt, path, opt.exp_avg().size(), 0);
+}
+
+// An OffloadedAdamW's state, in AdamW's format: either optimizer loads what the other saved.
+template <class Model>
+void save(OffloadedAdamW<Model> const& opt, std::string const& path, std::map<std::string, std::string> metadata = {}) {
+  detail::save_adamw(tensor_to_host(opt.exp_avg().view()), tensor_to_host(opt.exp_avg_sq().view()), opt, path,
+                     std::move(metadata));
+}
+
+// Restores what save(opt, path) wrote (from an AdamW or an OffloadedAdamW), all or nothing.
+template <class Model>
+void load(OffloadedAdamW<Model>& opt, std::string const& path) {
   detail::load_adamw(opt, path, opt.exp_avg().size(), 0);
 }
 

@@ -333,10 +333,18 @@ class model {
   // parameters_changed(). Optimizers update both copies in one pass.
   tensor_view<T, Device> parameters() {
     compute_stale_ = true;
+    ++parameter_version_;
     return params_.view().row_range(0, parameter_count);
   }
   // Marks the compute copy stale after the master weights were written through a kept view.
-  void parameters_changed() { compute_stale_ = true; }
+  void parameters_changed() {
+    compute_stale_ = true;
+    ++parameter_version_;
+  }
+  // Counts the writable views of the master weights handed out and the parameters_changed()
+  // calls: an optimizer with a copy of the weights elsewhere (OffloadedAdamW) reads it again when
+  // this has moved since its own update.
+  std::uint64_t parameter_version() const { return parameter_version_; }
   // The weights in the compute type that layers read (empty unless mixed precision), for an
   // optimizer that writes them in its update.
   tensor_view<C, Device> compute_parameters() {
@@ -791,6 +799,7 @@ class model {
   mutable tensor<C, Device> compute_params_;  // mixed precision only
   tensor<T, Device> buffers_, staged_buffers_;  // running state (and the copy a pass updates)
   mutable bool compute_stale_ = true;
+  std::uint64_t parameter_version_ = 0;  // (see parameter_version)
   bool grads_zero_ = false;      // the gradients are known to be zero (zero_grad, nothing since)
   bool failure_backup_ = true;   // see set_failure_backup
   loss_scaler scaler_ = loss_scaler::of<typename Precision::loss_scale>();

@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 
 namespace REMAT_NAMESPACE {
 
@@ -234,6 +235,140 @@ class AdamW : public detail::optimizer_base<T, D, C> {
 template <class Model>
 AdamW(Model&, adamw_options = {})
     -> AdamW<typename Model::value_type, typename Model::device, typename Model::compute_type>;
+
+// AdamW with its state in host memory, for a model on the GPU (ZeRO-Offload's optimizer): the
+// moments and a copy of the fp32 master weights live on the host, and each step copies the
+// gradients down, runs AdamW's update there (kernels::adamw_update on the host: one vectorised
+// pass split across the host's threads) and copies the new weights up, with the compute copy of a
+// mixed-precision model. The device keeps the model's master weights, gradients and compute copy
+// but no optimizer state: 8 bytes per parameter less than AdamW (the model allocator's
+// optimizer_state tag holds nothing; the host state is in host_allocator()).
+//
+// The update is AdamW's own on the same values, so on the host a run equals AdamW's bit for bit,
+// skipped steps, clipping and loss scale included; on the GPU it differs only where the gradient
+// norm is summed in another order (clipping). Built from a model as AdamW is, it takes the same
+// options, a data-parallel wrapper's shard (its copies are then of the shard only) and agreements,
+// and saves and loads in AdamW's format. When the model's weights are written from outside
+// (load, a writable parameters() view: model::parameter_version moves), the next step copies
+// them down again first.
+//
+// Each step waits for the gradients to reach the host and the host waits for its update: the
+// copies and the update do not yet overlap the next step's forward (the copy up is issued on the
+// model's stream, which the next forward follows).
+template <class Model>
+class OffloadedAdamW
+    : public detail::optimizer_base<typename Model::value_type, host, typename Model::compute_type> {
+  using T = typename Model::value_type;
+  using C = typename Model::compute_type;
+  using D = typename Model::device;
+  using sys = memory::system<D>;
+
+ public:
+  // Over the model's parameters, or this rank's shard of them when the model is wrapped in a
+  // sharded remat::dist::data_parallel. The host state comes from host_alloc, or from an
+  // allocator of the optimizer's own.
+  explicit OffloadedAdamW(Model& m, adamw_options o = {}) : OffloadedAdamW(m, o, detail::shard_of(m)) {}
+
+  // Over parameters [r.begin, r.end) of the model.
+  OffloadedAdamW(Model& m, adamw_options o, param_range r, memory::caching_allocator<host>* host_alloc = nullptr)
+      : own_(host_alloc ? nullptr : std::make_unique<memory::caching_allocator<host>>()),
+        alloc_(host_alloc ? host_alloc : own_.get()),
+        model_(&m),
+        o_(o) {
+    if (r.begin > r.end || r.end > Model::parameter_count)
+      detail::raise<argument_error>("OffloadedAdamW: expected a range of the model's ", Model::parameter_count,
+                                    " parameters, found [", r.begin, ", ", r.end, ")");
+    std::size_t const n = r.size();
+    dp_ = detail::range_of(m.parameters(), r);
+    dg_ = detail::range_of(m.gradients(), r);
+    tensor_view<C, D> const pc = m.compute_parameters();
+    dpc_ = pc.data() ? pc.data() + r.begin : nullptr;
+    p_ = tensor<T, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
+    g_ = tensor<T, host>(index_t(n), 1, memory::tag::gradients, *alloc_);
+    m_ = tensor<T, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
+    v_ = tensor<T, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
+    if (dpc_) pc_host_ = tensor<C, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
+    evaluate(m_, expr::to_expr(0.0));
+    evaluate(v_, expr::to_expr(0.0));
+    if (n) sys::copy_to_host(p_.data(), dp_.data(), n * sizeof(T));
+    version_ = m.parameter_version();
+    this->scaler_ = &m.scaler();
+    this->sync_slot_ = m.link().gradient_sync_slot();
+    this->range_ = r;
+    this->who_ = "OffloadedAdamW";
+  }
+
+  // Copies the gradients down, unscales, checks and clips them, updates on the host and copies
+  // the weights up. Returns false when the step was skipped (a gradient overflowed under a loss
+  // scale): nothing is copied up then.
+  bool step() {
+    memory::tracing::phase_scope const stepping(memory::phase::optimizer);
+    std::size_t const n = p_.size();
+    if (detail::gradient_sync* sync = this->sync_slot_ ? *this->sync_slot_ : nullptr) {
+      if (sync->shard() != this->range_)
+        detail::raise<argument_error>("OffloadedAdamW: this optimizer updates parameters [", this->range_.begin, ", ",
+                                      this->range_.end, ") but its model's data-parallel wrapper gives this rank [",
+                                      sync->shard().begin, ", ", sync->shard().end,
+                                      "); build the optimizer after the remat::dist::data_parallel");
+      sync->finish();  // (the reduced gradients are what is copied down)
+    }
+    if (n) sys::copy_to_host(g_.data(), dg_.data(), n * sizeof(T));
+    detail::grad_prelude pre;
+    if (!this->begin_step(g_.view(), o_.clip_norm, pre)) {
+      this->end_step(false);
+      return false;
+    }
+    if (model_->parameter_version() != version_ && n)  // written from outside: read them again
+      sys::copy_to_host(p_.data(), dp_.data(), n * sizeof(T));
+    double const t = double(t_ + 1);
+    kernels::adamw_scalars k{pre.factor,
+                             1.0 - o_.lr * o_.weight_decay,
+                             o_.beta1,
+                             o_.beta2,
+                             o_.lr / (1.0 - std::pow(o_.beta1, t)),
+                             std::sqrt(1.0 - std::pow(o_.beta2, t)),
+                             o_.eps};
+    kernels::adamw_update(host{}, n, p_.data(), g_.data(), m_.data(), v_.data(), k,
+                          dpc_ ? pc_host_.data() : static_cast<C*>(nullptr));
+    ++t_;
+    if (n) {
+      sys::copy_from_host(dp_.data(), p_.data(), n * sizeof(T));
+      if (dpc_) sys::copy_from_host(dpc_, pc_host_.data(), n * sizeof(C));
+    }
+    this->end_step(true);  // (a sharded run gathers the other ranks' parts; this rank's are p_)
+    version_ = model_->parameter_version();
+    return true;
+  }
+
+  void set_lr(double lr) { o_.lr = lr; }  // the rate of the next steps (a schedule calls it)
+  double lr() const { return o_.lr; }     // the rate of the next step
+  std::uint64_t steps() const { return t_; }  // steps taken (skipped ones not counted)
+  void set_steps(std::uint64_t t) { t_ = t; }  // sets the step count (what a restored state resumes from)
+  adamw_options const& options() const { return o_; }  // its settings (and set_lr's rate)
+  // The first moments, in host memory ("exp_avg", as AdamW's).
+  tensor<T, host>& exp_avg() { return m_; }
+  // The second moments, in host memory ("exp_avg_sq", as AdamW's).
+  tensor<T, host>& exp_avg_sq() { return v_; }
+  tensor<T, host> const& exp_avg() const { return m_; }  // (read-only)
+  tensor<T, host> const& exp_avg_sq() const { return v_; }  // (read-only)
+  // The host copy of the master weights it updates (equal to the model's after each step).
+  tensor<T, host> const& master_weights() const { return p_; }
+  // Where the host state lives: the moments, the weights' copy (and their compute copy) and the
+  // gradients' landing buffer.
+  memory::caching_allocator<host>& host_allocator() const { return *alloc_; }
+
+ private:
+  std::unique_ptr<memory::caching_allocator<host>> own_;
+  memory::caching_allocator<host>* alloc_;
+  Model* model_;
+  tensor_view<T, D> dp_, dg_;
+  C* dpc_ = nullptr;
+  tensor<T, host> p_, g_, m_, v_;
+  tensor<C, host> pc_host_;
+  adamw_options o_;
+  std::uint64_t t_ = 0;
+  std::uint64_t version_ = 0;
+};
 
 // SGD's settings, PyTorch's names and meaning (torch.optim.SGD, without dampening).
 struct sgd_options {

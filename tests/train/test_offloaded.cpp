@@ -1,0 +1,211 @@
+// OffloadedAdamW (the optimizer state in host memory) against AdamW: on the host, the same steps
+// must give the same bits (weights, compute copy, moments, step count, loss scale), with clipping,
+// skipped steps and weights written from outside between steps; the model's allocator must hold
+// no optimizer state; and either optimizer must resume from the other's file.
+#include <remat/remat.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace remat;
+
+namespace {
+
+using Net = Seq<Linear<12, 24>, GELU, LayerNorm<24>, Linear<24, 24>, Tanh, Linear<24, 6>>;
+
+tensor<float> inputs(std::size_t rows, std::size_t cols, double phase = 0.0) {
+  tensor<float> x{index_t(rows), index_t(cols)};
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(double(i) * 0.37 + phase));
+  return x;
+}
+
+// The bytes of a view, read without asking the model for a writable one.
+template <class V>
+std::vector<unsigned char> bytes_of(V const& v) {
+  std::vector<unsigned char> out(v.size() * sizeof(typename V::value_type));
+  if (!out.empty()) std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+template <class M>
+std::vector<unsigned char> weights(M const& m) {
+  return bytes_of(m.parameters());
+}
+
+template <class M>
+std::vector<unsigned char> compute_weights(M& m) {
+  return bytes_of(m.compute_parameters());
+}
+
+// The two optimizers' states, side by side, after `what`.
+template <class M, class A, class O>
+void require_same(M& ma, A const& a, M& mo, O const& o, std::string const& what) {
+  INFO(what);
+  REQUIRE(weights(mo) == weights(ma));
+  REQUIRE(compute_weights(mo) == compute_weights(ma));
+  REQUIRE(bytes_of(o.exp_avg().view()) == bytes_of(a.exp_avg().view()));
+  REQUIRE(bytes_of(o.exp_avg_sq().view()) == bytes_of(a.exp_avg_sq().view()));
+  REQUIRE(bytes_of(o.master_weights().view()) == weights(ma));
+  REQUIRE(o.steps() == a.steps());
+  REQUIRE(o.last_step_skipped() == a.last_step_skipped());
+  REQUIRE(mo.scaler().scale() == ma.scaler().scale());
+  REQUIRE(mo.scaler().skipped_steps() == ma.scaler().skipped_steps());
+  if (std::isnan(a.last_grad_norm()))
+    REQUIRE(std::isnan(o.last_grad_norm()));
+  else
+    REQUIRE(o.last_grad_norm() == a.last_grad_norm());
+}
+
+// Eight steps of each optimizer on two models built alike, compared after every step; the fifth
+// step's targets are far enough to overflow a half model's scaled gradients (a skipped step), and
+// after the third both models' weights are written from outside.
+template <class P>
+void run_alike(adamw_options opts) {
+  model<Net, host, P> ma(seed{7}), mo(seed{7});
+  AdamW a(ma, opts);
+  OffloadedAdamW o(mo, opts);
+  tensor<float> const x = inputs(16, 12);
+  tensor<float> const t = inputs(16, 6, 0.4);
+  tensor<float> far(16, 6);
+  for (std::size_t i = 0; i < far.size(); ++i) far[i] = 1e4f;
+  for (int step = 0; step < 8; ++step) {
+    tensor<float> const& target = step == 4 ? far : t;
+    double const la = ma.template train_step<MSE>(x, target, a);
+    double const lo = mo.template train_step<MSE>(x, target, o);
+    REQUIRE(lo == la);
+    require_same(ma, a, mo, o, "after step " + std::to_string(step));
+    if (step == 2) {
+      // Written from outside: a writable view of each model's weights halves the first 40. The
+      // offloaded optimizer must read them again (model::parameter_version moved).
+      auto pa = ma.parameters();
+      auto po = mo.parameters();
+      for (std::size_t i = 0; i < 40; ++i) {
+        pa[i] *= 0.5f;
+        po[i] *= 0.5f;
+      }
+    }
+  }
+  CHECK(a.steps() >= 7);
+}
+
+}  // namespace
+
+TEST_CASE("OffloadedAdamW: fp32, bit for bit AdamW's, with clipping and weights written between steps",
+          "[train][optim][offload]") {
+  run_alike<fp32>({.lr = 1e-2, .clip_norm = 0.5});
+  run_alike<fp32>({.lr = 3e-3, .weight_decay = 0.1});
+}
+
+TEST_CASE("OffloadedAdamW: mixed bfloat16 and half with a dynamic scale, bit for bit AdamW's, skipped steps included",
+          "[train][optim][offload][mixed]") {
+  run_alike<mixed<bfloat16, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0});
+  run_alike<mixed<half, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0});
+  // (the half run skips the far step: its scaled gradient overflows; checked by hand here)
+  model<Net, host, mixed<half, DynamicLossScale>> m(seed{7});
+  OffloadedAdamW o(m, {.lr = 1e-2});
+  tensor<float> const x = inputs(16, 12);
+  tensor<float> far(16, 6);
+  for (std::size_t i = 0; i < far.size(); ++i) far[i] = 1e4f;
+  m.train_step<MSE>(x, inputs(16, 6, 0.4), o);
+  REQUIRE_FALSE(o.last_step_skipped());
+  auto const before = weights(m);
+  auto const copy_before = compute_weights(m);
+  m.train_step<MSE>(x, far, o);
+  CHECK(o.last_step_skipped());
+  CHECK(o.steps() == 1);
+  CHECK(weights(m) == before);
+  CHECK(compute_weights(m) == copy_before);
+  CHECK(m.scaler().skipped_steps() == 1);
+}
+
+TEST_CASE("OffloadedAdamW keeps no optimizer state on the model's allocator", "[train][optim][offload][memory]") {
+  using P = mixed<bfloat16, DynamicLossScale>;
+  constexpr std::size_t n = model<Net, host, P>::parameter_count;
+  auto rounded = [](std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); };
+  memory::caching_allocator<host> with_adamw, with_offloaded, host_side;
+  model<Net, host, P> ma(seed{1}, with_adamw), mo(seed{1}, with_offloaded);
+  AdamW a(ma);
+  OffloadedAdamW o(mo, {}, {0, n}, &host_side);
+  tensor<float> const x = inputs(16, 12);
+  tensor<float> const t = inputs(16, 6, 0.4);
+  ma.train_step<MSE>(x, t, a);
+  mo.train_step<MSE>(x, t, o);
+  // AdamW: two moments of n fp32 values beside the model. Offloaded: none; its host allocator holds
+  // the moments, the weights' copy and their bf16 copy, and the gradients' landing buffer.
+  CHECK(with_adamw.stats()[memory::tag::optimizer_state].in_use == 2 * rounded(n * 4));
+  CHECK(with_offloaded.stats()[memory::tag::optimizer_state].in_use == 0);
+  CHECK(with_offloaded.stats()[memory::tag::parameters].in_use == with_adamw.stats()[memory::tag::parameters].in_use);
+  CHECK(host_side.stats()[memory::tag::optimizer_state].in_use == 3 * rounded(n * 4) + rounded(n * 2));
+  CHECK(host_side.stats()[memory::tag::gradients].in_use == rounded(n * 4));
+  CHECK(&o.host_allocator() == &host_side);
+}
+
+TEST_CASE("OffloadedAdamW and AdamW resume from each other's files", "[train][optim][offload][io]") {
+  using P = mixed<bfloat16, DynamicLossScale>;
+  std::string const dir = std::string(REMAT_TEST_BINARY_DIR) + "/";
+  std::string const weights_file = dir + "offload_weights.safetensors";
+  std::string const state_a = dir + "offload_adamw.safetensors";
+  std::string const state_o = dir + "offload_offloaded.safetensors";
+  tensor<float> const x = inputs(16, 12);
+  tensor<float> const t = inputs(16, 6, 0.4);
+
+  // A run of AdamW, saved after 3 steps, then 3 more.
+  model<Net, host, P> ref(seed{9});
+  AdamW a(ref, {.lr = 1e-2});
+  for (int i = 0; i < 3; ++i) ref.train_step<MSE>(x, t, a);
+  save(ref, weights_file);
+  save(a, state_a);
+  for (int i = 0; i < 3; ++i) ref.train_step<MSE>(x, t, a);
+
+  // An offloaded optimizer built first, then the weights and its state loaded: the weights are
+  // read again before its first step, and the last 3 steps are AdamW's, bit for bit.
+  model<Net, host, P> m(seed{2});
+  OffloadedAdamW o(m, {.lr = 1e-2});
+  load(m, weights_file);
+  load(o, state_a);
+  CHECK(o.steps() == 3);
+  for (int i = 0; i < 3; ++i) m.train_step<MSE>(x, t, o);
+  CHECK(weights(m) == weights(ref));
+  CHECK(compute_weights(m) == compute_weights(ref));
+  CHECK(bytes_of(o.exp_avg().view()) == bytes_of(a.exp_avg().view()));
+
+  // And back: the offloaded state loaded into an AdamW continues as the offloaded one does.
+  save(o, state_o);
+  model<Net, host, P> back(seed{3});
+  save(m, weights_file);
+  load(back, weights_file);
+  AdamW b(back, {.lr = 1e-2});
+  load(b, state_o);
+  CHECK(back.scaler().scale() == m.scaler().scale());
+  m.train_step<MSE>(x, t, o);
+  back.train_step<MSE>(x, t, b);
+  CHECK(weights(back) == weights(m));
+  CHECK(bytes_of(b.exp_avg_sq().view()) == bytes_of(o.exp_avg_sq().view()));
+
+  // A file for another model is refused and changes nothing.
+  using Other = Seq<Linear<12, 6>>;
+  model<Other> other(seed{1});
+  AdamW oa(other);
+  std::string const other_file = dir + "offload_other.safetensors";
+  save(oa, other_file);
+  auto const moments = bytes_of(o.exp_avg().view());
+  CHECK_THROWS_AS(load(o, other_file), io_error);
+  CHECK(bytes_of(o.exp_avg().view()) == moments);
+  CHECK(o.steps() == 7);
+  for (auto const& f : {weights_file, state_a, state_o, other_file}) std::remove(f.c_str());
+}
+
+TEST_CASE("OffloadedAdamW refuses a range outside the model", "[train][optim][offload][errors]") {
+  model<Net> m(seed{1});
+  constexpr std::size_t n = model<Net>::parameter_count;
+  CHECK_THROWS_WITH(OffloadedAdamW(m, {}, {0, n + 1}),
+                    Catch::Contains("expected a range of the model's") && Catch::Contains(std::to_string(n + 1)));
+  CHECK_THROWS_AS(OffloadedAdamW(m, {}, {5, 4}), argument_error);
+}
