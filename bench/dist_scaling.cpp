@@ -2,9 +2,11 @@
 // d = 1024) over MPI ranks, at a fixed global batch split across the ranks:
 //
 //   mpirun -np P bench_dist [--blocks 8] [--batch 256] [--policy stored|checkpoint] [--shard]
-//                           [--bucket-mib 4] [--steps 7] [--warmup 2] [--alone]
+//                           [--bucket-mib 4] [--steps 7] [--warmup 2] [--alone] [--offload]
 //
 // --alone trains the model without remat::dist (one process, no communicator): the baseline.
+// --offload steps with OffloadedAdamW instead of AdamW (the state in its own host allocator; on
+// the host its copies are memcpy: what the offload's bookkeeping and copies cost).
 // Rank 0 prints one JSON line: ranks, OpenMP threads per rank, the median step time, samples per
 // second, the bytes each rank sent into reductions per step against the model's gradient bytes,
 // the bytes all-gathered (sharded), the buckets and how many started while backward was running,
@@ -43,15 +45,19 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// AdamW for a model (a template of the model, as OffloadedAdamW is).
+template <class M>
+using adamw_for = AdamW<typename M::value_type, typename M::device, typename M::compute_type>;
+
 struct config {
   std::size_t batch = 256;
   std::string policy = "stored";
-  bool shard = false, alone = false;
+  bool shard = false, alone = false, offload = false;
   double bucket_mib = 4;
   int steps = 7, warmup = 2;
 };
 
-template <class Net>
+template <class Net, template <class> class Opt>
 int run(config const& c) {
   memory::caching_allocator<host> alloc;
   model<Net> m(seed{1}, alloc);
@@ -63,7 +69,7 @@ int run(config const& c) {
     rank = dp->rank();
     ranks = dp->size();
   }
-  AdamW opt(m, {.lr = 1e-4});
+  Opt<model<Net>> opt(m, {.lr = 1e-4});
   std::size_t const lo = c.batch * std::size_t(rank) / std::size_t(ranks);
   std::size_t const hi = c.batch * std::size_t(rank + 1) / std::size_t(ranks);
   tensor<float> x(index_t(hi - lo), index_t(D)), y(index_t(hi - lo), index_t(D));
@@ -87,14 +93,17 @@ int run(config const& c) {
   dist::traffic const tr = dp ? dp->last_step_traffic() : dist::traffic{};
   std::size_t const grad_bytes = model<Net>::parameter_count * sizeof(float);
   double const flop = 3.0 * 2.0 * double(c.batch) * double(N) * 2.0 * double(D) * double(D);
+  std::size_t host_state = 0;  // (OffloadedAdamW: its host allocator's bytes)
+  if constexpr (requires { opt.host_allocator(); }) host_state = opt.host_allocator().stats().total.in_use;
   std::printf(
       "{\"bench\": \"dist\", \"mode\": \"%s\", \"ranks\": %d, \"threads\": %d, \"policy\": \"%s\", \"shard\": %s, "
       "\"batch\": %zu, \"blocks\": %zu, \"width\": %zu, \"step_s\": %.6f, \"samples_per_s\": %.1f, "
       "\"gflop_per_s\": %.2f, \"model_grad_bytes\": %zu, \"reduced_bytes\": %zu, \"gathered_bytes\": %zu, "
-      "\"buckets\": %zu, \"overlapped_buckets\": %zu, \"optimizer_state_bytes\": %zu, \"loss\": %.6f}\n",
+      "\"buckets\": %zu, \"overlapped_buckets\": %zu, \"optimizer_state_bytes\": %zu, \"offload\": %s, "
+      "\"offloaded_host_bytes\": %zu, \"loss\": %.6f}\n",
       c.alone ? "alone" : "dist", ranks, omp_get_max_threads(), c.policy.c_str(), c.shard ? "true" : "false", c.batch,
       N, D, step, double(c.batch) / step, flop / step * 1e-9, grad_bytes, tr.reduced, tr.gathered, tr.buckets,
-      tr.overlapped, alloc.stats()[memory::tag::optimizer_state].in_use, loss);
+      tr.overlapped, alloc.stats()[memory::tag::optimizer_state].in_use, c.offload ? "true" : "false", host_state, loss);
   return 0;
 }
 
@@ -111,6 +120,7 @@ int main(int argc, char** argv) {
     else if (v && !std::strcmp(argv[i], "--bucket-mib")) c.bucket_mib = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--shard")) c.shard = true;
     else if (!std::strcmp(argv[i], "--alone")) c.alone = true;
+    else if (!std::strcmp(argv[i], "--offload")) c.offload = true;
     else {
       std::fprintf(stderr, "bench_dist: unknown or incomplete option '%s'\n", argv[i]);
       return 1;
@@ -120,7 +130,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_dist: --policy must be stored or checkpoint, found '%s'\n", c.policy.c_str());
     return 1;
   }
-  if (c.alone) return c.policy == "stored" ? run<Stored>(c) : run<Checkpoint>(c);
+  auto go = [&] {
+    if (c.offload) return c.policy == "stored" ? run<Stored, OffloadedAdamW>(c) : run<Checkpoint, OffloadedAdamW>(c);
+    return c.policy == "stored" ? run<Stored, adamw_for>(c) : run<Checkpoint, adamw_for>(c);
+  };
+  if (c.alone) return go();
   dist::environment env(argc, argv);
-  return c.policy == "stored" ? run<Stored>(c) : run<Checkpoint>(c);
+  return go();
 }
