@@ -109,7 +109,17 @@ class optimizer_base {
   // The check and the clipping factor; false (and the scale backed off) when the step is skipped.
   // Under data parallelism, first waits for the gradients' reduction.
   bool begin_step(tensor_view<T const, D> g, double clip_norm, grad_prelude& pre) {
-    gradient_sync* sync = sync_slot_ ? *sync_slot_ : nullptr;
+    gradient_sync* const sync = finish_reduction();
+    pre = prepare_gradients(g, clip_norm, scaler_, sync);
+    last_norm_ = pre.norm;
+    last_skipped_ = pre.overflow;
+    if (scaler_) scaler_->update(pre.overflow);
+    return !pre.overflow;
+  }
+  // Under data parallelism: checks that the wrapper's shard is this optimizer's and waits for the
+  // gradients' reduction (again: a no-op). Returns the wrapper, or null.
+  gradient_sync* finish_reduction() {
+    gradient_sync* const sync = sync_slot_ ? *sync_slot_ : nullptr;
     if (sync) {
       if (sync->shard() != range_)
         raise<argument_error>(who_, ": this optimizer updates parameters [", range_.begin, ", ", range_.end,
@@ -117,11 +127,7 @@ class optimizer_base {
                               sync->shard().end, "); build the optimizer after the remat::dist::data_parallel");
       sync->finish();
     }
-    pre = prepare_gradients(g, clip_norm, scaler_, sync);
-    last_norm_ = pre.norm;
-    last_skipped_ = pre.overflow;
-    if (scaler_) scaler_->update(pre.overflow);
-    return !pre.overflow;
+    return sync;
   }
   // After the update (or the skip): a sharded data-parallel run gathers the parameters.
   void end_step(bool stepped) {
@@ -150,6 +156,19 @@ struct adamw_options {
   double weight_decay = 1e-2;  // decoupled: p -= lr * weight_decay * p, beside the Adam update
   double clip_norm = 0;        // the gradients' global norm is clipped to this; 0: no clipping
 };
+
+namespace detail {
+// What AdamW's update of step t (from 1) uses, with the gradients' multiplier `factor`.
+inline kernels::adamw_scalars adamw_scalars_for(adamw_options const& o, double factor, double t) {
+  return {factor,
+          1.0 - o.lr * o.weight_decay,
+          o.beta1,
+          o.beta2,
+          o.lr / (1.0 - std::pow(o.beta1, t)),
+          std::sqrt(1.0 - std::pow(o.beta2, t)),
+          o.eps};
+}
+}  // namespace detail
 
 // AdamW (Loshchilov and Hutter; PyTorch's update, bias corrections included) over fp32 (or fp64)
 // master weights T on device D; a mixed-precision model's compute copy C is written in the same
@@ -194,14 +213,8 @@ class AdamW : public detail::optimizer_base<T, D, C> {
       this->end_step(false);
       return false;
     }
-    double const t = double(t_ + 1);  // (counted once the update is issued)
-    kernels::adamw_scalars k{pre.factor,
-                             1.0 - o_.lr * o_.weight_decay,
-                             o_.beta1,
-                             o_.beta2,
-                             o_.lr / (1.0 - std::pow(o_.beta1, t)),
-                             std::sqrt(1.0 - std::pow(o_.beta2, t)),
-                             o_.eps};
+    // (t_ counts the step once the update is issued)
+    kernels::adamw_scalars const k = detail::adamw_scalars_for(o_, pre.factor, double(t_ + 1));
     kernels::adamw_update(D{}, p_.size(), p_.data(), g_.data(), m_.data(), v_.data(), k, this->pc_);
     ++t_;
     this->end_step(true);
@@ -304,14 +317,7 @@ class OffloadedAdamW
   bool step() {
     memory::tracing::phase_scope const stepping(memory::phase::optimizer);
     std::size_t const n = p_.size();
-    if (detail::gradient_sync* sync = this->sync_slot_ ? *this->sync_slot_ : nullptr) {
-      if (sync->shard() != this->range_)
-        detail::raise<argument_error>("OffloadedAdamW: this optimizer updates parameters [", this->range_.begin, ", ",
-                                      this->range_.end, ") but its model's data-parallel wrapper gives this rank [",
-                                      sync->shard().begin, ", ", sync->shard().end,
-                                      "); build the optimizer after the remat::dist::data_parallel");
-      sync->finish();  // (the reduced gradients are what is copied down)
-    }
+    this->finish_reduction();  // (the reduced gradients are what is copied down)
     if (n) sys::copy_to_host(g_.data(), dg_.data(), n * sizeof(T));
     detail::grad_prelude pre;
     if (!this->begin_step(g_.view(), o_.clip_norm, pre)) {
@@ -320,14 +326,7 @@ class OffloadedAdamW
     }
     if (model_->parameter_version() != version_ && n)  // written from outside: read them again
       sys::copy_to_host(p_.data(), dp_.data(), n * sizeof(T));
-    double const t = double(t_ + 1);
-    kernels::adamw_scalars k{pre.factor,
-                             1.0 - o_.lr * o_.weight_decay,
-                             o_.beta1,
-                             o_.beta2,
-                             o_.lr / (1.0 - std::pow(o_.beta1, t)),
-                             std::sqrt(1.0 - std::pow(o_.beta2, t)),
-                             o_.eps};
+    kernels::adamw_scalars const k = detail::adamw_scalars_for(o_, pre.factor, double(t_ + 1));
     kernels::adamw_update(host{}, n, p_.data(), g_.data(), m_.data(), v_.data(), k,
                           dpc_ ? pc_host_.data() : static_cast<C*>(nullptr));
     ++t_;
