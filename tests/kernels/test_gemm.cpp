@@ -122,3 +122,33 @@ TEST_CASE("gemm: negative sizes and short leading dimensions are argument errors
   CHECK_THROWS_WITH(kernels::gemm(host{}, lhs(a, 2, 3, 2), rhs(b, 3, 2), result(c, 2, 2)),
                     Catch::Contains("leading dimension of A must be at least 3, found 2"));
 }
+
+TEST_CASE("gemm: k = 0 (empty A and B views) leaves beta * C, every host type and transpose", "[kernels][gemm]") {
+  // An m x 0 by 0 x n product sums nothing: C = beta * C exactly (0 when beta is 0), the empty
+  // operands' leading dimension of 0 accepted (BLAS itself wants at least 1).
+  auto const run = [](auto zero, auto out_zero) {
+    using T = decltype(zero);
+    using Out = decltype(out_zero);
+    T unused[1] = {T(0.0f)};
+    for (trans ta : {trans::no, trans::yes})
+      for (trans tb : {trans::no, trans::yes})
+        for (float beta : {0.0f, 0.5f}) {
+          Out c[6];
+          for (int i = 0; i < 6; ++i) c[i] = Out(float(i + 1));
+          tensor_view<T, host> a(unused, ta == trans::no ? 2 : 0, ta == trans::no ? 0 : 2);
+          tensor_view<T, host> b(unused, tb == trans::no ? 0 : 3, tb == trans::no ? 3 : 0);
+          kernels::gemm(a, ta, b, tb, tensor_view<Out, host>(c, 2, 3), compute_type_t<T>(0.75f),
+                        compute_type_t<T>(beta));
+          for (int i = 0; i < 6; ++i) {
+            INFO("transposes " << int(ta) << int(tb) << ", beta " << beta << ", at " << i);
+            CHECK(double(to_compute<float>(c[i])) == double(beta) * double(i + 1));
+          }
+        }
+  };
+  run(0.0f, 0.0f);
+  run(0.0, 0.0);
+  run(bfloat16(0.0f), bfloat16(0.0f));
+  run(bfloat16(0.0f), 0.0f);
+  run(half(0.0f), half(0.0f));
+  run(half(0.0f), 0.0f);
+}

@@ -164,8 +164,10 @@ inline int blas_int(index_t v, char const* what) {
   return static_cast<int>(v);
 }
 
-inline void check_ld(index_t ld, index_t stored_cols, char const* name) {
-  if (ld < (stored_cols > 1 ? stored_cols : 1))
+// (An empty operand, k = 0's A and B, is never read: any stride does.)
+inline void check_ld(index_t ld, index_t stored_rows, index_t stored_cols, char const* name) {
+  if (stored_rows == 0 || stored_cols == 0) return;
+  if (ld < stored_cols)
     REMAT_NAMESPACE::detail::raise<argument_error>("gemm: leading dimension of ", name, " must be at least ",
                                                    stored_cols, ", found ", ld);
 }
@@ -187,9 +189,9 @@ product_shape check_product(operand<TA, operand_role::a> const& a, operand<TB, o
   if (c.rows != m || c.cols != n)
     REMAT_NAMESPACE::detail::raise<shape_error>("gemm: op(A) * op(B) is ", m, " x ", n, ", but C is ", c.rows,
                                                 " x ", c.cols);
-  check_ld(a.ld, a.cols, "A");
-  check_ld(b.ld, b.cols, "B");
-  check_ld(c.ld, c.cols, "C");
+  check_ld(a.ld, a.rows, a.cols, "A");
+  check_ld(b.ld, b.rows, b.cols, "B");
+  check_ld(c.ld, c.rows, c.cols, "C");
   return {m, n, k};
 }
 
@@ -348,6 +350,9 @@ void host_gemm(trans ta, trans tb, index_t m, index_t n, index_t k, compute_type
                T const* b, index_t ldb, compute_type_t<T> beta, Out* c, index_t ldc, bool batched = false) {
   int const M = int(m), N = int(n), K = int(k);
   if (M == 0 || N == 0) return;
+  // (BLAS wants every leading dimension >= 1, also for k = 0's empty operands, which it never reads.)
+  auto const at_least_1 = [](index_t ld) { return ld > 0 ? ld : index_t(1); };
+  lda = at_least_1(lda), ldb = at_least_1(ldb);
   int const LDA = blas_int(lda, "lda"), LDB = blas_int(ldb, "ldb"), LDC = blas_int(ldc, "ldc");
   if constexpr (std::is_same_v<T, float>) {
 #if defined(REMAT_GEMM_ONEDNN)
