@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# On a GPU machine, the binaries scripts/cuda_pack.sh built elsewhere (copied to .gpu/run.sh
+# beside .gpu/pack.tar.xz; run it from there): unpacks them, finds CUDA's libraries (the toolkit's,
+# or those of a PyTorch install), and runs
+#   tests     every case of the CUDA suite in a process of its own (a crash or a sticky CUDA error
+#             fails that case only), the NCCL data-parallel test under mpirun -np 1 and the
+#             GPU example;
+#   bench     the product peak, the optimizer pass against a copy, and the MLP beside PyTorch
+#             (bench/compare_torch.py --device cuda; CONFIGS=8192x16 to shorten it, PRECISIONS=bf16
+#             for one precision).
+# Results go to $OUT (or /tmp/out).
+#   .gpu/run.sh [tests|bench|all]
+set -uo pipefail
+cd "$(dirname "$0")"
+here=$PWD
+[ -d bin ] || tar xJf pack.tar.xz
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+libs=$(for n in libcudnn.so.9 libcublasLt.so.13 libnccl.so.2; do
+         find /usr/local /opt /usr/lib -name "$n" 2>/dev/null | head -1
+       done | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH=$here/lib:$libs${LD_LIBRARY_PATH:-}
+ldd bin/test_cuda | grep 'not found' && exit 1
+mode=${1:-all}
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+status=0
+if [[ $mode == tests || $mode == all ]]; then
+  bin/test_cuda --list-test-names-only | grep -v -e '^$' -e 'test cases' > /tmp/remat-cases.txt
+  pass=0 fail=0
+  while IFS= read -r name; do
+    t0=$(date +%s%N)
+    # (Catch splits a filter at commas: they are escaped.)
+    timeout 300 bin/test_cuda -w NoTests "${name//,/\\,}" > /tmp/remat-case.log 2>&1
+    rc=$?
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    if [[ $rc == 0 ]]; then
+      pass=$((pass + 1)); echo "PASS ${ms} ms  $name"
+    else
+      fail=$((fail + 1)); echo "FAIL (exit $rc) ${ms} ms  $name"; tail -c 3000 /tmp/remat-case.log
+    fi
+    { echo "=== $name: exit $rc"; cat /tmp/remat-case.log; } >> "$out/test_cuda.log"
+  done < /tmp/remat-cases.txt
+  echo "test_cuda: $pass passed, $fail failed"
+  [[ $fail == 0 ]] || status=1
+  if [ -x bin/test_dist_cuda ] && command -v mpirun > /dev/null; then
+    echo "=== test_dist_cuda under mpirun -np 1"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --oversubscribe -np 1 bin/test_dist_cuda \
+      || status=1
+  fi
+  echo "=== memory_budget_cuda"
+  timeout 300 bin/memory_budget_cuda > "$out/memory_budget_cuda.log" 2>&1 || status=1
+  tail -12 "$out/memory_budget_cuda.log"
+fi
+if [[ $mode == bench || $mode == all ]]; then
+  cd ..
+  for precision in ${PRECISIONS:-fp32 bf16}; do
+    suffix=$([[ $precision == bf16 ]] && echo -bf16)
+    PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --device cuda --remat .gpu/bin/bench_policies_cuda \
+      --steps 3 --warmup 1 ${CONFIGS:+--configs $CONFIGS} --precision "$precision" --out "$out/policies-cuda$suffix" \
+      || status=1
+  done
+fi
+exit $status
