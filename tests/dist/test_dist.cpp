@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -757,4 +758,124 @@ TEST_CASE("the reduced gradients are the whole batch's, and SGD follows one proc
     CHECK(max_abs_diff(params_of(m), params_of(ref)) < 1e-5);
     CHECK(same_on_every_rank(params_of(m)));
   }
+}
+
+TEST_CASE("per-rank optimizer files: each rank saves and reloads its shard, resuming bit for bit; another rank "
+          "count, rank or model is refused on every rank and changes nothing",
+          "[dist][shards]") {
+  std::string const dir = REMAT_TEST_BINARY_DIR;
+  int const P = world_size();
+  std::string const base = dir + "/dist_shards_" + std::to_string(P);
+  auto const run_steps = [](auto& dp, auto& opt, int from, int to) {
+    param_range const r = my_rows(dp.rank(), dp.size());
+    for (int t = from; t < to; ++t) {
+      batch b = whole_batch(t);
+      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+    }
+  };
+  using P16 = mixed<bfloat16, DynamicLossScale>;
+  auto const check_resume = [&](auto precision, auto make_opt, char const* what) {
+    using M = model<Net, host, decltype(precision)>;
+    INFO(what << ", " << P << " ranks");
+    // 4 steps straight through ...
+    M straight(seed{7});
+    dist::data_parallel dps(straight, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = true});
+    auto os = make_opt(straight);
+    run_steps(dps, os, 0, 4);
+    // ... against 2 steps, the model (gathered) and the optimizer (per rank) saved, and 2 more in
+    // a new model and optimizer loaded from them.
+    std::string const mp = base + "_model.safetensors", op = base + "_" + what;
+    {
+      M first(seed{7});
+      dist::data_parallel dp(first, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = true});
+      auto o = make_opt(first);
+      run_steps(dp, o, 0, 2);
+      dist::save(dp, mp);
+      dist::save_shards(dp, o, op);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    M second(seed{99});
+    dist::data_parallel dp(second, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = true});
+    auto o = make_opt(second);
+    dist::load(dp, mp);
+    dist::load_shards(dp, o, op);
+    CHECK(o.steps() == 2);
+    run_steps(dp, o, 2, 4);
+    CHECK(params_of(second) == params_of(straight));
+    CHECK(tensor_to_host(o.exp_avg().view()) == tensor_to_host(os.exp_avg().view()));
+    CHECK(tensor_to_host(o.exp_avg_sq().view()) == tensor_to_host(os.exp_avg_sq().view()));
+    CHECK(second.scaler().scale() == straight.scaler().scale());
+  };
+  check_resume(fp32{}, [](auto& m) { return AdamW(m, opts); }, "adamw");
+  check_resume(P16{}, [](auto& m) { return AdamW(m, opts); }, "adamw_bf16");
+  check_resume(fp32{}, [](auto& m) { return OffloadedAdamW(m, opts); }, "offloaded");
+
+  // Refusals: each leaves every rank's optimizer as it was.
+  model<Net> m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = true});
+  AdamW opt(m, opts);
+  run_steps(dp, opt, 0, 1);
+  std::string const op = base + "_refused";
+  dist::save_shards(dp, opt, op);
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::vector<float> const m0 = tensor_to_host(opt.exp_avg().view());
+  run_steps(dp, opt, 1, 2);  // (the state moves on: a load would be seen)
+  std::vector<float> const m1 = tensor_to_host(opt.exp_avg().view()), p1 = params_of(m);
+  REQUIRE(m1 != m0);
+  auto const refused = [&](std::string const& path, std::string const& words) {
+    INFO("load_shards '" << path << "': expected every rank to throw, this rank's message or dist_error saying: "
+                         << words);
+    bool threw = false;
+    try {
+      dist::load_shards(dp, opt, path);
+    } catch (error const& e) {
+      threw = true;
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(words) != std::string::npos);
+    }
+    CHECK(threw);
+    CHECK(tensor_to_host(opt.exp_avg().view()) == m1);
+    CHECK(opt.steps() == 2);
+    CHECK(params_of(m) == p1);
+    MPI_Barrier(MPI_COMM_WORLD);
+  };
+  // Files of another number of ranks: this run's are renamed as a run of P + 1 would name them.
+  std::string const other = base + "_other";
+  std::rename(dist::shard_file(op, dp.rank(), P).c_str(), dist::shard_file(other, dp.rank(), P + 1).c_str());
+  MPI_Barrier(MPI_COMM_WORLD);
+  refused(other, "another number of ranks");
+  refused(other, "-of-" + std::to_string(P + 1));
+  // The right name, the wrong content: rank r's file holds rank (r + 1) % P's shard (with one
+  // rank, a shard file of a run of 2 ranks).
+  std::rename(dist::shard_file(other, dp.rank(), P + 1).c_str(), dist::shard_file(op, dp.rank(), P).c_str());
+  MPI_Barrier(MPI_COMM_WORLD);
+  {
+    std::string const swapped = base + "_swapped";
+    if (P == 1) {
+      // remat.shard.ranks says 2: made by hand from the real one.
+      safetensors::file f = safetensors::read(dist::shard_file(op, 0, 1));
+      f.metadata["remat.shard.ranks"] = "2";
+      std::vector<safetensors::entry> entries;
+      for (auto const& [name, t] : f.tensors)
+        entries.push_back({name, t.dtype, t.shape, f.data.data() + t.begin, t.end - t.begin});
+      safetensors::write(dist::shard_file(swapped, 0, 1), entries, f.metadata);
+      MPI_Barrier(MPI_COMM_WORLD);
+      refused(swapped, "a shard saved by a run of 1");
+    } else {
+      std::filesystem::copy_file(dist::shard_file(op, (dp.rank() + 1) % P, P), dist::shard_file(swapped, dp.rank(), P),
+                                 std::filesystem::copy_options::overwrite_existing);
+      MPI_Barrier(MPI_COMM_WORLD);
+      refused(swapped, "");  // (each rank: "expected the shard of rank r", or dist_error quoting one)
+    }
+  }
+  // A missing file on one rank only (the last): every rank throws, none changes.
+  if (dp.rank() == P - 1) std::remove(dist::shard_file(op, dp.rank(), P).c_str());
+  MPI_Barrier(MPI_COMM_WORLD);
+  refused(op, "rank " + std::to_string(P - 1));
+  // And the real files, where all are there, load.
+  dist::save_shards(dp, opt, op);
+  MPI_Barrier(MPI_COMM_WORLD);
+  evaluate(opt.exp_avg(), expr::to_expr(0.0));
+  dist::load_shards(dp, opt, op);
+  CHECK(tensor_to_host(opt.exp_avg().view()) == m1);
 }

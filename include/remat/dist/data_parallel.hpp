@@ -53,8 +53,10 @@
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -471,8 +473,11 @@ void load(data_parallel<Model, Transport>& dp, std::string const& path) {
 // nothing on every rank.
 template <class Model, class Transport, class T, class C>
 void load(data_parallel<Model, Transport>& dp, AdamW<T, host, C>& opt, std::string const& path) {
+  // (read and checked on every rank first, applied only when every rank could: all or nothing)
+  std::optional<decltype(REMAT_NAMESPACE::detail::read_adamw(opt, path, 0, 0))> read;
   dp.agree("dist::load",
-           [&] { REMAT_NAMESPACE::detail::load_adamw(opt, path, Model::parameter_count, dp.shard().begin); });
+           [&] { read = REMAT_NAMESPACE::detail::read_adamw(opt, path, Model::parameter_count, dp.shard().begin); });
+  REMAT_NAMESPACE::detail::apply_adamw(opt, *read);
 }
 
 // Saves an OffloadedAdamW state from rank 0, in AdamW's format (the shards' host moments gathered).
@@ -490,8 +495,104 @@ void save(data_parallel<Model, Transport>& dp, OffloadedAdamW<Model> const& opt,
 // nothing on every rank.
 template <class Model, class Transport>
 void load(data_parallel<Model, Transport>& dp, OffloadedAdamW<Model>& opt, std::string const& path) {
+  // (read and checked on every rank first, applied only when every rank could: all or nothing)
+  std::optional<decltype(REMAT_NAMESPACE::detail::read_adamw(opt, path, 0, 0))> read;
   dp.agree("dist::load",
-           [&] { REMAT_NAMESPACE::detail::load_adamw(opt, path, Model::parameter_count, dp.shard().begin); });
+           [&] { read = REMAT_NAMESPACE::detail::read_adamw(opt, path, Model::parameter_count, dp.shard().begin); });
+  REMAT_NAMESPACE::detail::apply_adamw(opt, *read);
+}
+
+// ---- per-rank files of a sharded optimizer (each rank writes and reads its own shard)
+
+// The file of `rank`'s shard among `ranks`: path + ".rank<rank>-of-<ranks>".
+inline std::string shard_file(std::string const& path, int rank, int ranks) {
+  return path + ".rank" + std::to_string(rank) + "-of-" + std::to_string(ranks);
+}
+
+namespace detail {
+
+// What load_shards says when this rank's file is missing: the shard files beside it, if any,
+// name the number of ranks they were saved by.
+inline std::string other_shard_files(std::string const& path, int rank) {
+  namespace fs = std::filesystem;
+  fs::path const p(path);
+  fs::path const dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::string const prefix = p.filename().string() + ".rank" + std::to_string(rank) + "-of-";
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (std::string const name = it->path().filename().string(); name.rfind(prefix, 0) == 0) found.push_back(name);
+  if (found.empty()) return "no shard files of that name";
+  std::sort(found.begin(), found.end());
+  std::string s = "shard files for another number of ranks (";
+  for (std::size_t i = 0; i < found.size(); ++i) s += (i ? ", " : "") + found[i];
+  return s + "); per-rank files reload on the number of ranks that saved them only (dist::save and "
+             "dist::load write and read one gathered file for any number)";
+}
+
+}  // namespace detail
+
+// Saves this rank's part of an optimizer's state (AdamW or OffloadedAdamW) to a file of its own,
+// shard_file(path, rank, ranks), with no gather to rank 0: the moments of the rank's shard, the
+// step count and loss scale, and the shard's place (rank, ranks, first and last parameter, the
+// model's parameter count). Every rank calls it; an error on any rank is thrown on every rank.
+// load_shards reads the files back on the same number of ranks; dist::save writes one file that
+// loads on any number.
+template <class Model, class Transport, class Opt>
+void save_shards(data_parallel<Model, Transport>& dp, Opt const& opt, std::string const& path,
+                 std::map<std::string, std::string> metadata = {}) {
+  param_range const r = dp.shard();
+  metadata["remat.shard.rank"] = std::to_string(dp.rank());
+  metadata["remat.shard.ranks"] = std::to_string(dp.size());
+  metadata["remat.shard.begin"] = std::to_string(r.begin);
+  metadata["remat.shard.end"] = std::to_string(r.end);
+  metadata["remat.shard.parameters"] = std::to_string(Model::parameter_count);
+  dp.agree("dist::save_shards", [&] {
+    if (opt.range() != r)
+      REMAT_NAMESPACE::detail::raise<argument_error>("dist::save_shards: the optimizer is over parameters [",
+                                                     opt.range().begin, ", ", opt.range().end,
+                                                     ") but this rank's shard is [", r.begin, ", ", r.end, ")");
+    REMAT_NAMESPACE::detail::save_adamw(tensor_to_host(opt.exp_avg().view()), tensor_to_host(opt.exp_avg_sq().view()),
+                                        opt, shard_file(path, dp.rank(), dp.size()), std::move(metadata));
+  });
+}
+
+// Reads what save_shards wrote, each rank its own file, on the same number of ranks with the same
+// shards: all or nothing on every rank (every file is read and checked before any is applied). A
+// missing file (files saved by another number of ranks are named), a file of another rank, shard
+// or model, or a corrupt one throws io_error on its rank and dist_error on the others, and
+// changes no optimizer.
+template <class Model, class Transport, class Opt>
+void load_shards(data_parallel<Model, Transport>& dp, Opt& opt, std::string const& path) {
+  param_range const r = dp.shard();
+  std::string const file = shard_file(path, dp.rank(), dp.size());
+  std::optional<decltype(REMAT_NAMESPACE::detail::read_adamw(opt, file, 0, 0))> read;
+  dp.agree("dist::load_shards", [&] {
+    if (!std::filesystem::exists(file))
+      REMAT_NAMESPACE::detail::raise<io_error>("dist::load_shards: expected '", file, "' (rank ", dp.rank(), " of ",
+                                               dp.size(), "), found none; beside it: ",
+                                               detail::other_shard_files(path, dp.rank()));
+    if (opt.range() != r)
+      REMAT_NAMESPACE::detail::raise<argument_error>("dist::load_shards: the optimizer is over parameters [",
+                                                     opt.range().begin, ", ", opt.range().end,
+                                                     ") but this rank's shard is [", r.begin, ", ", r.end, ")");
+    safetensors::file const f = safetensors::read(file);
+    std::map<std::string, std::string> const& meta = f.metadata;
+    auto const expect = [&](char const* key, std::string const& want, char const* what) {
+      auto const it = meta.find(key);
+      std::string const found = it == meta.end() ? std::string("none") : it->second;
+      if (found != want)
+        REMAT_NAMESPACE::detail::raise<io_error>("dist::load_shards '", file, "': expected ", what, " ", want,
+                                                 " (metadata '", key, "'), found ", found);
+    };
+    expect("remat.shard.ranks", std::to_string(dp.size()), "a shard saved by a run of");
+    expect("remat.shard.rank", std::to_string(dp.rank()), "the shard of rank");
+    expect("remat.shard.parameters", std::to_string(Model::parameter_count), "a model of parameter count");
+    expect("remat.shard.begin", std::to_string(r.begin), "a shard starting at parameter");
+    expect("remat.shard.end", std::to_string(r.end), "a shard ending before parameter");
+    read = REMAT_NAMESPACE::detail::read_adamw(opt, f, file, r.size(), 0);
+  });
+  REMAT_NAMESPACE::detail::apply_adamw(opt, *read);
 }
 
 }  // namespace dist

@@ -615,16 +615,25 @@ void save_adamw(std::vector<T> const& m, std::vector<T> const& v, Opt const& opt
   safetensors::write(path, entries, metadata);
 }
 
-// Reads a saved AdamW state of `total` parameters into an optimizer over [offset, offset + its
-// size) of them: all or nothing.
+// An AdamW state read from a file and checked against an optimizer, not applied yet.
+template <class T>
+struct adamw_read {
+  optimizer_state state;
+  std::vector<T> m, v;  // the optimizer's part of the moments
+};
+
+// Reads a saved AdamW state of `total` parameters for an optimizer over [offset, offset + its
+// size) of them and checks it (loss scale included) without changing the optimizer.
+// (f: the file read from path.)
 template <class Opt>
-void load_adamw(Opt& opt, std::string const& path, std::size_t total, std::size_t offset) {
+auto read_adamw(Opt const& opt, safetensors::file const& f, std::string const& path, std::size_t total,
+                std::size_t offset) {
   using T = typename std::remove_cvref_t<decltype(opt.exp_avg())>::value_type;
-  safetensors::file const f = safetensors::read(path);
-  optimizer_state const state = optimizer_state_of(f, path, "AdamW");
+  adamw_read<T> r{optimizer_state_of(f, path, "AdamW"), {}, {}};
   std::size_t const n = opt.exp_avg().size();
-  std::vector<T> m(n), v(n);
-  for (auto [name, out] : {std::pair<char const*, std::vector<T>*>{"exp_avg", &m}, {"exp_avg_sq", &v}}) {
+  r.m.resize(n);
+  r.v.resize(n);
+  for (auto [name, out] : {std::pair<char const*, std::vector<T>*>{"exp_avg", &r.m}, {"exp_avg_sq", &r.v}}) {
     auto it = f.tensors.find(name);
     if (it == f.tensors.end())
       raise<io_error>("load '", path, "': expected an AdamW state with a tensor '", name, "', found none");
@@ -634,9 +643,30 @@ void load_adamw(Opt& opt, std::string const& path, std::size_t total, std::size_
                       "], found ", t.dtype, " with ", t.end - t.begin, " bytes");
     std::memcpy(out->data(), f.data.data() + t.begin + offset * sizeof(T), n * sizeof(T));
   }
-  state.apply(opt);
-  tensor_from_host(opt.exp_avg().view(), std::span<T const>(m));
-  tensor_from_host(opt.exp_avg_sq().view(), std::span<T const>(v));
+  if (opt.scaler() && r.state.scale) {  // (the scale's own checks, on a copy)
+    loss_scaler check = *opt.scaler();
+    check.set_state(*r.state.scale, r.state.tracker.value_or(0), r.state.skipped.value_or(0));
+  }
+  return r;
+}
+template <class Opt>
+auto read_adamw(Opt const& opt, std::string const& path, std::size_t total, std::size_t offset) {
+  return read_adamw(opt, safetensors::read(path), path, total, offset);
+}
+
+// Applies what read_adamw read and checked.
+template <class Opt, class T>
+void apply_adamw(Opt& opt, adamw_read<T> const& r) {
+  r.state.apply(opt);
+  tensor_from_host(opt.exp_avg().view(), std::span<T const>(r.m));
+  tensor_from_host(opt.exp_avg_sq().view(), std::span<T const>(r.v));
+}
+
+// Reads a saved AdamW state of `total` parameters into an optimizer over [offset, offset + its
+// size) of them: all or nothing.
+template <class Opt>
+void load_adamw(Opt& opt, std::string const& path, std::size_t total, std::size_t offset) {
+  apply_adamw(opt, read_adamw(opt, path, total, offset));
 }
 
 }  // namespace detail
