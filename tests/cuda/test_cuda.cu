@@ -488,6 +488,12 @@ TEST_CASE("cuda OffloadedAdamW: the update on the host follows AdamW on the GPU;
       for (int s = 0; s < 3; ++s) losses.push_back(m.template train_step<SoftmaxCrossEntropy>(x, y, opt));
       CHECK(alloc.stats()[memory::tag::optimizer_state].in_use == 0);
       CHECK(bitwise_equal(tensor_to_host(opt.master_weights().view()), tensor_to_host(std::as_const(m).parameters())));
+      // What crosses the link is page-locked: the weights' copy and the gradients' landing buffer.
+      cudaPointerAttributes attr{};
+      REQUIRE(cudaPointerGetAttributes(&attr, opt.master_weights().data()) == cudaSuccess);
+      CHECK(attr.type == cudaMemoryTypeHost);
+      CHECK(opt.staging_allocator().stats()[memory::tag::gradients].in_use > 0);
+      CHECK(opt.host_allocator().stats()[memory::tag::gradients].in_use == 0);
     } else {
       AdamW opt(m, {.lr = 1e-2, .clip_norm = 1.0});
       for (int s = 0; s < 3; ++s) losses.push_back(m.template train_step<SoftmaxCrossEntropy>(x, y, opt));

@@ -5,6 +5,7 @@
 //     optimizer) end with the same parameters as the single model: bit for bit with one rank
 //     (a sum over one rank is the identity), to rounding with more;
 //   - every rank holds the same parameters, bit for bit;
+//   - the optimizer's state saved by dist::save and dist::save_shards loads back bit for bit;
 //   - labels out of range on the last rank make every rank throw, and change nothing.
 // Without a GPU it exits with 77 (skipped). Built by nvcc in CI; run on a GPU by `ctest -L cuda`.
 #include <remat/dist/mpi.hpp>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace remat;
@@ -95,6 +97,24 @@ void check_parallel(bool shard, std::vector<float> const& want, int steps) {
   std::vector<float> first_rank = got;
   MPI_Bcast(first_rank.data(), int(first_rank.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   check(same_bits(got, first_rank), "every rank holds rank 0's parameters, bit for bit");
+
+  // The optimizer's state gathered to rank 0 (dist::save) and per rank (dist::save_shards), each
+  // loaded back into a new optimizer on every rank.
+  std::string const file = std::string("dist_cuda_adamw_") + (shard ? "sharded_" : "whole_") + std::to_string(ranks) +
+                           ".safetensors";
+  dist::save(dp, opt, file);
+  dist::save_shards(dp, opt, file);
+  AdamW gathered(m, {.lr = 1e-2}), per_rank(m, {.lr = 1e-2});
+  dist::load(dp, gathered, file);
+  dist::load_shards(dp, per_rank, file);
+  for (AdamW<float, gpu>* loaded : {&gathered, &per_rank})
+    check(loaded->steps() == opt.steps() &&
+              same_bits(tensor_to_host(loaded->exp_avg().view()), tensor_to_host(opt.exp_avg().view())) &&
+              same_bits(tensor_to_host(loaded->exp_avg_sq().view()), tensor_to_host(opt.exp_avg_sq().view())),
+          "dist::load and dist::load_shards restore this rank's moments and step count, bit for bit");
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::remove(dist::shard_file(file, rank, ranks).c_str());
+  if (rank == 0) std::remove(file.c_str());
 
   // Bad labels on the last rank: every rank throws, nothing changes.
   auto bad = labels();

@@ -145,6 +145,8 @@ TEST_CASE("OffloadedAdamW keeps no optimizer state on the model's allocator", "[
   CHECK(host_side.stats()[memory::tag::optimizer_state].in_use == 3 * rounded(n * 4) + rounded(n * 2));
   CHECK(host_side.stats()[memory::tag::gradients].in_use == rounded(n * 4));
   CHECK(&o.host_allocator() == &host_side);
+  // On the host what crosses to the device is staged in the host allocator itself.
+  CHECK(&o.staging_allocator() == &host_side);
 }
 
 TEST_CASE("OffloadedAdamW and AdamW resume from each other's files", "[train][optim][offload][io]") {

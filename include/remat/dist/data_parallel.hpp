@@ -447,11 +447,37 @@ void save(data_parallel<Model, Transport>& dp, std::string const& path,
   });
 }
 
-// Saves an AdamW state from rank 0 in the format of remat::save(AdamW), so a sharded run's file
-// loads into an unsharded optimizer and the other way round: the shards' moments are gathered.
-template <class Model, class Transport, class T, class C>
-void save(data_parallel<Model, Transport>& dp, AdamW<T, host, C> const& opt, std::string const& path,
+namespace detail {
+
+// The optimizers whose state is AdamW's (moments exp_avg and exp_avg_sq, the step count, the loss
+// scale) and saves in its format: AdamW on either device, and OffloadedAdamW.
+template <class Opt>
+inline constexpr bool adamw_family = false;
+template <class T, class D, class C>
+inline constexpr bool adamw_family<AdamW<T, D, C>> = true;
+template <class M>
+inline constexpr bool adamw_family<OffloadedAdamW<M>> = true;
+
+// Throws argument_error naming `who` unless the optimizer is over this rank's shard.
+template <class Model, class Transport, class Opt>
+void require_shard(data_parallel<Model, Transport> const& dp, Opt const& opt, char const* who) {
+  param_range const r = dp.shard(), o = opt.range();
+  if (o != r)
+    REMAT_NAMESPACE::detail::raise<argument_error>(who, ": the optimizer is over parameters [", o.begin, ", ", o.end,
+                                                   ") but this rank's shard is [", r.begin, ", ", r.end, ")");
+}
+
+}  // namespace detail
+
+// Saves an AdamW state (AdamW on either device, or OffloadedAdamW) from rank 0 in the format of
+// remat::save(AdamW), so a sharded run's file loads into an unsharded optimizer and the other way
+// round: the shards' moments are gathered. Every rank calls it; an error on rank 0 is thrown on
+// every rank.
+template <class Model, class Transport, class Opt>
+  requires detail::adamw_family<Opt>
+void save(data_parallel<Model, Transport>& dp, Opt const& opt, std::string const& path,
           std::map<std::string, std::string> metadata = {}) {
+  using T = typename Model::value_type;
   std::vector<T> const m = dp.gather_shards(tensor_to_host(opt.exp_avg().view()));
   std::vector<T> const v = dp.gather_shards(tensor_to_host(opt.exp_avg_sq().view()));
   dp.agree("dist::save", [&] {
@@ -469,36 +495,18 @@ void load(data_parallel<Model, Transport>& dp, std::string const& path) {
   dp.broadcast_parameters();
 }
 
-// Loads an AdamW state saved by either save() on every rank, each keeping its shard; all or
-// nothing on every rank.
-template <class Model, class Transport, class T, class C>
-void load(data_parallel<Model, Transport>& dp, AdamW<T, host, C>& opt, std::string const& path) {
-  // (read and checked on every rank first, applied only when every rank could: all or nothing)
+// Loads an AdamW-format state saved by either save() (AdamW or OffloadedAdamW, whole or sharded,
+// on any number of ranks) on every rank, each keeping its shard: every rank reads and checks the
+// file before any applies it, so an error on any rank is thrown on every rank and changes no
+// optimizer.
+template <class Model, class Transport, class Opt>
+  requires detail::adamw_family<Opt>
+void load(data_parallel<Model, Transport>& dp, Opt& opt, std::string const& path) {
   std::optional<decltype(REMAT_NAMESPACE::detail::read_adamw(opt, path, 0, 0))> read;
-  dp.agree("dist::load",
-           [&] { read = REMAT_NAMESPACE::detail::read_adamw(opt, path, Model::parameter_count, dp.shard().begin); });
-  REMAT_NAMESPACE::detail::apply_adamw(opt, *read);
-}
-
-// Saves an OffloadedAdamW state from rank 0, in AdamW's format (the shards' host moments gathered).
-template <class Model, class Transport>
-void save(data_parallel<Model, Transport>& dp, OffloadedAdamW<Model> const& opt, std::string const& path,
-          std::map<std::string, std::string> metadata = {}) {
-  std::vector<typename Model::value_type> const m = dp.gather_shards(tensor_to_host(opt.exp_avg().view()));
-  std::vector<typename Model::value_type> const v = dp.gather_shards(tensor_to_host(opt.exp_avg_sq().view()));
-  dp.agree("dist::save", [&] {
-    if (dp.rank() == 0) REMAT_NAMESPACE::detail::save_adamw(m, v, opt, path, std::move(metadata));
+  dp.agree("dist::load", [&] {
+    detail::require_shard(dp, opt, "dist::load");
+    read = REMAT_NAMESPACE::detail::read_adamw(opt, path, Model::parameter_count, dp.shard().begin);
   });
-}
-
-// Loads an AdamW-format state into an OffloadedAdamW on every rank, each keeping its shard; all or
-// nothing on every rank.
-template <class Model, class Transport>
-void load(data_parallel<Model, Transport>& dp, OffloadedAdamW<Model>& opt, std::string const& path) {
-  // (read and checked on every rank first, applied only when every rank could: all or nothing)
-  std::optional<decltype(REMAT_NAMESPACE::detail::read_adamw(opt, path, 0, 0))> read;
-  dp.agree("dist::load",
-           [&] { read = REMAT_NAMESPACE::detail::read_adamw(opt, path, Model::parameter_count, dp.shard().begin); });
   REMAT_NAMESPACE::detail::apply_adamw(opt, *read);
 }
 
@@ -539,6 +547,7 @@ inline std::string other_shard_files(std::string const& path, int rank) {
 // load_shards reads the files back on the same number of ranks; dist::save writes one file that
 // loads on any number.
 template <class Model, class Transport, class Opt>
+  requires detail::adamw_family<Opt>
 void save_shards(data_parallel<Model, Transport>& dp, Opt const& opt, std::string const& path,
                  std::map<std::string, std::string> metadata = {}) {
   param_range const r = dp.shard();
@@ -548,10 +557,7 @@ void save_shards(data_parallel<Model, Transport>& dp, Opt const& opt, std::strin
   metadata["remat.shard.end"] = std::to_string(r.end);
   metadata["remat.shard.parameters"] = std::to_string(Model::parameter_count);
   dp.agree("dist::save_shards", [&] {
-    if (opt.range() != r)
-      REMAT_NAMESPACE::detail::raise<argument_error>("dist::save_shards: the optimizer is over parameters [",
-                                                     opt.range().begin, ", ", opt.range().end,
-                                                     ") but this rank's shard is [", r.begin, ", ", r.end, ")");
+    detail::require_shard(dp, opt, "dist::save_shards");
     REMAT_NAMESPACE::detail::save_adamw(tensor_to_host(opt.exp_avg().view()), tensor_to_host(opt.exp_avg_sq().view()),
                                         opt, shard_file(path, dp.rank(), dp.size()), std::move(metadata));
   });
@@ -563,6 +569,7 @@ void save_shards(data_parallel<Model, Transport>& dp, Opt const& opt, std::strin
 // or model, or a corrupt one throws io_error on its rank and dist_error on the others, and
 // changes no optimizer.
 template <class Model, class Transport, class Opt>
+  requires detail::adamw_family<Opt>
 void load_shards(data_parallel<Model, Transport>& dp, Opt& opt, std::string const& path) {
   param_range const r = dp.shard();
   std::string const file = shard_file(path, dp.rank(), dp.size());
@@ -572,10 +579,7 @@ void load_shards(data_parallel<Model, Transport>& dp, Opt& opt, std::string cons
       REMAT_NAMESPACE::detail::raise<io_error>("dist::load_shards: expected '", file, "' (rank ", dp.rank(), " of ",
                                                dp.size(), "), found none; beside it: ",
                                                detail::other_shard_files(path, dp.rank()));
-    if (opt.range() != r)
-      REMAT_NAMESPACE::detail::raise<argument_error>("dist::load_shards: the optimizer is over parameters [",
-                                                     opt.range().begin, ", ", opt.range().end,
-                                                     ") but this rank's shard is [", r.begin, ", ", r.end, ")");
+    detail::require_shard(dp, opt, "dist::load_shards");
     safetensors::file const f = safetensors::read(file);
     std::map<std::string, std::string> const& meta = f.metadata;
     auto const expect = [&](char const* key, std::string const& want, char const* what) {

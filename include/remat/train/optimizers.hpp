@@ -12,6 +12,7 @@
 #include "../expr/expr.hpp"
 #include "../kernels/optimizers.hpp"
 #include "../memory/allocator.hpp"
+#include "../memory/offload.hpp"
 #include "../tensor/tensor.hpp"
 #include "gradient_sync.hpp"
 #include "loss_scale.hpp"
@@ -255,7 +256,9 @@ AdamW(Model&, adamw_options = {})
 // pass split across the host's threads) and copies the new weights up, with the compute copy of a
 // mixed-precision model. The device keeps the model's master weights, gradients and compute copy
 // but no optimizer state: 8 bytes per parameter less than AdamW (the model allocator's
-// optimizer_state tag holds nothing; the host state is in host_allocator()).
+// optimizer_state tag holds nothing; the host state is in host_allocator()). What crosses to and
+// from the GPU (the gradients' landing buffer, the weights' host copy and their compute copy) is
+// page-locked on the GPU, in staging_allocator(), so the copies run at the link's full rate.
 //
 // The update is AdamW's own on the same values, so on the host a run equals AdamW's bit for bit,
 // skipped steps, clipping and loss scale included; on the GPU it differs only where the gradient
@@ -266,8 +269,7 @@ AdamW(Model&, adamw_options = {})
 // them down again first.
 //
 // Each step waits for the gradients to reach the host and the host waits for its update: the
-// copies and the update do not yet overlap the next step's forward (the copy up is issued on the
-// model's stream, which the next forward follows).
+// copies and the update do not yet overlap the next step's forward.
 template <class Model>
 class OffloadedAdamW
     : public detail::optimizer_base<typename Model::value_type, host, typename Model::compute_type> {
@@ -291,16 +293,22 @@ class OffloadedAdamW
     if (r.begin > r.end || r.end > Model::parameter_count)
       detail::raise<argument_error>("OffloadedAdamW: expected a range of the model's ", Model::parameter_count,
                                     " parameters, found [", r.begin, ", ", r.end, ")");
+    if constexpr (std::is_same_v<staging_space, host>) {
+      staging_ = alloc_;
+    } else {
+      own_staging_ = std::make_unique<memory::caching_allocator<staging_space>>();
+      staging_ = own_staging_.get();
+    }
     std::size_t const n = r.size();
     dp_ = detail::range_of(m.parameters(), r);
     dg_ = detail::range_of(m.gradients(), r);
     tensor_view<C, D> const pc = m.compute_parameters();
     dpc_ = pc.data() ? pc.data() + r.begin : nullptr;
-    p_ = tensor<T, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
-    g_ = tensor<T, host>(index_t(n), 1, memory::tag::gradients, *alloc_);
+    p_ = staged<T>(p_block_, n, memory::tag::optimizer_state);
+    g_ = staged<T>(g_block_, n, memory::tag::gradients);
     m_ = tensor<T, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
     v_ = tensor<T, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
-    if (dpc_) pc_host_ = tensor<C, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
+    if (dpc_) pc_host_ = staged<C>(pc_block_, n, memory::tag::optimizer_state);
     evaluate(m_, expr::to_expr(0.0));
     evaluate(v_, expr::to_expr(0.0));
     if (n) sys::copy_to_host(p_.data(), dp_.data(), n * sizeof(T));
@@ -352,13 +360,30 @@ class OffloadedAdamW
   tensor<T, host> const& exp_avg_sq() const { return v_; }  // (read-only)
   // The host copy of the master weights it updates (equal to the model's after each step).
   tensor<T, host> const& master_weights() const { return p_; }
-  // Where the host state lives: the moments, the weights' copy (and their compute copy) and the
-  // gradients' landing buffer.
+  // Where the host state lives: the moments (and, for a host model, the buffers of
+  // staging_allocator(): the weights' copy, their compute copy and the gradients' landing buffer).
   memory::caching_allocator<host>& host_allocator() const { return *alloc_; }
+  // Where the buffers that cross to and from the device live: page-locked host memory of the
+  // optimizer's own for a GPU model (copies at the link's full rate, without a bounce through a
+  // driver buffer); host_allocator() itself for a host model.
+  using staging_space = memory::offload_space_t<D>;
+  memory::caching_allocator<staging_space>& staging_allocator() const { return *staging_; }
 
  private:
+  // A host tensor of n elements over a block of the staging allocator, which `block` holds.
+  template <class U>
+  tensor<U, host> staged(memory::held_block<staging_space>& block, std::size_t n, memory::tag t) {
+    if (n == 0) return tensor<U, host>(index_t(0), 1, t, *alloc_);
+    block = memory::held_block<staging_space>(*staging_, n * sizeof(U), t);
+    return tensor<U, host>(tensor<U, host>::borrowed, static_cast<U*>(block.get()), n, 1);
+  }
+
   std::unique_ptr<memory::caching_allocator<host>> own_;
   memory::caching_allocator<host>* alloc_;
+  std::unique_ptr<memory::caching_allocator<staging_space>> own_staging_;
+  memory::caching_allocator<staging_space>* staging_ = nullptr;
+  // (the staging blocks outlive the tensors over them: declared first, destroyed last)
+  memory::held_block<staging_space> p_block_, g_block_, pc_block_;
   Model* model_;
   tensor_view<T, D> dp_, dg_;
   C* dpc_ = nullptr;
