@@ -72,8 +72,15 @@ def worker(rank, ranks, args, port, out):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         step = float(t[0])
         dist.destroy_process_group()
+    # Per rank: the bytes of the parameters, their gradients and AdamW's state tensors (DDP's
+    # reducer also keeps gradient buckets, not counted here).
+    param_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in net.parameters() if p.grad is not None)
+    state_bytes = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+                      if torch.is_tensor(v) and v.dim() > 0)
     if rank == 0:
-        out.put({"bench": "dist", "library": "torch", "mode": "ddp" if ranks > 1 else "alone", "ranks": ranks,
+        out.put({"bench": "dist", "library": "torch", "param_bytes": param_bytes, "grad_held_bytes": grad_bytes,
+                 "optimizer_state_bytes": state_bytes, "mode": "ddp" if ranks > 1 else "alone", "ranks": ranks,
                  "threads": torch.get_num_threads(), "batch": args.batch, "blocks": N, "width": D, "step_s": step,
                  "samples_per_s": args.batch / step, "torch": torch.__version__, "blas": loaded_blas(),
                  "malloc_tuned": "MALLOC_MMAP_THRESHOLD_" in os.environ, "loss": float(loss)})

@@ -2,15 +2,18 @@
 // d = 1024) over MPI ranks, at a fixed global batch split across the ranks:
 //
 //   mpirun -np P bench_dist [--blocks 8] [--batch 256] [--policy stored|checkpoint] [--shard]
-//                           [--bucket-mib 4] [--steps 7] [--warmup 2] [--alone] [--offload]
+//                           [--shard-gradients] [--bucket-mib 4] [--steps 7] [--warmup 2] [--alone]
+//                           [--offload]
 //
 // --alone trains the model without remat::dist (one process, no communicator): the baseline.
+// --shard shards the optimizer state (ZeRO-1); --shard-gradients the gradients too (ZeRO-2).
 // --offload steps with OffloadedAdamW instead of AdamW (the state in its own host allocator; on
 // the host its copies are memcpy: what the offload's bookkeeping and copies cost).
 // Rank 0 prints one JSON line: ranks, OpenMP threads per rank, the median step time, samples per
 // second, the bytes each rank sent into reductions per step against the model's gradient bytes,
 // the bytes all-gathered (sharded), the buckets and how many started while backward was running,
-// and each rank's optimizer-state bytes. bench/dist_scaling.sh runs the configurations and writes
+// and rank 0's memory: parameters, gradients held at rest and at the pass's peak (pages the
+// process holds, measured; and the plan's peak) and optimizer state. bench/dist_scaling.sh runs the configurations and writes
 // the table.
 #include <remat/dist/mpi.hpp>
 #include <remat/remat.hpp>
@@ -52,7 +55,7 @@ using adamw_for = AdamW<typename M::value_type, typename M::device, typename M::
 struct config {
   std::size_t batch = 256;
   std::string policy = "stored";
-  bool shard = false, alone = false, offload = false;
+  bool shard = false, shard_gradients = false, alone = false, offload = false;
   double bucket_mib = 4;
   int steps = 7, warmup = 2;
 };
@@ -65,7 +68,9 @@ int run(config const& c) {
   std::optional<dist::data_parallel<model<Net>>> dp;
   if (!c.alone) {
     dp.emplace(m, MPI_COMM_WORLD,
-               dist::options{.bucket_bytes = std::size_t(c.bucket_mib * 1048576.0), .shard_optimizer = c.shard});
+               dist::options{.bucket_bytes = std::size_t(c.bucket_mib * 1048576.0),
+                             .shard_optimizer = c.shard || c.shard_gradients,
+                             .shard_gradients = c.shard_gradients});
     rank = dp->rank();
     ranks = dp->size();
   }
@@ -95,15 +100,22 @@ int run(config const& c) {
   double const flop = 3.0 * 2.0 * double(c.batch) * double(N) * 2.0 * double(D) * double(D);
   std::size_t host_state = 0;  // (OffloadedAdamW: its host allocator's bytes)
   if constexpr (requires { opt.host_allocator(); }) host_state = opt.host_allocator().stats().total.in_use;
+  // The gradients held: with a wrapper, the pages of its buffer (measured); alone, the whole buffer.
+  dist::gradient_memory const g =
+      dp ? dp->gradient_pages() : dist::gradient_memory{grad_bytes, grad_bytes, grad_bytes, grad_bytes};
+  int const zero = c.shard_gradients ? 2 : c.shard ? 1 : 0;
   std::printf(
       "{\"bench\": \"dist\", \"mode\": \"%s\", \"ranks\": %d, \"threads\": %d, \"policy\": \"%s\", \"shard\": %s, "
       "\"batch\": %zu, \"blocks\": %zu, \"width\": %zu, \"step_s\": %.6f, \"samples_per_s\": %.1f, "
       "\"gflop_per_s\": %.2f, \"model_grad_bytes\": %zu, \"reduced_bytes\": %zu, \"gathered_bytes\": %zu, "
       "\"buckets\": %zu, \"overlapped_buckets\": %zu, \"optimizer_state_bytes\": %zu, \"offload\": %s, "
-      "\"offloaded_host_bytes\": %zu, \"loss\": %.6f}\n",
+      "\"offloaded_host_bytes\": %zu, \"zero\": %d, \"param_bytes\": %zu, \"grad_held_bytes\": %zu, "
+      "\"grad_peak_bytes\": %zu, \"grad_planned_peak_bytes\": %zu, \"grad_pages_bytes\": %zu, \"loss\": %.6f}\n",
       c.alone ? "alone" : "dist", ranks, omp_get_max_threads(), c.policy.c_str(), c.shard ? "true" : "false", c.batch,
       N, D, step, double(c.batch) / step, flop / step * 1e-9, grad_bytes, tr.reduced, tr.gathered, tr.buckets,
-      tr.overlapped, alloc.stats()[memory::tag::optimizer_state].in_use, c.offload ? "true" : "false", host_state, loss);
+      tr.overlapped, alloc.stats()[memory::tag::optimizer_state].in_use, c.offload ? "true" : "false", host_state, zero,
+      alloc.stats()[memory::tag::parameters].in_use, g.now, zero == 2 ? g.last_peak : g.whole, g.planned_peak, g.whole,
+      loss);
   return 0;
 }
 
@@ -119,6 +131,7 @@ int main(int argc, char** argv) {
     else if (v && !std::strcmp(argv[i], "--warmup")) c.warmup = std::atoi(argv[++i]);
     else if (v && !std::strcmp(argv[i], "--bucket-mib")) c.bucket_mib = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--shard")) c.shard = true;
+    else if (!std::strcmp(argv[i], "--shard-gradients")) c.shard_gradients = true;
     else if (!std::strcmp(argv[i], "--alone")) c.alone = true;
     else if (!std::strcmp(argv[i], "--offload")) c.offload = true;
     else {

@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 using namespace remat;
 
 namespace {
@@ -110,6 +112,13 @@ bool same_on_every_rank(std::vector<float> const& v) {
 }
 
 constexpr adamw_options opts{.lr = 1e-2, .weight_decay = 1e-2};
+
+// What each rank keeps of the optimizer state and the gradients: 0 everything, 1 ZeRO-1 (the
+// optimizer state sharded), 2 ZeRO-2 (the gradients too).
+dist::options sharding(int level, std::size_t bucket_bytes = 512) {
+  return {.bucket_bytes = bucket_bytes, .shard_optimizer = level >= 1, .shard_gradients = level >= 2,
+          .timeout_seconds = 60};
+}
 constexpr std::size_t n_params = model<Net>::parameter_count;
 
 }  // namespace
@@ -303,8 +312,10 @@ TEST_CASE("a pass after the step's reduction is refused on every rank", "[dist][
 }
 
 TEST_CASE("bad input on one rank fails every rank with a clear error and changes nothing", "[dist][errors]") {
+  int const level = GENERATE(1, 2);
+  INFO("ZeRO level " << level);
   model<Net> m(seed{7});
-  dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_optimizer = true, .timeout_seconds = 60});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level, std::size_t(4) << 20));
   AdamW opt(m, opts);
   param_range const r = my_rows(dp.rank(), dp.size());
   batch b = whole_batch(0);
@@ -355,8 +366,8 @@ struct dp_trainer {
   bool accumulated;
   param_range r, first, second;
 
-  dp_trainer(bool shard, bool accumulate)
-      : dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard, .timeout_seconds = 60}),
+  dp_trainer(int level, bool accumulate)
+      : dp(m, MPI_COMM_WORLD, sharding(level)),
         opt(m, opts),
         accumulated(accumulate) {
     if (m.scaler().dynamic()) m.scaler().configure({.init_scale = 256.0, .growth_interval = 2});
@@ -420,11 +431,11 @@ int max_over_ranks(int v) {
 // allocated one by one in forward and backward, while the gradient buckets are being reduced.
 // Returns the number of failures thrown.
 template <class NetT, class P>
-int fail_every_request(bool shard, bool accumulate, bool arena) {
+int fail_every_request(int level, bool accumulate, bool arena) {
   using trainer = dp_trainer<NetT, P>;
   int const bad = world_size() - 1;
   auto run = [&](std::size_t k, int* requests, int* thrown) {
-    trainer tr(shard, accumulate);
+    trainer tr(level, accumulate);
     tr.m.use_planned_arena(arena);
     batch b = whole_batch(0);
     tr.before(b);
@@ -482,17 +493,19 @@ TEST_CASE("an allocation failure on one rank at any request of a step fails ever
   for (bool accumulate : {false, true})
     for (bool arena : {true, false}) {
       INFO((accumulate ? "the second micro-batch of two" : "train_step") << (arena ? "" : ", no planned arena"));
-      int const stored = fail_every_request<Net, fp32>(false, accumulate, arena);
-      int const checkpointed = fail_every_request<CheckpointedNet, fp32>(true, accumulate, arena);
-      int const bf16 = fail_every_request<CheckpointedNet, mixed<bfloat16, DynamicLossScale>>(false, accumulate, arena);
+      int const stored = fail_every_request<Net, fp32>(0, accumulate, arena);
+      int const checkpointed = fail_every_request<CheckpointedNet, fp32>(1, accumulate, arena);
+      int const bf16 = fail_every_request<CheckpointedNet, mixed<bfloat16, DynamicLossScale>>(0, accumulate, arena);
+      int const zero2 = fail_every_request<Net, mixed<bfloat16, DynamicLossScale>>(2, accumulate, arena);
       CHECK(stored > 0);
       CHECK(checkpointed > 0);
       CHECK(bf16 > 0);
+      CHECK(zero2 > 0);
       if (world_rank() == 0)
         std::printf("faults under data_parallel, rank %d of %d failing (%s%s): stored %d, Checkpointed and sharded "
-                    "%d, Checkpointed bf16 %d\n",
+                    "%d, Checkpointed bf16 %d, ZeRO-2 bf16 %d\n",
                     world_size() - 1, world_size(), accumulate ? "second micro-batch" : "train_step",
-                    arena ? "" : ", no arena", stored, checkpointed, bf16);
+                    arena ? "" : ", no arena", stored, checkpointed, bf16, zero2);
     }
 }
 
@@ -539,6 +552,12 @@ TEST_CASE("ranks with different models or options fail at the start on every ran
         dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_optimizer = odd});
       },
       "expected the same options on every rank");
+  expect_dist_error(
+      [&] {
+        model<Net> m;
+        dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_optimizer = true, .shard_gradients = odd});
+      },
+      "shard_gradients true");
   // The model is left without a wrapper, and can be wrapped again.
   model<Net> m;
   dist::data_parallel dp(m, MPI_COMM_WORLD);
@@ -615,10 +634,10 @@ TEST_CASE("each rank's step measures its whole-step plan, per tag and in total",
 
 TEST_CASE("a loss scale's overflow skips the step on every rank together", "[dist][precision]") {
   using P = mixed<bfloat16, DynamicLossScale>;
-  for (bool shard : {false, true}) {
-    INFO("shard_optimizer " << shard);
+  for (int level : {0, 1, 2}) {
+    INFO("ZeRO level " << level);
     model<Net, host, P> m(seed{7});
-    dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level));
     AdamW opt(m, opts);
     param_range const r = my_rows(dp.rank(), dp.size());
     batch b = whole_batch(0);
@@ -906,4 +925,125 @@ TEST_CASE("per-rank optimizer files: each rank saves and reloads its shard, resu
   evaluate(opt.exp_avg(), expr::to_expr(0.0));
   dist::load_shards(dp, opt, op);
   CHECK(tensor_to_host(opt.exp_avg().view()) == m1);
+}
+
+TEST_CASE("ZeRO-2: with the gradients sharded, training is ZeRO-1's, bit for bit", "[dist][zero2]") {
+  // Every bucket is reduced to the ranks that own its parts exactly as under ZeRO-1; a rank then
+  // gives back the rest. So the parameters, losses and traffic are ZeRO-1's, and one process's to
+  // rounding, whatever the buckets and the storage policy.
+  std::vector<float> const ref = reference<Net>(4, opts);
+  for (std::size_t bucket : {std::size_t(256), std::size_t(4) << 20}) {
+    INFO("bucket_bytes " << bucket << ", " << world_size() << " ranks");
+    std::vector<double> l1, l2;
+    dist::traffic t1, t2;
+    std::vector<float> const zero1 = data_parallel_run<Net>(4, opts, sharding(1, bucket), &l1, &t1);
+    std::vector<float> const zero2 = data_parallel_run<Net>(4, opts, sharding(2, bucket), &l2, &t2);
+    CHECK(std::memcmp(zero1.data(), zero2.data(), zero1.size() * sizeof(float)) == 0);
+    CHECK(l1 == l2);
+    CHECK(t2.reduced == t1.reduced);
+    CHECK(t2.buckets == t1.buckets);
+    CHECK(t2.overlapped == t1.overlapped);
+    CHECK(t2.gathered == t1.gathered);
+    CHECK(same_on_every_rank(zero2));
+    CHECK(max_abs_diff(zero2, ref) < 2e-5);
+  }
+  std::vector<float> const stored = data_parallel_run<Net>(3, opts, sharding(2));
+  auto const check = [&]<class NetT>(NetT*, char const* name) {
+    INFO(name << ", " << world_size() << " ranks");
+    std::vector<float> const got = data_parallel_run<NetT>(3, opts, sharding(2));
+    CHECK(std::memcmp(got.data(), stored.data(), stored.size() * sizeof(float)) == 0);
+  };
+  check(static_cast<CheckpointedNet*>(nullptr), "Checkpointed");
+  check(static_cast<NetWith<Revolve<2, Repeat<3, Block>>>*>(nullptr), "Revolve<2>");
+  check(static_cast<NetWith<Repeat<3, Selective<Block>>>*>(nullptr), "Selective");
+  check(static_cast<NetWith<Repeat<3, Offloaded<Block>>>*>(nullptr), "Offloaded");
+  using P = mixed<bfloat16, DynamicLossScale>;
+  std::vector<float> const mixed1 = data_parallel_run<CheckpointedNet, P>(3, opts, sharding(1));
+  std::vector<float> const mixed2 = data_parallel_run<CheckpointedNet, P>(3, opts, sharding(2));
+  CHECK(std::memcmp(mixed1.data(), mixed2.data(), mixed1.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("ZeRO-2: gradient accumulation reduces every micro-batch and follows one process", "[dist][zero2]") {
+  std::vector<float> const ref = reference<Net>(3, opts);
+  model<Net> m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(2));
+  AdamW opt(m, opts);
+  param_range const r = my_rows(dp.rank(), dp.size());
+  for (int t = 0; t < 3; ++t) {
+    batch b = whole_batch(t);
+    m.zero_grad();
+    std::size_t const half = r.size() / 2;
+    param_range const a{r.begin, r.begin + half}, c{r.begin + half, r.end};
+    // reduce::later is taken as now: the first micro-batch's gradients are reduced into the
+    // owners' shards, and the second adds to them.
+    dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, a), rows(b.y, a), double(a.size()) / double(r.size()),
+                                       dist::reduce::later);
+    dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, c), rows(b.y, c), double(c.size()) / double(r.size()));
+    opt.step();
+    CHECK(dp.last_step_traffic().reduced == 2 * n_params * sizeof(float));
+  }
+  CHECK(max_abs_diff(params_of(m), ref) < 2e-5);
+  CHECK(same_on_every_rank(params_of(m)));
+  // A pass after the optimizer's step, before zero_grad, is still refused.
+  batch b = whole_batch(0);
+  CHECK_THROWS_AS(dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r)), argument_error);
+}
+
+TEST_CASE("ZeRO-2: a rank keeps the pages of its shard of the gradients, and a pass's peak is the plan's",
+          "[dist][zero2][memory][plan]") {
+  // Wide enough that the gradients span hundreds of pages. What a rank holds is read from the
+  // kernel's page tables (mincore); the plan replays the model's plan walk (where backward reports
+  // gradients final) through the wrapper's rules. Independently here: at rest a rank holds every
+  // page of the buffer but those wholly inside it and wholly outside its shard.
+  constexpr std::size_t D = 128;
+  using Wide = Residual<Seq<LayerNorm<D>, Linear<D, 256>, GELU, Linear<256, D>>>;
+  auto const page = std::size_t(sysconf(_SC_PAGESIZE));
+  auto const check = [&]<class NetT>(NetT*, char const* name, int level, std::size_t bucket) {
+    INFO(name << ", ZeRO level " << level << ", bucket_bytes " << bucket << ", " << world_size() << " ranks");
+    model<NetT> m(seed{7});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level, bucket));
+    AdamW opt(m, opts);
+    param_range const r = my_rows(dp.rank(), dp.size());
+    constexpr std::size_t n = model<NetT>::parameter_count;
+    auto const begin = reinterpret_cast<std::uintptr_t>(std::as_const(m).gradients().data());
+    auto const end = begin + n * sizeof(float);
+    auto const first = begin / page * page, last = (end + page - 1) / page * page;
+    param_range const s = dp.shard();
+    std::size_t at_rest = 0;
+    for (std::uintptr_t p = first; p < last; p += page) {
+      bool const inside = p >= begin && p + page <= end;
+      bool const outside_shard = p + page <= begin + s.begin * sizeof(float) || p >= begin + s.end * sizeof(float);
+      at_rest += !(inside && outside_shard) ? page : 0;
+    }
+    for (int t = 0; t < 2; ++t) {
+      batch b = whole_batch(t);
+      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+      dist::gradient_memory const g = dp.gradient_pages();
+      CHECK(g.whole == last - first);
+      if (level < 2) {
+        CHECK(g.now == g.whole);
+        CHECK(g.planned_peak == g.whole);
+        continue;
+      }
+      CHECK(g.last_peak == g.planned_peak);
+      CHECK(g.now == (world_size() == 1 ? g.whole : at_rest));
+      CHECK(g.now <= n * sizeof(float) / std::size_t(world_size()) + 4 * page);
+      // One bucket for the whole model starts only when backward ends, so the pass holds every
+      // page at its end; small buckets are given back as backward goes on.
+      if (bucket >= n * sizeof(float)) CHECK(g.planned_peak == g.whole);
+      if (world_size() > 1 && 4 * bucket <= n * sizeof(float)) CHECK(g.planned_peak < g.whole);
+      if (t == 1 && world_rank() == 0)
+        std::printf("ZeRO-2, %s, %d ranks, buckets of %zu bytes: rank 0 holds %zu of %zu gradient bytes at rest, "
+                    "%zu at the pass's peak (planned %zu)\n",
+                    name, world_size(), bucket, g.now, g.whole, g.last_peak, g.planned_peak);
+    }
+  };
+  using Stored = Seq<Linear<In, D>, Repeat<6, Wide>, LayerNorm<D>, Linear<D, Out>>;
+  using Ckpt = Seq<Linear<In, D>, Repeat<6, Checkpointed<Wide>>, LayerNorm<D>, Linear<D, Out>>;
+  using Rev = Seq<Linear<In, D>, Revolve<2, Repeat<6, Wide>>, LayerNorm<D>, Linear<D, Out>>;
+  check(static_cast<Stored*>(nullptr), "stored", 1, std::size_t(64) << 10);
+  check(static_cast<Stored*>(nullptr), "stored", 2, std::size_t(64) << 10);
+  check(static_cast<Stored*>(nullptr), "stored", 2, std::size_t(4) << 20);
+  check(static_cast<Ckpt*>(nullptr), "Checkpointed", 2, std::size_t(16) << 10);
+  check(static_cast<Rev*>(nullptr), "Revolve<2>", 2, std::size_t(64) << 10);
 }

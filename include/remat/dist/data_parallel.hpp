@@ -16,6 +16,15 @@
 // and the parameters are all-gathered. The fp32 master weights stay whole on every rank (the model
 // keeps them for its passes, saving and loading); the optimizer state drops by P.
 //
+// With options::shard_gradients as well (ZeRO stage 2, host models) each rank keeps the gradients
+// of its shard only. The buckets go to their owners as in stage 1; at each of backward's reports
+// the rank waits for the buckets started at earlier reports and gives the memory pages of their
+// non-owned gradients back to the system (madvise; they read as zero when touched again), so a
+// pass holds the rank's shard plus the gradients of at most two reports' span. The most it holds
+// is planned from the model's plan walk (gradient_pages().planned_peak) and measured from the
+// kernel's page tables (mincore) at every report: the two are equal. The allocator's gradients
+// tag still counts the buffer's whole address range: what is held is gradient_pages().
+//
 // Bad input on one rank (an id out of range, a batch of the wrong shape) is found before anything
 // changes and every rank throws: the rank with the bad input its own error, the others dist_error
 // naming that rank and quoting its message; all stay consistent and may go on. A pass that fails
@@ -52,6 +61,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -59,7 +69,16 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#define REMAT_DIST_GRADIENT_PAGES 1
+#else
+#define REMAT_DIST_GRADIENT_PAGES 0
+#endif
 
 namespace REMAT_NAMESPACE {
 namespace dist {
@@ -70,6 +89,12 @@ struct options {
   std::size_t bucket_bytes = std::size_t(4) << 20;
   // ZeRO stage 1: each rank's optimizer keeps the state of 1/P of the parameters.
   bool shard_optimizer = false;
+  // ZeRO stage 2 (implies shard_optimizer; host models): each rank keeps the gradients of its
+  // shard only. Backward's buckets are reduced to their owners as they become final and the
+  // memory pages of the rest are given back as soon as their reduction is done (at most two
+  // reports of backward in flight); every pass is reduced, so a step of gradient accumulation
+  // reduces each micro-batch (reduce::later is taken as reduce::now).
+  bool shard_gradients = false;
   // A wait for the other ranks longer than this throws dist_error (a rank failed or diverged).
   double timeout_seconds = 300;
 };
@@ -77,6 +102,16 @@ struct options {
 // Whether a pass's gradients are reduced (overlapped with its backward), or left to add to (a
 // micro-batch of gradient accumulation that is not the last).
 enum class reduce { now, later };
+
+// The memory of a rank's gradient buffer, in bytes of whole pages of the system (what the process
+// holds: pages given back take none). With options::shard_gradients the pages of the gradients
+// the rank does not own are given back once reduced; otherwise every page is kept.
+struct gradient_memory {
+  std::size_t whole = 0;         // the pages the buffer spans (what a rank keeps without ZeRO-2)
+  std::size_t planned_peak = 0;  // the most held at once during a pass, by the plan
+  std::size_t last_peak = 0;     // the most held at once during the last pass (ZeRO-2: measured)
+  std::size_t now = 0;           // held now (measured)
+};
 
 // What crossed the communicator in the last optimizer step, per rank, in bytes.
 struct traffic {
@@ -131,8 +166,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     transport_ = std::make_unique<Transport>(c_);
     plan_buckets();
     broadcast_parameters();
+    plan_gradient_pages();
     model_.link().set_replica(std::uint64_t(c_.rank()));
     model_.link().set_gradient_sync(this);
+    if (o_.shard_gradients) model_.zero_grad();  // (the pages of the parameters it does not own go)
   }
   data_parallel(data_parallel const&) = delete;
   data_parallel& operator=(data_parallel const&) = delete;
@@ -158,6 +195,13 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   traffic const& last_step_traffic() const { return last_; }
   // The number of gradient messages a step sends (options::bucket_bytes each, or less).
   std::size_t bucket_count() const { return buckets_.size(); }
+  // The gradient buffer's memory: its pages, the plan's peak and the last pass's measured one
+  // (options::shard_gradients), and what it holds now (a host model's; all 0 for a GPU model's).
+  gradient_memory gradient_pages() const {
+    gradient_memory g{pages_.whole, pages_.planned_peak, pages_.last_peak, resident_gradient_bytes()};
+    if (!o_.shard_gradients) g.planned_peak = g.whole;
+    return g;
+  }
 
   // Rank 0's parameters (and pass count) to every rank; done at construction.
   void broadcast_parameters() {
@@ -179,13 +223,13 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   double accumulate(input_view x, target_type<Loss> target, double weight = 1.0, reduce when = reduce::now) {
     agree("data_parallel::accumulate", [&] {
       model_.template validate<Loss>(x, target);
-      if (reduced_ || started_)
+      if (reduced_ || (started_ && !o_.shard_gradients))
         REMAT_NAMESPACE::detail::raise<argument_error>(
             "data_parallel::accumulate: expected gradients not yet reduced, found them reduced by an earlier pass "
             "of this step; zero them first (model.zero_grad(), or train_step), and pass reduce::later for every "
             "micro-batch but the last");
     });
-    return as_pass(when == reduce::now,
+    return as_pass(when == reduce::now || o_.shard_gradients,
                    [&] { return model_.template accumulate<Loss>(x, target, weight / double(size())); });
   }
 
@@ -246,11 +290,20 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     before_ = {pending_, started_, next_, traffic_};
     pending_ = true;
     next_ = 0;
+    in_flight_low_ = n;
+    pages_.pass_peak = 0;
     if (overlap_) started_ = true;
   }
   // Starts the buckets whose gradients are final (from `offset` to the end), when the pass reduces.
   void gradients_ready(std::size_t offset) override {
     if (!overlap_) return;
+    if (o_.shard_gradients) {
+      // The pages held now are the most since the last report (backward only adds); then the
+      // buckets started at earlier reports are waited for and their pages given back.
+      pages_.pass_peak = std::max(pages_.pass_peak, resident_gradient_bytes());
+      if (transport_->busy()) transport_->join("the gradients' reduction");
+      release_from(in_flight_low_);
+    }
     launch_ready(offset);
     transport_->progress();
   }
@@ -263,6 +316,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       c_.agree("data_parallel: a training pass", [&] {
         if (failed) std::rethrow_exception(failed);
       });
+      if (o_.shard_gradients) {  // every pass ends reduced: this rank keeps its shard's gradients
+        transport_->join("the gradients' reduction");
+        release_from(0);
+        pages_.last_peak = pages_.pass_peak;
+      }
     } catch (...) {
       // Every rank undoes the pass: once the reductions are done with the gradients, the model
       // restores them, and this wrapper is as before the pass.
@@ -279,6 +337,14 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (transport_->busy()) transport_->join("the gradients' reduction");
     pending_ = reduced_ = started_ = false;
     next_ = 0;
+  }
+  // ZeRO-2: zeroes this rank's shard of the gradients and gives back the pages of the rest.
+  bool clear_gradients() override {
+    if (!o_.shard_gradients) return false;
+    release_from(0);
+    param_range const s = shard();
+    if (s.size()) std::memset(gradient_base() + s.begin, 0, s.size() * sizeof(T));
+    return true;
   }
   // Before an optimizer's step: starts what is left (passes kept local) and waits for all of it.
   void finish() override {
@@ -321,6 +387,17 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (o.bucket_bytes < sizeof(T))
       REMAT_NAMESPACE::detail::raise<argument_error>("data_parallel: expected bucket_bytes of at least one parameter (",
                                                      sizeof(T), "), found ", o.bucket_bytes);
+    if (o.shard_gradients) {
+      if constexpr (!std::is_same_v<typename Model::device, host>)
+        REMAT_NAMESPACE::detail::raise<argument_error>(
+            "data_parallel: shard_gradients (ZeRO-2) is implemented for host models; a cuda model shards its "
+            "optimizer state (shard_optimizer) only");
+      if (!REMAT_DIST_GRADIENT_PAGES)
+        REMAT_NAMESPACE::detail::raise<argument_error>(
+            "data_parallel: shard_gradients (ZeRO-2) gives back memory pages through Linux's madvise; this system "
+            "has none");
+      o.shard_optimizer = true;
+    }
     return o;
   }
 
@@ -349,7 +426,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     constexpr std::size_t K = 7;
     std::vector<std::uint64_t> const all = c_.all_gather(
         {n, detail::fnv1a(table), detail::fnv1a(detail::type_name<typename Model::net>()),
-         sizeof(T) * 256 + sizeof(typename Model::compute_type), o_.bucket_bytes, o_.shard_optimizer ? 1u : 0u,
+         sizeof(T) * 256 + sizeof(typename Model::compute_type), o_.bucket_bytes,
+         (o_.shard_optimizer ? 1u : 0u) + (o_.shard_gradients ? 2u : 0u),
          std::uint64_t(Model::mixed_precision)},
         "the model signatures' exchange");
     for (int q = 1; q < size(); ++q) {
@@ -370,8 +448,9 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       if (a[4] != b[4] || a[5] != b[5])
         REMAT_NAMESPACE::detail::raise<dist_error>(
             "data_parallel: expected the same options on every rank, found rank 0 with bucket_bytes ", a[4],
-            " and shard_optimizer ", a[5] ? "true" : "false", ", rank ", q, " with bucket_bytes ", b[4],
-            " and shard_optimizer ", b[5] ? "true" : "false");
+            ", shard_optimizer ", a[5] & 1 ? "true" : "false", " and shard_gradients ", a[5] & 2 ? "true" : "false",
+            ", rank ", q, " with bucket_bytes ", b[4], ", shard_optimizer ", b[5] & 1 ? "true" : "false",
+            " and shard_gradients ", b[5] & 2 ? "true" : "false");
     }
   }
 
@@ -398,6 +477,105 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     transport_->group_start();
     for (std::size_t i = first; i < next_; ++i) launch(buckets_[i]);
     transport_->group_end();
+    in_flight_low_ = buckets_[next_ - 1].begin;
+  }
+
+  // ---- ZeRO-2: the pages of the gradient buffer (host memory)
+
+  T* gradient_base() const { return const_cast<T*>(std::as_const(model_).gradients().data()); }
+
+  // The whole pages of the buffer inside [lo, hi) are given back to the system (they read as
+  // zero when next touched); the elements of [lo, hi) on pages partly outside it are zeroed.
+  void give_back(std::size_t lo, std::size_t hi) const {
+#if REMAT_DIST_GRADIENT_PAGES
+    if (lo >= hi) return;
+    auto const page = std::uintptr_t(pages_.page);
+    char* const a = reinterpret_cast<char*>(gradient_base() + lo);
+    char* const b = reinterpret_cast<char*>(gradient_base() + hi);
+    char* const pa = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(a) + page - 1) / page * page);
+    char* const pb = reinterpret_cast<char*>(reinterpret_cast<std::uintptr_t>(b) / page * page);
+    if (pa >= pb) {
+      std::memset(a, 0, std::size_t(b - a));
+      return;
+    }
+    std::memset(a, 0, std::size_t(pa - a));
+    std::memset(pb, 0, std::size_t(b - pb));
+    if (madvise(pa, std::size_t(pb - pa), MADV_DONTNEED) != 0)
+      std::memset(pa, 0, std::size_t(pb - pa));  // (the memory stays; the values are what matters)
+#else
+    (void)lo;
+    (void)hi;
+#endif
+  }
+  // Gives back what this rank does not own from parameter `from` to the end (reductions done).
+  void release_from(std::size_t from) const {
+    param_range const s = shard();
+    if (s.size() == 0) return give_back(from, n);
+    give_back(from, std::max(from, s.begin));
+    give_back(std::max(from, s.end), n);
+  }
+  // The bytes of the buffer's pages the process holds now (mincore).
+  std::size_t resident_gradient_bytes() const {
+#if REMAT_DIST_GRADIENT_PAGES
+    if (!pages_.page || pages_.whole == 0) return 0;
+    std::vector<unsigned char>& in = pages_.residency;
+    in.resize(pages_.whole / pages_.page);
+    if (mincore(pages_.first, pages_.whole, in.data()) != 0) return 0;
+    std::size_t count = 0;
+    for (unsigned char c : in) count += c & 1u;
+    return count * pages_.page;
+#else
+    return 0;
+#endif
+  }
+
+  // The buffer's pages, and the plan of the most a pass holds at once: backward's reports (where
+  // its gradients become final: the model's plan walk) replayed through this wrapper's rules.
+  void plan_gradient_pages() {
+#if REMAT_DIST_GRADIENT_PAGES
+    if constexpr (!std::is_same_v<typename Model::device, host>) return;  // (device memory: not pages of ours)
+    long const sys_page = sysconf(_SC_PAGESIZE);
+    pages_.page = sys_page > 0 ? std::size_t(sys_page) : 4096;
+    auto const page = std::uintptr_t(pages_.page);
+    auto const begin = reinterpret_cast<std::uintptr_t>(gradient_base());
+    auto const end = begin + n * sizeof(T);
+    std::uintptr_t const first = begin / page * page, last = (end + page - 1) / page * page;
+    pages_.first = reinterpret_cast<void*>(first);
+    pages_.whole = n ? std::size_t(last - first) : 0;
+    if (!o_.shard_gradients || n == 0) return;
+    // (pages given back one by one: never gathered into huge pages)
+    (void)madvise(pages_.first, pages_.whole, MADV_NOHUGEPAGE);
+    param_range const s = shard();
+    auto const at = [&](std::size_t i) { return begin + i * sizeof(T); };
+    // A page is given back when it lies wholly in the buffer, holds nothing of this rank's
+    // shard, and lies wholly below `touched` (not written yet in this pass) or wholly at or above
+    // `released` (reduced).
+    auto const held = [&](std::size_t touched, std::size_t released) {
+      std::size_t count = 0;
+      for (std::uintptr_t p = first; p < last; p += page) {
+        bool const inside = p >= begin && p + page <= end;
+        bool const shard_free = s.size() == 0 || p + page <= at(s.begin) || p >= at(s.end);
+        bool const given = inside && shard_free && (p + page <= at(touched) || p >= at(released));
+        count += !given;
+      }
+      return count * pages_.page;
+    };
+    std::vector<std::size_t> reports = REMAT_NAMESPACE::detail::gradient_reports<typename Model::net,
+                                                                                  typename Model::precision>();
+    reports.push_back(0);  // (the model's own, after backward)
+    std::size_t released = n, low = n, next = 0, peak = 0;
+    bool in_flight = false;
+    for (std::size_t r : reports) {
+      peak = std::max(peak, held(r, released));
+      if (in_flight) released = low;
+      in_flight = false;
+      while (next < buckets_.size() && buckets_[next].begin >= r) {
+        low = buckets_[next++].begin;
+        in_flight = true;
+      }
+    }
+    pages_.planned_peak = peak;
+#endif
   }
 
   void launch(bucket const& b) {
@@ -424,6 +602,16 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   std::vector<param_range> shards_;  // each rank's
   std::vector<bucket> buckets_;
   std::size_t next_ = 0;    // the next bucket to start
+  std::size_t in_flight_low_ = 0;  // the first parameter of the last bucket started
+  struct {
+    std::size_t page = 0;         // the system's page size
+    void* first = nullptr;        // the first page of the gradient buffer
+    std::size_t whole = 0;        // the bytes of the pages it spans
+    std::size_t planned_peak = 0;
+    std::size_t pass_peak = 0;    // measured in the running pass
+    std::size_t last_peak = 0;    // measured in the last pass that succeeded
+    mutable std::vector<unsigned char> residency;  // (mincore's answer)
+  } pages_;
   bool pending_ = false;    // local gradient contributions not reduced yet
   bool reduced_ = false;    // the gradients hold the ranks' sum (since the last zero_grad)
   bool started_ = false;

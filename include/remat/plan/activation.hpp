@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace REMAT_NAMESPACE {
 
@@ -70,7 +71,8 @@ struct pass_plan {
 // Runs the pass on `mem` (which keeps every buffer's lifetime: plan/arena.hpp lays them out).
 template <class Net, class Precision>
 constexpr pass_plan plan_pass_into(planning::counter& mem, std::size_t batch, std::size_t features, std::size_t sequence,
-                                   input_gradient dx, std::size_t loss_workspace) {
+                                   input_gradient dx, std::size_t loss_workspace,
+                                   std::vector<std::size_t>* gradient_reports = nullptr) {
   using T = typename Precision::compute;
   planning::counter offloaded;
   pass_plan r;
@@ -80,6 +82,7 @@ constexpr pass_plan plan_pass_into(planning::counter& mem, std::size_t batch, st
     pass_options o{.training = true, .sequence_length = sequence, .input_gradient = bool(dx)};
     if constexpr (reads_ids_v<Net>) o.ids.count = rows;
     planning::state<T> s(mem, offloaded, o);
+    s.record_gradient_reports(gradient_reports);
     planning::ref x = detail::input_activation<Net, Precision>(s, planning::input_shape{rows, features}, true);
     planning::ref g = detail::training_pass<Net>(s, planning::no_params{}, planning::no_params{}, std::move(x),
                                              [&](planning::ref const&, planning::ref const&) {
@@ -104,6 +107,17 @@ constexpr pass_plan plan_pass(std::size_t batch, std::size_t features, std::size
   planning::counter mem;
   mem.watch = watch;
   return plan_pass_into<Net, Precision>(mem, batch, features, sequence, dx, loss_workspace);
+}
+
+// The offsets (in parameters) at which a training pass's backward reports the gradients from
+// there to the end final, in order (the model adds a last report of 0 after the pass): what a
+// data-parallel wrapper that gives back reduced gradients' pages plans its peak with.
+template <class Net, class Precision>
+std::vector<std::size_t> gradient_reports() {
+  planning::counter mem;
+  std::vector<std::size_t> reports;
+  plan_pass_into<Net, Precision>(mem, 1, Net::in_width, 1, input_gradient::none, 0, &reports);
+  return reports;
 }
 
 }  // namespace detail

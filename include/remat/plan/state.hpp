@@ -32,9 +32,11 @@ struct buffer {
   constexpr std::size_t size() const { return rows_ * cols_; }  // its elements
 };
 
-// Parameters are not needed to plan; offsets into them are still written `p + k`.
+// Parameters are not needed to plan; offsets into them are still written `p + k`, and are kept:
+// where backward reports gradients final (grads_ready) is part of a sharded run's plan.
 struct no_params {
-  constexpr no_params operator+(std::size_t) const { return {}; }  // (still nothing)
+  std::size_t at = 0;  // the offset from the start of the parameters
+  constexpr no_params operator+(std::size_t k) const { return {at + k}; }  // k further on
 };
 
 class counter;
@@ -194,7 +196,12 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
   constexpr state(counter& mem, counter& offloaded, pass_options const& o)
       : base(o), mem_(&mem), offloaded_(&offloaded) {}
 
-  constexpr void grads_ready(no_params) const {}  // (no gradients to report)
+  // Where backward reports the gradients from g on final, in order (what a data-parallel wrapper
+  // that gives back the pages of reduced gradients plans with): recorded when asked to.
+  constexpr void grads_ready(no_params g) const {
+    if (reports_) reports_->push_back(g.at);
+  }
+  constexpr void record_gradient_reports(std::vector<std::size_t>* to) { reports_ = to; }  // (null: none kept)
   // Running state lives outside the pass's activations: nothing to count.
   constexpr no_params buffers(std::size_t) const { return {}; }
   constexpr bool updates_buffers() const { return false; }  // (running state is not planned)
@@ -222,6 +229,7 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
  private:
   counter* mem_;
   counter* offloaded_;
+  std::vector<std::size_t>* reports_ = nullptr;
   int input_ = -1;
 };
 

@@ -287,8 +287,9 @@ class model {
   // what a step of gradient accumulation starts with. train_step does it itself.
   void zero_grad() {
     [[maybe_unused]] auto const on_stream = stream_.scope();
-    if (detail::gradient_sync* sync = link_.gradient_sync()) sync->zeroing_gradients();
-    evaluate(grads_, expr::to_expr(0.0));
+    detail::gradient_sync* const sync = link_.gradient_sync();
+    if (sync) sync->zeroing_gradients();
+    if (!sync || !sync->clear_gradients()) evaluate(grads_, expr::to_expr(0.0));
     grads_zero_ = true;
   }
 
@@ -482,7 +483,8 @@ class model {
         if (!m) return;
         try {
           if (was_zero) {
-            evaluate(m->grads_, expr::to_expr(0.0));
+            detail::gradient_sync* const sync = m->link_.gradient_sync();
+            if (!sync || !sync->clear_gradients()) evaluate(m->grads_, expr::to_expr(0.0));
             m->grads_zero_ = true;
           } else if (copy) {
             m->copy_gradients(m->grads_.data(), static_cast<T const*>(copy));

@@ -43,6 +43,9 @@ class gradient_sync {
   }
   // The model's gradients are about to be set to zero (what still reads them finishes first).
   virtual void zeroing_gradients() = 0;
+  // Sets the model's gradients to zero itself and returns true, when it keeps only part of them
+  // (sharded gradients: the memory of the rest is given back); false: the model zeroes them.
+  virtual bool clear_gradients() { return false; }
   // The parameters this process's optimizer updates (all of them unless the state is sharded).
   virtual param_range shard() const = 0;
   // Before an optimizer reads the gradients: every reduction finished.
