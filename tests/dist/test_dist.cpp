@@ -215,20 +215,22 @@ TEST_CASE("each rank draws its own dropout masks", "[dist]") {
   }
 }
 
-TEST_CASE("gradient accumulation reduces once per optimizer step", "[dist]") {
+TEST_CASE("gradient accumulation reduces once per optimizer step (every micro-batch under ZeRO-2)", "[dist]") {
   std::vector<float> const ref = reference<Net>(3, opts);
-  for (bool shard : {false, true})
+  for (int level : {0, 1, 2})
     for (bool deferred_to_step : {false, true}) {
-      INFO("shard_optimizer " << shard << ", reduced at the step " << deferred_to_step);
+      INFO("ZeRO level " << level << ", reduced at the step " << deferred_to_step);
       model<Net> m(seed{7});
-      dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard});
+      dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level));
       AdamW opt(m, opts);
       param_range const r = my_rows(dp.rank(), dp.size());
       static_assert(In * W + W == 112);
       for (int t = 0; t < 3; ++t) {
         batch b = whole_batch(t);
         m.zero_grad();
-        // Two micro-batches per rank: the first stays local, the second reduces (or the step does).
+        // Two micro-batches per rank: the first stays local, the second reduces (or the step
+        // does). Under ZeRO-2 reduce::later is taken as now: each micro-batch is reduced into the
+        // owners' shards, and the next adds to them.
         std::size_t const half = r.size() / 2;
         param_range const a{r.begin, r.begin + half}, c{r.begin + half, r.end};
         dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, a), rows(b.y, a), double(a.size()) / double(r.size()),
@@ -236,14 +238,20 @@ TEST_CASE("gradient accumulation reduces once per optimizer step", "[dist]") {
         dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, c), rows(b.y, c), double(c.size()) / double(r.size()),
                                            deferred_to_step ? dist::reduce::later : dist::reduce::now);
         opt.step();
-        CHECK(dp.last_step_traffic().reduced == n_params * sizeof(float));
+        std::size_t const passes_reduced = level == 2 ? 2 : 1;
+        CHECK(dp.last_step_traffic().reduced == passes_reduced * n_params * sizeof(float));
         // Buckets of 128 parameters from the end; those above the first layer's 112 parameters are
         // complete before backward reaches it.
         std::size_t above_first_layer = 0;
         for (std::size_t e = n_params; e > 0; e = e > 128 ? e - 128 : 0) above_first_layer += (e > 128 ? e - 128 : 0) >= 112;
-        CHECK(dp.last_step_traffic().overlapped == (deferred_to_step ? 0u : above_first_layer));
+        std::size_t const overlapped_passes = level == 2 ? 2 : deferred_to_step ? 0 : 1;
+        CHECK(dp.last_step_traffic().overlapped == overlapped_passes * above_first_layer);
       }
       CHECK(max_abs_diff(params_of(m), ref) < 2e-5);
+      CHECK(same_on_every_rank(params_of(m)));
+      // A pass after the optimizer's step, before zero_grad, is refused.
+      batch b = whole_batch(0);
+      CHECK_THROWS_AS(dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r)), argument_error);
     }
 }
 
@@ -961,32 +969,6 @@ TEST_CASE("ZeRO-2: with the gradients sharded, training is ZeRO-1's, bit for bit
   std::vector<float> const mixed1 = data_parallel_run<CheckpointedNet, P>(3, opts, sharding(1));
   std::vector<float> const mixed2 = data_parallel_run<CheckpointedNet, P>(3, opts, sharding(2));
   CHECK(std::memcmp(mixed1.data(), mixed2.data(), mixed1.size() * sizeof(float)) == 0);
-}
-
-TEST_CASE("ZeRO-2: gradient accumulation reduces every micro-batch and follows one process", "[dist][zero2]") {
-  std::vector<float> const ref = reference<Net>(3, opts);
-  model<Net> m(seed{7});
-  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(2));
-  AdamW opt(m, opts);
-  param_range const r = my_rows(dp.rank(), dp.size());
-  for (int t = 0; t < 3; ++t) {
-    batch b = whole_batch(t);
-    m.zero_grad();
-    std::size_t const half = r.size() / 2;
-    param_range const a{r.begin, r.begin + half}, c{r.begin + half, r.end};
-    // reduce::later is taken as now: the first micro-batch's gradients are reduced into the
-    // owners' shards, and the second adds to them.
-    dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, a), rows(b.y, a), double(a.size()) / double(r.size()),
-                                       dist::reduce::later);
-    dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, c), rows(b.y, c), double(c.size()) / double(r.size()));
-    opt.step();
-    CHECK(dp.last_step_traffic().reduced == 2 * n_params * sizeof(float));
-  }
-  CHECK(max_abs_diff(params_of(m), ref) < 2e-5);
-  CHECK(same_on_every_rank(params_of(m)));
-  // A pass after the optimizer's step, before zero_grad, is still refused.
-  batch b = whole_batch(0);
-  CHECK_THROWS_AS(dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r)), argument_error);
 }
 
 TEST_CASE("ZeRO-2: a rank keeps the pages of its shard of the gradients, and a pass's peak is the plan's",

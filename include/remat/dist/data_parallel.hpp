@@ -75,8 +75,12 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #include <unistd.h>
+// Whether data_parallel can give gradient pages back and count them (Linux: madvise, mincore):
+// what options::shard_gradients needs.
 #define REMAT_DIST_GRADIENT_PAGES 1
 #else
+// Whether data_parallel can give gradient pages back and count them (Linux: madvise, mincore):
+// what options::shard_gradients needs.
 #define REMAT_DIST_GRADIENT_PAGES 0
 #endif
 

@@ -363,10 +363,12 @@ class OffloadedAdamW
   // Where the host state lives: the moments (and, for a host model, the buffers of
   // staging_allocator(): the weights' copy, their compute copy and the gradients' landing buffer).
   memory::caching_allocator<host>& host_allocator() const { return *alloc_; }
+  // The memory of the buffers that cross to and from the device: pinned host memory for a GPU
+  // model, host memory for a host model.
+  using staging_space = memory::offload_space_t<D>;
   // Where the buffers that cross to and from the device live: page-locked host memory of the
   // optimizer's own for a GPU model (copies at the link's full rate, without a bounce through a
   // driver buffer); host_allocator() itself for a host model.
-  using staging_space = memory::offload_space_t<D>;
   memory::caching_allocator<staging_space>& staging_allocator() const { return *staging_; }
 
  private:
