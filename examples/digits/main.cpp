@@ -4,7 +4,8 @@
 // and saves the weights as safetensors.
 //
 //   digits [--epochs N] [--data digits.csv] [--out digits.safetensors] [--seed S]
-//          [--precision fp32|bf16|half] [--against-fp32] [--mpi [--shard]] [--memory-trace FILE]
+//          [--precision fp32|bf16|half] [--against-fp32] [--mpi [--shard] [--shard-gradients]]
+//          [--memory-trace FILE]
 //
 // --memory-trace records the second training step (every allocation and free with its layer and
 // phase, and each layer's time), writes it to FILE in the Chrome trace event format (Perfetto,
@@ -16,7 +17,8 @@
 //
 // --mpi trains data-parallel under mpirun (remat::dist): each rank takes its share of every batch
 // of 64, gradients are averaged across the ranks, rank 0 prints and saves. --shard also splits the
-// AdamW state across the ranks (ZeRO stage 1):
+// AdamW state across the ranks (ZeRO stage 1); --shard-gradients the gradients too (ZeRO stage 2:
+// each rank prints the gradient memory it holds at rest and at a pass's peak, beside the plan):
 //   mpirun -np 2 build/default/examples/digits --mpi --shard
 #include <remat/remat.hpp>
 #ifdef REMAT_DIGITS_MPI
@@ -103,7 +105,7 @@ struct options {
   int epochs = 30;
   std::string data = REMAT_DIGITS_CSV, out = "digits.safetensors";
   std::uint64_t seed_value = 1;
-  bool mpi = false, shard = false;
+  bool mpi = false, shard = false, shard_gradients = false;
   std::string memory_trace;  // a file to write the second step's memory timeline to
 };
 
@@ -119,7 +121,12 @@ double run(options const& o, dataset const& train, dataset const& test) {
   // this rank's shard when --shard is given.
   std::optional<dist::data_parallel<model<Net, host, P>>> dp;
   if (o.mpi) {
-    dp.emplace(m, MPI_COMM_WORLD, dist::options{.shard_optimizer = o.shard});
+    // (ZeRO-2 with buckets of 64 KiB: this model's 814 KiB of gradients would fit one bucket of
+    // the default 4 MiB, reduced only when backward ends, so every page would be held then.)
+    dp.emplace(m, MPI_COMM_WORLD,
+               dist::options{.bucket_bytes = o.shard_gradients ? std::size_t(64) << 10 : dist::options{}.bucket_bytes,
+                             .shard_optimizer = o.shard,
+                             .shard_gradients = o.shard_gradients});
     rank = dp->rank();
     ranks = dp->size();
   }
@@ -129,7 +136,9 @@ double run(options const& o, dataset const& train, dataset const& test) {
   // This rank's rows of every batch (all of them without --mpi).
   std::size_t const lo = batch * std::size_t(rank) / std::size_t(ranks), hi = batch * std::size_t(rank + 1) / std::size_t(ranks);
   if (ranks > 1) std::printf("data parallel over %d ranks: %zu of every %zu images per rank%s\n", ranks, hi - lo, batch,
-                             o.shard ? ", optimizer state sharded" : "");
+                             o.shard_gradients ? ", optimizer state and gradients sharded"
+                             : o.shard         ? ", optimizer state sharded"
+                                               : "");
   std::size_t const steps_per_epoch = train.n / batch;
   int const epochs = o.epochs;
   warmup_cosine schedule{.base_lr = 2e-3, .warmup = steps_per_epoch, .total = steps_per_epoch * std::size_t(epochs)};
@@ -142,6 +151,7 @@ double run(options const& o, dataset const& train, dataset const& test) {
   // The whole step, planned at compile time (this rank's rows; the sharded optimizer's share).
   auto const step_plan = memory_plan<Net, P, AdamW, SoftmaxCrossEntropy>(
       hi - lo, {.ranks = std::size_t(ranks), .rank = std::size_t(rank), .shard_optimizer = o.shard});
+  // (ZeRO-2's gradient pages are planned and measured by the wrapper: printed after training.)
   std::printf("training step planned: %s\n", step_plan.describe().c_str());
   auto const t0 = std::chrono::steady_clock::now();
   bool const tty = isatty(fileno(stdout));  // a live bar on a terminal, one line per epoch in a log
@@ -188,6 +198,19 @@ double run(options const& o, dataset const& train, dataset const& test) {
   std::printf("\n%s: test accuracy %.2f%% (%zu images), %.1f s of training\n\n", P::name, 100 * test_acc, test.n,
               seconds);
   std::printf("%s", alloc.summary().c_str());
+#ifdef REMAT_DIGITS_MPI
+  if (dp && o.shard_gradients) {
+    dist::gradient_memory const g = dp->gradient_pages();
+    std::printf("rank %d of %d: gradient pages held %.1f of %.1f KiB at rest, %.1f KiB at the last pass's peak "
+                "(planned %.1f KiB)\n",
+                rank, ranks, double(g.now) / 1024, double(g.whole) / 1024, double(g.last_peak) / 1024,
+                double(g.planned_peak) / 1024);
+    if (g.last_peak != g.planned_peak) {
+      std::fprintf(stderr, "digits: rank %d's measured gradient peak differs from its plan\n", rank);
+      return 0;
+    }
+  }
+#endif
   if (!o.memory_trace.empty()) {
     alloc.detach();
     if (rank == 0) {
@@ -220,6 +243,7 @@ int main(int argc, char** argv) {
     else if (has_value && !std::strcmp(argv[i], "--precision")) precision = argv[++i];
     else if (!std::strcmp(argv[i], "--mpi")) o.mpi = true;
     else if (!std::strcmp(argv[i], "--shard")) o.shard = true;
+    else if (!std::strcmp(argv[i], "--shard-gradients")) o.shard = o.shard_gradients = true;
     else if (has_value && !std::strcmp(argv[i], "--memory-trace")) o.memory_trace = argv[++i];
     else {
       std::fprintf(stderr, "digits: unknown or incomplete option '%s'\n", argv[i]);
@@ -231,7 +255,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (o.shard && !o.mpi) {
-    std::fprintf(stderr, "digits: --shard needs --mpi\n");
+    std::fprintf(stderr, "digits: --shard and --shard-gradients need --mpi\n");
     return 1;
   }
 #ifdef REMAT_DIGITS_MPI
