@@ -20,10 +20,11 @@
 // of its shard only. The buckets go to their owners as in stage 1; at each of backward's reports
 // the rank waits for the buckets started at earlier reports and gives the memory pages of their
 // non-owned gradients back to the system (madvise; they read as zero when touched again), so a
-// pass holds the rank's shard plus the gradients of at most two reports' span. The most it holds
-// is planned from the model's plan walk (gradient_pages().planned_peak) and measured from the
-// kernel's page tables (mincore) at every report: the two are equal. The allocator's gradients
-// tag still counts the buffer's whole address range: what is held is gradient_pages().
+// pass holds the rank's shard plus about two reports' span of gradients (rounded out to buckets
+// and pages). The most it holds is planned from the model's plan walk
+// (gradient_pages().planned_peak) and measured from the kernel's page tables (mincore) at every
+// report: the two are equal. The allocator's gradients tag still counts the buffer's whole
+// address range: what is held is gradient_pages().
 //
 // Bad input on one rank (an id out of range, a batch of the wrong shape) is found before anything
 // changes and every rank throws: the rank with the bad input its own error, the others dist_error
@@ -222,7 +223,9 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // A training pass on this rank's part of the batch; its gradients, weighted weight / P, are
   // added to the model's. With reduce::now (the default) they are reduced across the ranks while
   // backward runs; with reduce::later (all micro-batches of an accumulated step but the last) they
-  // stay local until a later pass or the optimizer's step reduces them. Returns this rank's loss.
+  // stay local until a later pass or the optimizer's step reduces them (with
+  // options::shard_gradients every pass is reduced: reduce::later is taken as reduce::now, since
+  // the rank keeps no whole gradients to add to). Returns this rank's loss.
   template <class Loss>
   double accumulate(input_view x, target_type<Loss> target, double weight = 1.0, reduce when = reduce::now) {
     agree("data_parallel::accumulate", [&] {
