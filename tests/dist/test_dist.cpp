@@ -1019,6 +1019,18 @@ TEST_CASE("ZeRO-2: a rank keeps the pages of its shard of the gradients, and a p
                     "%zu at the pass's peak (planned %zu)\n",
                     name, world_size(), bucket, g.now, g.whole, g.last_peak, g.planned_peak);
     }
+    if (level < 2) return;
+    // Accumulation: every micro-batch is a pass reduced into the shards, with the same peak (the
+    // second one's failure backup copies the shard only, which is held anyway).
+    batch b = whole_batch(2);
+    m.zero_grad();
+    for (dist::reduce when : {dist::reduce::later, dist::reduce::now}) {
+      dp.template accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), 0.5, when);
+      dist::gradient_memory const g = dp.gradient_pages();
+      CHECK(g.last_peak == g.planned_peak);
+      CHECK(g.now == (world_size() == 1 ? g.whole : at_rest));
+    }
+    opt.step();
   };
   using Stored = Seq<Linear<In, D>, Repeat<6, Wide>, LayerNorm<D>, Linear<D, Out>>;
   using Ckpt = Seq<Linear<In, D>, Repeat<6, Checkpointed<Wide>>, LayerNorm<D>, Linear<D, Out>>;

@@ -345,6 +345,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     pending_ = reduced_ = started_ = false;
     next_ = 0;
   }
+  // ZeRO-2: between passes only this rank's shard of the gradients holds values.
+  param_range kept_gradients(std::size_t count) const override {
+    return o_.shard_gradients ? shard() : param_range{0, count};
+  }
   // ZeRO-2: zeroes this rank's shard of the gradients and gives back the pages of the rest.
   bool clear_gradients() override {
     if (!o_.shard_gradients) return false;

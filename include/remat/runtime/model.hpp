@@ -478,21 +478,23 @@ class model {
     struct restore_on_failure {
       model* m;
       bool was_zero;
-      void const* copy;
+      void* copy;
+      param_range kept;  // the gradients the copy holds (the rest were zero)
       ~restore_on_failure() {
         if (!m) return;
         try {
-          if (was_zero) {
-            detail::gradient_sync* const sync = m->link_.gradient_sync();
+          detail::gradient_sync* const sync = m->link_.gradient_sync();
+          if (was_zero || (copy && kept.size() < stored_count()))
             if (!sync || !sync->clear_gradients()) evaluate(m->grads_, expr::to_expr(0.0));
+          if (was_zero) {
             m->grads_zero_ = true;
           } else if (copy) {
-            m->copy_gradients(m->grads_.data(), static_cast<T const*>(copy));
+            m->copy_gradients(static_cast<T*>(copy), kept, false);
           }
         } catch (...) {  // (a device that fails a copy has failed the pass's error already)
         }
       }
-    } restore{nullptr, was_zero, nullptr};
+    } restore{nullptr, was_zero, nullptr, {}};
     bool ended = false;  // the wrapper has been told how the pass ended
     try {
       state_type s = make_state({.training = true, .stream = dropout_stream(), .input_gradient = dx != nullptr}, x);
@@ -513,10 +515,14 @@ class model {
       double const scale = weight * scaler_.scale();
       act<C, Device> g;
       if (!was_zero && failure_backup_) {
-        backup = memory::held_block<memory::offload_space_t<Device>>(*offload_alloc_, grads_.bytes(),
-                                                                       memory::tag::gradients);
-        copy_gradients(static_cast<T*>(backup.get()), grads_.data());
+        // (a wrapper that keeps a shard of the gradients only: the shard, the rest being zero)
+        param_range const kept = sync ? sync->kept_gradients(stored_count()) : param_range{0, stored_count()};
+        if (kept.size())
+          backup = memory::held_block<memory::offload_space_t<Device>>(*offload_alloc_, kept.size() * sizeof(T),
+                                                                         memory::tag::gradients);
+        copy_gradients(static_cast<T*>(backup.get()), kept, true);
         restore.copy = backup.get();
+        restore.kept = kept;
       }
       restore.m = this;
       grads_zero_ = false;
@@ -562,16 +568,20 @@ class model {
     }
   }
 
-  // Copies the gradients (stored_count() values) to or from the failure backup: on the host with
-  // the point-wise kernels' threads, to or from the GPU as one copy.
-  void copy_gradients(T* to, T const* from) const {
+  // Copies the gradients in r (of the stored_count() values) to the failure backup (to_backup) or
+  // back: on the host with the point-wise kernels' threads, to or from the GPU as one copy.
+  void copy_gradients(T* backup, param_range r, bool to_backup) {
+    std::size_t const count = r.size();
+    if (count == 0) return;
+    T* const g = grads_.data() + r.begin;
     if constexpr (std::is_same_v<Device, host>) {
-      evaluate(tensor_view<T, host>(to, index_t(stored_count()), 1),
-               to_expr(tensor_view<T const, host>(from, index_t(stored_count()), 1)));
-    } else if (to == grads_.data()) {
-      memory::system<Device>::copy_from_host(to, from, grads_.bytes());
+      T* const to = to_backup ? backup : g;
+      T const* const from = to_backup ? g : backup;
+      evaluate(tensor_view<T, host>(to, index_t(count), 1), to_expr(tensor_view<T const, host>(from, index_t(count), 1)));
+    } else if (to_backup) {
+      memory::system<Device>::copy_to_host(backup, g, count * sizeof(T));
     } else {
-      memory::system<Device>::copy_to_host(to, from, grads_.bytes());
+      memory::system<Device>::copy_from_host(g, backup, count * sizeof(T));
     }
   }
 

@@ -46,6 +46,10 @@ class gradient_sync {
   // Sets the model's gradients to zero itself and returns true, when it keeps only part of them
   // (sharded gradients: the memory of the rest is given back); false: the model zeroes them.
   virtual bool clear_gradients() { return false; }
+  // The part of the model's `count` gradients that may hold values between passes (the rest is
+  // zero): what a failed pass's backup copies and restores. All of them, unless the wrapper keeps
+  // a shard of the gradients only.
+  virtual param_range kept_gradients(std::size_t count) const { return {0, count}; }
   // The parameters this process's optimizer updates (all of them unless the state is sharded).
   virtual param_range shard() const = 0;
   // Before an optimizer reads the gradients: every reduction finished.
