@@ -479,22 +479,23 @@ class model {
       model* m;
       bool was_zero;
       void* copy;
+      bool backed_up;    // a copy was made (of `kept`, which may be empty)
       param_range kept;  // the gradients the copy holds (the rest were zero)
       ~restore_on_failure() {
         if (!m) return;
         try {
           detail::gradient_sync* const sync = m->link_.gradient_sync();
-          if (was_zero || (copy && kept.size() < stored_count()))
+          if (was_zero || (backed_up && kept.size() < stored_count()))
             if (!sync || !sync->clear_gradients()) evaluate(m->grads_, expr::to_expr(0.0));
           if (was_zero) {
             m->grads_zero_ = true;
-          } else if (copy) {
+          } else if (backed_up) {
             m->copy_gradients(static_cast<T*>(copy), kept, false);
           }
         } catch (...) {  // (a device that fails a copy has failed the pass's error already)
         }
       }
-    } restore{nullptr, was_zero, nullptr, {}};
+    } restore{nullptr, was_zero, nullptr, false, {}};
     bool ended = false;  // the wrapper has been told how the pass ended
     try {
       state_type s = make_state({.training = true, .stream = dropout_stream(), .input_gradient = dx != nullptr}, x);
@@ -522,6 +523,7 @@ class model {
                                                                          memory::tag::gradients);
         copy_gradients(static_cast<T*>(backup.get()), kept, true);
         restore.copy = backup.get();
+        restore.backed_up = true;
         restore.kept = kept;
       }
       restore.m = this;
