@@ -55,9 +55,9 @@
 // A host loop compiled also for AVX2 and AVX-512 (x86-64-v3, v4), the version run chosen when the
 // program starts: the point-wise passes use the widest vectors the processor has whatever the
 // compiler flags. Every version does the same IEEE operations per element (remat compiles without
-// FMA contraction), so all give the same bits. GCC on x86-64 ELF only; define REMAT_NO_CLONES to
-// turn it off.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__ELF__) && \
+// FMA contraction), so all give the same bits. GCC on x86-64 ELF only (the host side of an nvcc
+// source too); define REMAT_NO_CLONES to turn it off.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDA_ARCH__) && defined(__ELF__) && \
     !defined(REMAT_NO_CLONES)
 #define REMAT_HOST_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #else
