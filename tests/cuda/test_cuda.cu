@@ -477,7 +477,8 @@ TEST_CASE("cuda policies: every storage policy trains bit for bit like the store
 
 TEST_CASE("cuda OffloadedAdamW: the update on the host follows AdamW on the GPU; no state on the device",
           "[cuda][optim][offload]") {
-  auto run = [](auto opt_tag, memory::caching_allocator<gpu>& alloc) {
+  // (chunk: OffloadedAdamW's parameters per copy up; 0, its default)
+  auto run = [](auto opt_tag, memory::caching_allocator<gpu>& alloc, std::size_t chunk = 0) {
     using P = mixed<bf16, DynamicLossScale>;
     model<Plain, gpu, P> m(seed{5}, alloc);
     auto x = make<float>(batch, 12, inputs(12));
@@ -485,6 +486,10 @@ TEST_CASE("cuda OffloadedAdamW: the update on the host follows AdamW on the GPU;
     std::vector<double> losses;
     if constexpr (decltype(opt_tag)::value) {
       OffloadedAdamW opt(m, {.lr = 1e-2, .clip_norm = 1.0});
+      if (chunk)
+        opt.set_chunk(chunk);
+      else
+        CHECK(opt.chunk() == std::size_t(8) << 20);
       for (int s = 0; s < 3; ++s) losses.push_back(m.template train_step<SoftmaxCrossEntropy>(x, y, opt));
       CHECK(alloc.stats()[memory::tag::optimizer_state].in_use == 0);
       CHECK(bitwise_equal(tensor_to_host(opt.master_weights().view()), tensor_to_host(std::as_const(m).parameters())));
@@ -501,11 +506,19 @@ TEST_CASE("cuda OffloadedAdamW: the update on the host follows AdamW on the GPU;
     }
     return std::pair{tensor_to_host(std::as_const(m).parameters()), losses};
   };
-  memory::caching_allocator<gpu> a1, a2;
+  memory::caching_allocator<gpu> a1, a2, a3;
   auto const [po, lo] = run(std::true_type{}, a1);
   auto const [pa, la] = run(std::false_type{}, a2);
+  // By chunks of 100 parameters, their copies up overlapping the next chunk's update: the same bits.
+  auto const [pc, lc] = run(std::true_type{}, a3, 100);
+  CHECK(lc == lo);
+  CHECK(bitwise_equal(pc, po));
   require_close(lo, la, 1e-5, "losses");
   require_close(po, pa, 1e-5, "parameters after 3 steps");
+  // The norm is AdamW's own reduction on the device, and the update the same IEEE operations
+  // (no contraction on either side, correctly rounded square root and division): the same bits.
+  CHECK(lo == la);
+  CHECK(bitwise_equal(po, pa));
 }
 
 TEST_CASE("cuda precision: mixed<bf16> on the GPU follows the fp32 model", "[cuda][precision]") {

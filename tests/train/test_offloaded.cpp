@@ -65,12 +65,16 @@ void require_same(M& ma, A const& a, M& mo, O const& o, std::string const& what)
 
 // Eight steps of each optimizer on two models built alike, compared after every step; the fifth
 // step's targets are far enough to overflow a half model's scaled gradients (a skipped step), and
-// after the third both models' weights are written from outside.
+// after the third both models' weights are written from outside. The offloaded optimizer updates
+// `chunk` parameters at a time (0: all at once).
 template <class P>
-void run_alike(adamw_options opts) {
+void run_alike(adamw_options opts, std::size_t chunk = 0) {
   model<Net, host, P> ma(seed{7}), mo(seed{7});
   AdamW a(ma, opts);
   OffloadedAdamW o(mo, opts);
+  REQUIRE(o.chunk() == 0);  // (on the host: all at once)
+  o.set_chunk(chunk);
+  INFO("chunk " << chunk);
   tensor<float> const x = inputs(16, 12);
   tensor<float> const t = inputs(16, 6, 0.4);
   tensor<float> far(16, 6);
@@ -101,12 +105,16 @@ TEST_CASE("OffloadedAdamW: fp32, bit for bit AdamW's, with clipping and weights 
           "[train][optim][offload]") {
   run_alike<fp32>({.lr = 1e-2, .clip_norm = 0.5});
   run_alike<fp32>({.lr = 3e-3, .weight_decay = 0.1});
+  // A chunk at a time (7 and 64 divide none of the layers; 10,000 is more than the model has).
+  for (std::size_t chunk : {std::size_t(7), std::size_t(64), std::size_t(10000)})
+    run_alike<fp32>({.lr = 1e-2, .clip_norm = 0.5}, chunk);
 }
 
 TEST_CASE("OffloadedAdamW: mixed bfloat16 and half with a dynamic scale, bit for bit AdamW's, skipped steps included",
           "[train][optim][offload][mixed]") {
   run_alike<mixed<bfloat16, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0});
   run_alike<mixed<half, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0});
+  run_alike<mixed<bfloat16, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0}, 13);  // (the compute copy by chunks)
   // (the half run skips the far step: its scaled gradient overflows; checked by hand here)
   model<Net, host, mixed<half, DynamicLossScale>> m(seed{7});
   OffloadedAdamW o(m, {.lr = 1e-2});
