@@ -22,7 +22,9 @@
 // Compiled by nvcc with REMAT_BENCH_CUDA (target bench_policies_cuda), the same program trains on
 // the GPU: the mlp workload at d = 4096, 16 or 32 blocks; --gemm-peak times a cuBLASLt product of
 // the model's shape (batch x d times d x d); --optimizer-bandwidth times the fused
-// unscale/check/clip/AdamW pass against a device-to-device copy.
+// unscale/check/clip/AdamW pass against a device-to-device copy; --offload-optimizer times
+// OffloadedAdamW's step (by chunk size) and its parts beside AdamW's on the GPU, and whole training
+// steps at --batch rows with each.
 #include <remat/remat.hpp>
 
 #include <algorithm>
@@ -353,6 +355,78 @@ int optimizer_bandwidth(int reps, char const* precision) {
               precision, n, step, step_bw * 1e-9, copy_bw * 1e-9, step_bw / copy_bw);
   return 0;
 }
+
+// --offload-optimizer: OffloadedAdamW's step on a 16-block model (537 M parameters) by chunk size
+// (0: update everything, then copy everything up), beside AdamW on the GPU and the step's parts
+// alone (the gradients' copy down, the host update, the weights' copy up, from and to page-locked
+// memory); then whole training steps at `batch` rows with each optimizer.
+template <class P>
+int offload_optimizer(int reps, char const* precision, std::size_t batch) {
+  using Net = nets<16>::stored;
+  using T = typename P::master;
+  model<Net, Dev, P> m(seed{1});
+  std::size_t const n = m.parameters().size();
+  auto line = [&](char const* what, std::size_t chunk, double s) {
+    std::printf("{\"library\": \"remat\", \"kind\": \"offload_optimizer\", \"precision\": \"%s\", "
+                "\"parameters\": %zu, \"what\": \"%s\", \"chunk\": %zu, \"batch\": %zu, \"s\": %.6f, "
+                "\"device\": \"cuda\"}\n",
+                precision, n, what, chunk, batch, s);
+    std::fflush(stdout);
+  };
+  auto timed = [&](auto&& f) {
+    std::vector<double> times;
+    for (int r = 0; r < reps + 2; ++r) {
+      wait_for_device();
+      double const t0 = now();
+      f();
+      wait_for_device();
+      if (r >= 2) times.push_back(now() - t0);
+    }
+    return median(times);
+  };
+  evaluate(m.gradients(), expr::to_expr(1e-3));
+  {
+    AdamW opt(m, {.lr = 1e-4, .clip_norm = 1.0});
+    line("adamw_gpu_step", 0, timed([&] { opt.step(); }));
+  }
+  for (std::size_t chunk : {std::size_t(0), std::size_t(2) << 20, std::size_t(8) << 20, std::size_t(32) << 20}) {
+    OffloadedAdamW opt(m, {.lr = 1e-4, .clip_norm = 1.0});
+    opt.set_chunk(chunk);
+    line("offloaded_step", chunk, timed([&] { opt.step(); }));
+  }
+  {  // the parts alone
+    T *pinned = nullptr, *g = nullptr, *mo = nullptr, *v = nullptr;
+    REMAT_CUDA_CHECK(cudaMallocHost(&pinned, n * sizeof(T)));
+    std::vector<T> hg(n, T(1e-3f)), hm(n, T(0)), hv(n, T(0));
+    g = hg.data(), mo = hm.data(), v = hv.data();
+    std::memset(static_cast<void*>(pinned), 0, n * sizeof(T));
+    T* const dev = m.gradients().data();
+    line("copy_down", 0, timed([&] {
+           REMAT_CUDA_CHECK(cudaMemcpyAsync(pinned, dev, n * sizeof(T), cudaMemcpyDeviceToHost, nullptr));
+         }));
+    line("copy_up", 0, timed([&] {
+           REMAT_CUDA_CHECK(cudaMemcpyAsync(dev, pinned, n * sizeof(T), cudaMemcpyHostToDevice, nullptr));
+         }));
+    kernels::adamw_scalars const k{1.0, 1e-4, 0.9, 0.999, 1e-8, 1.0, 1.0};
+    line("host_update", 0, timed([&] { kernels::adamw_update(host{}, n, pinned, g, mo, v, k); }));
+    REMAT_CUDA_CHECK(cudaFreeHost(pinned));
+  }
+  // Whole training steps (the model's weights now hold the parts' garbage: start again).
+  mlp_workload w(batch, memory::default_allocator<Dev>());
+  auto const& x = w.x;
+  auto const& t = w.t;
+  model<Net, Dev, P> fresh(seed{1});
+  {
+    AdamW opt(fresh, {.lr = 1e-4, .clip_norm = 1.0});
+    line("adamw_gpu_train_step", 0, timed([&] { fresh.template train_step<MSE>(x, t, opt); }));
+  }
+  for (std::size_t chunk : {std::size_t(0), std::size_t(8) << 20}) {
+    OffloadedAdamW opt(fresh, {.lr = 1e-4, .clip_norm = 1.0});
+    opt.set_chunk(chunk);
+    line("offloaded_train_step", chunk, timed([&] { fresh.template train_step<MSE>(x, t, opt); }));
+  }
+  return 0;
+}
 #endif
 
 int gemm_peak(int reps, std::string const& precision, [[maybe_unused]] std::size_t batch) {
@@ -391,7 +465,7 @@ int main(int argc, char** argv) {
   std::size_t batch = 256, blocks = 8;
   int steps = 5, warmup = 2;
   std::string policy = "stored", precision = "fp32", workload = "mlp";
-  bool peak = false, optimizer = false;
+  bool peak = false, optimizer = false, offload_opt = false;
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -405,6 +479,7 @@ int main(int argc, char** argv) {
     else if (a == "--gemm-peak") peak = true;
     else if (a == "--input-gradient") want_input_gradient = true;
     else if (a == "--optimizer-bandwidth") optimizer = true;
+    else if (a == "--offload-optimizer") offload_opt = true;
 #if !defined(REMAT_BENCH_CUDA)
     else if (a == "--gemm32") {  // the fp32 host product: openblas or onednn (default: remat's choice)
       std::string const p = next();
@@ -426,7 +501,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--workload mlp|gpt] [--batch B] [--blocks N] [--policy P] [--precision fp32|bf16] [--steps S]"
                    " [--warmup W] [--gemm32 openblas|onednn] [--input-gradient]"
-                   " | --gemm-peak [--precision fp32|bf16] [--batch B] | --optimizer-bandwidth [--precision fp32|bf16]\n",
+                   " | --gemm-peak [--precision fp32|bf16] [--batch B] | --optimizer-bandwidth [--precision fp32|bf16]"
+                   " | --offload-optimizer [--precision fp32|bf16] [--batch B]\n",
                    argv[0]);
       return 2;
     }
@@ -438,6 +514,15 @@ int main(int argc, char** argv) {
   if (peak) return gemm_peak(steps * 4, precision, batch);
   bool const bf = precision == "bf16";
   using B = mixed<bfloat16>;
+  if (offload_opt) {
+#if defined(REMAT_BENCH_CUDA)
+    return bf ? offload_optimizer<mixed<bfloat16, DynamicLossScale>>(steps, "bf16", batch)
+              : offload_optimizer<fp32>(steps, "fp32", batch);
+#else
+    std::fprintf(stderr, "--offload-optimizer is measured on the GPU (bench_policies_cuda)\n");
+    return 2;
+#endif
+  }
   if (optimizer) {
 #if defined(REMAT_BENCH_CUDA)
     return bf ? optimizer_bandwidth<mixed<bfloat16, DynamicLossScale>>(steps * 4, "bf16")
