@@ -52,8 +52,8 @@ double grad_check(D, std::size_t n, T const* g) {
 namespace detail {
 // run_update's loop bodies, functors rather than lambdas: in a source nvcc compiles, a
 // __host__ __device__ lambda reaches host code through a wrapper that calls it indirectly, which
-// stops the host loop from inlining and vectorising it (OffloadedAdamW's host update ran 8x
-// slower than the same header compiled by GCC alone).
+// stops the host loop from inlining and vectorising it (nvcc-built, OffloadedAdamW's host update
+// took 3.4 ns a parameter on a 2-core Zen 4 against 0.54 with functors; GCC alone: 0.42).
 template <class C, class Step>
 struct update_and_copy {
   C* pc;      // the compute copy

@@ -297,9 +297,9 @@ struct upload_stream<cuda> {
 // AdamW's own reduction on the device and the update the same IEEE operations on the host: the
 // same bits as AdamW on the GPU (tested on an H100). Built from a model as AdamW is, it takes the
 // same options, a data-parallel wrapper's shard (its copies are then of the shard only) and
-// agreements, and saves and loads in AdamW's format. When the model's weights are written from outside
-// (load, a writable parameters() view: model::parameter_version moves), the next step copies
-// them down again first.
+// agreements, and saves and loads in AdamW's format. When the model's weights are written from
+// outside (load, a writable parameters() view: model::parameter_version moves), the next step
+// copies them down again first.
 //
 // Each step waits for the gradients to reach the host. The update and the copies up go a chunk at
 // a time (set_chunk), each chunk's copy overlapping the update of the next, and the step returns
