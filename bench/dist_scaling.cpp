@@ -2,17 +2,18 @@
 // d = 1024) over MPI ranks, at a fixed global batch split across the ranks:
 //
 //   mpirun -np P bench_dist [--blocks 8] [--batch 256] [--policy stored|checkpoint] [--shard]
-//                           [--shard-gradients] [--bucket-mib 4] [--steps 7] [--warmup 2] [--alone]
-//                           [--offload]
+//                           [--shard-gradients] [--shard-parameters] [--bucket-mib 4] [--steps 7]
+//                           [--warmup 2] [--alone] [--offload]
 //
 // --alone trains the model without remat::dist (one process, no communicator): the baseline.
-// --shard shards the optimizer state (ZeRO-1); --shard-gradients the gradients too (ZeRO-2).
+// --shard shards the optimizer state (ZeRO-1); --shard-gradients the gradients too (ZeRO-2);
+// --shard-parameters the parameters too (ZeRO-3).
 // --offload steps with OffloadedAdamW instead of AdamW (the state in its own host allocator; on
 // the host its copies are memcpy: what the offload's bookkeeping and copies cost).
 // Rank 0 prints one JSON line: ranks, OpenMP threads per rank, the median step time, samples per
 // second, the bytes each rank sent into reductions per step against the model's gradient bytes,
 // the bytes all-gathered (sharded), the buckets and how many started while backward was running,
-// and rank 0's memory: parameters, gradients held at rest and at the pass's peak (pages the
+// and rank 0's memory: parameters and gradients held at rest and at the pass's peak (pages the
 // process holds, measured; and the plan's peak) and optimizer state. bench/dist_scaling.sh runs the configurations and writes
 // the table.
 #include <remat/dist/mpi.hpp>
@@ -55,7 +56,7 @@ using adamw_for = AdamW<typename M::value_type, typename M::device, typename M::
 struct config {
   std::size_t batch = 256;
   std::string policy = "stored";
-  bool shard = false, shard_gradients = false, alone = false, offload = false;
+  bool shard = false, shard_gradients = false, shard_parameters = false, alone = false, offload = false;
   double bucket_mib = 4;
   int steps = 7, warmup = 2;
 };
@@ -69,8 +70,9 @@ int run(config const& c) {
   if (!c.alone) {
     dp.emplace(m, MPI_COMM_WORLD,
                dist::options{.bucket_bytes = std::size_t(c.bucket_mib * 1048576.0),
-                             .shard_optimizer = c.shard || c.shard_gradients,
-                             .shard_gradients = c.shard_gradients});
+                             .shard_optimizer = c.shard || c.shard_gradients || c.shard_parameters,
+                             .shard_gradients = c.shard_gradients || c.shard_parameters,
+                             .shard_parameters = c.shard_parameters});
     rank = dp->rank();
     ranks = dp->size();
   }
@@ -103,19 +105,24 @@ int run(config const& c) {
   // The gradients held: with a wrapper, the pages of its buffer (measured); alone, the whole buffer.
   dist::gradient_memory const g =
       dp ? dp->gradient_pages() : dist::gradient_memory{grad_bytes, grad_bytes, grad_bytes, grad_bytes};
-  int const zero = c.shard_gradients ? 2 : c.shard ? 1 : 0;
+  // The parameters held, likewise (ZeRO-3 gives back the pages of those the rank does not own).
+  dist::gradient_memory const p =
+      dp ? dp->parameter_pages() : dist::gradient_memory{grad_bytes, grad_bytes, grad_bytes, grad_bytes};
+  int const zero = c.shard_parameters ? 3 : c.shard_gradients ? 2 : c.shard ? 1 : 0;
   std::printf(
       "{\"bench\": \"dist\", \"mode\": \"%s\", \"ranks\": %d, \"threads\": %d, \"policy\": \"%s\", \"shard\": %s, "
       "\"batch\": %zu, \"blocks\": %zu, \"width\": %zu, \"step_s\": %.6f, \"samples_per_s\": %.1f, "
       "\"gflop_per_s\": %.2f, \"model_grad_bytes\": %zu, \"reduced_bytes\": %zu, \"gathered_bytes\": %zu, "
       "\"buckets\": %zu, \"overlapped_buckets\": %zu, \"optimizer_state_bytes\": %zu, \"offload\": %s, "
       "\"offloaded_host_bytes\": %zu, \"zero\": %d, \"param_bytes\": %zu, \"grad_held_bytes\": %zu, "
-      "\"grad_peak_bytes\": %zu, \"grad_planned_peak_bytes\": %zu, \"grad_pages_bytes\": %zu, \"loss\": %.6f}\n",
+      "\"grad_peak_bytes\": %zu, \"grad_planned_peak_bytes\": %zu, \"grad_pages_bytes\": %zu, "
+      "\"param_held_bytes\": %zu, \"param_peak_bytes\": %zu, \"param_planned_peak_bytes\": %zu, "
+      "\"param_pages_bytes\": %zu, \"loss\": %.6f}\n",
       c.alone ? "alone" : "dist", ranks, omp_get_max_threads(), c.policy.c_str(), c.shard ? "true" : "false", c.batch,
       N, D, step, double(c.batch) / step, flop / step * 1e-9, grad_bytes, tr.reduced, tr.gathered, tr.buckets,
       tr.overlapped, alloc.stats()[memory::tag::optimizer_state].in_use, c.offload ? "true" : "false", host_state, zero,
-      alloc.stats()[memory::tag::parameters].in_use, g.now, zero == 2 ? g.last_peak : g.whole, g.planned_peak, g.whole,
-      loss);
+      alloc.stats()[memory::tag::parameters].in_use, g.now, zero >= 2 ? g.last_peak : g.whole, g.planned_peak, g.whole,
+      p.now, zero == 3 ? p.last_peak : p.whole, p.planned_peak, p.whole, loss);
   return 0;
 }
 
@@ -132,6 +139,7 @@ int main(int argc, char** argv) {
     else if (v && !std::strcmp(argv[i], "--bucket-mib")) c.bucket_mib = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--shard")) c.shard = true;
     else if (!std::strcmp(argv[i], "--shard-gradients")) c.shard_gradients = true;
+    else if (!std::strcmp(argv[i], "--shard-parameters")) c.shard_parameters = true;
     else if (!std::strcmp(argv[i], "--alone")) c.alone = true;
     else if (!std::strcmp(argv[i], "--offload")) c.offload = true;
     else {

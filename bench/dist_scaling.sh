@@ -27,8 +27,10 @@ for round in 1 2; do
   OMP_NUM_THREADS=1 mpirun -np 2 "$bin" | tee -a "$raw"
   OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --shard | tee -a "$raw"
   OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --shard-gradients | tee -a "$raw"
+  OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --shard-parameters | tee -a "$raw"
   OMP_NUM_THREADS=2 mpirun --bind-to none -np 1 "$bin" --shard | tee -a "$raw"
   OMP_NUM_THREADS=2 mpirun --bind-to none -np 1 "$bin" --shard-gradients | tee -a "$raw"
+  OMP_NUM_THREADS=2 mpirun --bind-to none -np 1 "$bin" --shard-parameters | tee -a "$raw"
   OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --shard --offload | tee -a "$raw"
   OMP_NUM_THREADS=2 "$bin" --alone --offload | tee -a "$raw"
   OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --policy checkpoint | tee -a "$raw"
@@ -80,31 +82,37 @@ for k, r in sorted(best.items(), key=lambda kv: (kv[0][0] != "remat", kv[0][1] !
         if offload:
             state += f" (+ {r['offloaded_host_bytes'] / 2**20:.1f} MiB host)"
         pol = policy
-        st = {0: "whole", 1: "sharded (ZeRO-1)", 2: "sharded with the gradients (ZeRO-2)"}[shard] + (
+        st = {0: "whole", 1: "sharded (ZeRO-1)", 2: "sharded with the gradients (ZeRO-2)",
+              3: "sharded with the gradients and parameters (ZeRO-3)"}[shard] + (
             ", OffloadedAdamW" if offload else "")
     lines.append(f"| {lib} | {run} | {ranks} × {threads} | {pol} | {st} | {r['step_s']:.3f} | "
                  f"{r['step_s'] / remat_alone:.2f} | {peer} | {red} | {state} |")
 lines += ["", f"PyTorch anchors (the faster setting): alone {torch_alone:.3f} s, DDP over gloo {torch_ddp:.3f} s."]
 # Per-rank memory by sharding level (rank 0, stored policy, AdamW): the ZeRO paper's table, measured.
 mib = lambda b: f"{b / 2**20:.1f}"
-lines += ["", "Per-rank memory of the model's state (rank 0; remat: parameters and optimizer state from its allocator, "
-          "gradients as the memory pages the process holds, read from the kernel; PyTorch: the tensors' bytes, DDP's "
-          "gradient buckets not counted):", "",
-          "| library | level | ranks | parameters | gradients at rest | gradients at the pass's peak (plan) | optimizer state | parameters + gradients + state | step (s) |",
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+lines += ["", "Per-rank memory of the model's state in MiB (rank 0; remat: the optimizer state from its allocator, "
+          "parameters and gradients as the memory pages the process holds, read from the kernel, beside the plan's "
+          "peak; PyTorch: the tensors' bytes, DDP's gradient buckets not counted):", "",
+          "| library | level | ranks | parameters at rest | parameters at the pass's peak (plan) | gradients at rest | "
+          "gradients at the pass's peak (plan) | optimizer state | parameters + gradients + state at rest | step (s) |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 mem_rows = []
 for k, r in best.items():
     lib, mode, ranks, threads, policy, level, tuned, offload = k
     if lib == "remat" and mode == "dist" and policy == "stored" and not offload:
-        peak = f"{mib(r['grad_peak_bytes'])} ({mib(r['grad_planned_peak_bytes'])})" if level == 2 else mib(r['grad_held_bytes'])
-        total = r["param_bytes"] + r["grad_held_bytes"] + r["optimizer_state_bytes"]
-        mem_rows.append((0, level, ranks, f"| remat | ZeRO-{level} | {ranks} | {mib(r['param_bytes'])} | {mib(r['grad_held_bytes'])} | "
-                         f"{peak} | {mib(r['optimizer_state_bytes'])} | {mib(total)} | {r['step_s']:.3f} |"))
+        params = r.get("param_held_bytes", r["param_bytes"])
+        ppeak = f"{mib(r['param_peak_bytes'])} ({mib(r['param_planned_peak_bytes'])})" if level == 3 else mib(params)
+        gpeak = f"{mib(r['grad_peak_bytes'])} ({mib(r['grad_planned_peak_bytes'])})" if level >= 2 else mib(r['grad_held_bytes'])
+        total = params + r["grad_held_bytes"] + r["optimizer_state_bytes"]
+        mem_rows.append((0, level, ranks, f"| remat | ZeRO-{level} | {ranks} | {mib(params)} | {ppeak} | "
+                         f"{mib(r['grad_held_bytes'])} | {gpeak} | {mib(r['optimizer_state_bytes'])} | {mib(total)} | "
+                         f"{r['step_s']:.3f} |"))
     if lib == "torch" and "param_bytes" in r and tuned:
         total = r["param_bytes"] + r["grad_held_bytes"] + r["optimizer_state_bytes"]
         name = "DDP (gloo)" if mode == "ddp" else "alone"
-        mem_rows.append((1, 0, ranks, f"| torch | {name} | {ranks} | {mib(r['param_bytes'])} | {mib(r['grad_held_bytes'])} | "
-                         f"{mib(r['grad_held_bytes'])} | {mib(r['optimizer_state_bytes'])} | {mib(total)} | {r['step_s']:.3f} |"))
+        mem_rows.append((1, 0, ranks, f"| torch | {name} | {ranks} | {mib(r['param_bytes'])} | {mib(r['param_bytes'])} | "
+                         f"{mib(r['grad_held_bytes'])} | {mib(r['grad_held_bytes'])} | {mib(r['optimizer_state_bytes'])} | "
+                         f"{mib(total)} | {r['step_s']:.3f} |"))
 lines += [row for *_, row in sorted(mem_rows, key=lambda t: t[:3])]
 open(out + ".md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -4,7 +4,8 @@
 // and saves the weights as safetensors.
 //
 //   digits [--epochs N] [--data digits.csv] [--out digits.safetensors] [--seed S]
-//          [--precision fp32|bf16|half] [--against-fp32] [--mpi [--shard] [--shard-gradients]]
+//          [--precision fp32|bf16|half] [--against-fp32]
+//          [--mpi [--shard] [--shard-gradients] [--shard-parameters]]
 //          [--memory-trace FILE]
 //
 // --memory-trace records the second training step (every allocation and free with its layer and
@@ -18,7 +19,8 @@
 // --mpi trains data-parallel under mpirun (remat::dist): each rank takes its share of every batch
 // of 64, gradients are averaged across the ranks, rank 0 prints and saves. --shard also splits the
 // AdamW state across the ranks (ZeRO stage 1); --shard-gradients the gradients too (ZeRO stage 2:
-// each rank prints the gradient memory it holds at rest and at a pass's peak, beside the plan):
+// each rank prints the gradient memory it holds at rest and at a pass's peak, beside the plan);
+// --shard-parameters the weights too (ZeRO stage 3, fp32: its parameter memory likewise):
 //   mpirun -np 2 build/default/examples/digits --mpi --shard
 #include <remat/remat.hpp>
 #ifdef REMAT_DIGITS_MPI
@@ -105,7 +107,7 @@ struct options {
   int epochs = 30;
   std::string data = REMAT_DIGITS_CSV, out = "digits.safetensors";
   std::uint64_t seed_value = 1;
-  bool mpi = false, shard = false, shard_gradients = false;
+  bool mpi = false, shard = false, shard_gradients = false, shard_parameters = false;
   std::string memory_trace;  // a file to write the second step's memory timeline to
 };
 
@@ -126,7 +128,8 @@ double run(options const& o, dataset const& train, dataset const& test) {
     dp.emplace(m, MPI_COMM_WORLD,
                dist::options{.bucket_bytes = o.shard_gradients ? std::size_t(64) << 10 : dist::options{}.bucket_bytes,
                              .shard_optimizer = o.shard,
-                             .shard_gradients = o.shard_gradients});
+                             .shard_gradients = o.shard_gradients,
+                             .shard_parameters = o.shard_parameters});
     rank = dp->rank();
     ranks = dp->size();
   }
@@ -136,7 +139,8 @@ double run(options const& o, dataset const& train, dataset const& test) {
   // This rank's rows of every batch (all of them without --mpi).
   std::size_t const lo = batch * std::size_t(rank) / std::size_t(ranks), hi = batch * std::size_t(rank + 1) / std::size_t(ranks);
   if (ranks > 1) std::printf("data parallel over %d ranks: %zu of every %zu images per rank%s\n", ranks, hi - lo, batch,
-                             o.shard_gradients ? ", optimizer state and gradients sharded"
+                             o.shard_parameters  ? ", optimizer state, gradients and parameters sharded"
+                             : o.shard_gradients ? ", optimizer state and gradients sharded"
                              : o.shard         ? ", optimizer state sharded"
                                                : "");
   std::size_t const steps_per_epoch = train.n / batch;
@@ -210,6 +214,17 @@ double run(options const& o, dataset const& train, dataset const& test) {
       return 0;
     }
   }
+  if (dp && o.shard_parameters) {
+    dist::gradient_memory const p = dp->parameter_pages();
+    std::printf("rank %d of %d: parameter pages held %.1f of %.1f KiB at rest, %.1f KiB at the last pass's peak "
+                "(planned %.1f KiB)\n",
+                rank, ranks, double(p.now) / 1024, double(p.whole) / 1024, double(p.last_peak) / 1024,
+                double(p.planned_peak) / 1024);
+    if (p.last_peak != p.planned_peak) {
+      std::fprintf(stderr, "digits: rank %d's measured parameter peak differs from its plan\n", rank);
+      return 0;
+    }
+  }
 #endif
   if (!o.memory_trace.empty()) {
     alloc.detach();
@@ -244,6 +259,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--mpi")) o.mpi = true;
     else if (!std::strcmp(argv[i], "--shard")) o.shard = true;
     else if (!std::strcmp(argv[i], "--shard-gradients")) o.shard = o.shard_gradients = true;
+    else if (!std::strcmp(argv[i], "--shard-parameters")) o.shard = o.shard_gradients = o.shard_parameters = true;
     else if (has_value && !std::strcmp(argv[i], "--memory-trace")) o.memory_trace = argv[++i];
     else {
       std::fprintf(stderr, "digits: unknown or incomplete option '%s'\n", argv[i]);
@@ -255,7 +271,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (o.shard && !o.mpi) {
-    std::fprintf(stderr, "digits: --shard and --shard-gradients need --mpi\n");
+    std::fprintf(stderr, "digits: --shard, --shard-gradients and --shard-parameters need --mpi\n");
     return 1;
   }
 #ifdef REMAT_DIGITS_MPI

@@ -99,6 +99,7 @@ std::vector<float> data_parallel_run(int steps, adamw_options o, dist::options d
   }
   if (traffic) *traffic = dp.last_step_traffic();
   if (!save_to.empty()) dist::save(dp, opt, save_to);
+  dp.gather_parameters();  // (ZeRO-3: the whole parameters, to compare; nothing otherwise)
   return params_of(m);
 }
 
@@ -113,11 +114,12 @@ bool same_on_every_rank(std::vector<float> const& v) {
 
 constexpr adamw_options opts{.lr = 1e-2, .weight_decay = 1e-2};
 
-// What each rank keeps of the optimizer state and the gradients: 0 everything, 1 ZeRO-1 (the
-// optimizer state sharded), 2 ZeRO-2 (the gradients too).
+// What each rank keeps of the optimizer state, the gradients and the parameters: 0 everything,
+// 1 ZeRO-1 (the optimizer state sharded), 2 ZeRO-2 (the gradients too), 3 ZeRO-3 (the parameters
+// too).
 dist::options sharding(int level, std::size_t bucket_bytes = 512) {
   return {.bucket_bytes = bucket_bytes, .shard_optimizer = level >= 1, .shard_gradients = level >= 2,
-          .timeout_seconds = 60};
+          .shard_parameters = level >= 3, .timeout_seconds = 60};
 }
 constexpr std::size_t n_params = model<Net>::parameter_count;
 
@@ -320,7 +322,7 @@ TEST_CASE("a pass after the step's reduction is refused on every rank", "[dist][
 }
 
 TEST_CASE("bad input on one rank fails every rank with a clear error and changes nothing", "[dist][errors]") {
-  int const level = GENERATE(1, 2);
+  int const level = GENERATE(1, 2, 3);
   INFO("ZeRO level " << level);
   model<Net> m(seed{7});
   dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level, std::size_t(4) << 20));
@@ -354,6 +356,7 @@ TEST_CASE("bad input on one rank fails every rank with a clear error and changes
   batch next = whole_batch(1);
   double const l = dp.train_step<SoftmaxCrossEntropy>(rows(next.x, r), rows(next.y, r), opt);
   CHECK(std::isfinite(l));
+  dp.gather_parameters();  // (ZeRO-3: the whole parameters, to compare; nothing otherwise)
   CHECK(same_on_every_rank(params_of(m)));
 }
 
@@ -419,7 +422,9 @@ struct dp_trainer {
   };
   snapshot state() const {
     M const& c = m;
-    return {bytes_of<T>(c.parameters()),        bytes_of<T>(c.gradients()),         bytes_of<T>(c.buffers()),
+    // (ZeRO-3: the rank's shard of the parameters; the rest is given back between passes)
+    param_range const kept = dp.config().shard_parameters ? dp.shard() : param_range{0, M::parameter_count};
+    return {bytes_of<T>(c.parameters().row_range(kept.begin, kept.size())),        bytes_of<T>(c.gradients()),         bytes_of<T>(c.buffers()),
             bytes_of<T>(opt.exp_avg().view()),  bytes_of<T>(opt.exp_avg_sq().view()), opt.steps(),
             c.passes(),                         c.scaler().growth_tracker(),        c.scaler().skipped_steps(),
             c.scaler().scale(),                 alloc.stats().total.in_use};
@@ -505,15 +510,17 @@ TEST_CASE("an allocation failure on one rank at any request of a step fails ever
       int const checkpointed = fail_every_request<CheckpointedNet, fp32>(1, accumulate, arena);
       int const bf16 = fail_every_request<CheckpointedNet, mixed<bfloat16, DynamicLossScale>>(0, accumulate, arena);
       int const zero2 = fail_every_request<Net, mixed<bfloat16, DynamicLossScale>>(2, accumulate, arena);
+      int const zero3 = fail_every_request<CheckpointedNet, fp32>(3, accumulate, arena);
       CHECK(stored > 0);
+      CHECK(zero3 > 0);
       CHECK(checkpointed > 0);
       CHECK(bf16 > 0);
       CHECK(zero2 > 0);
       if (world_rank() == 0)
         std::printf("faults under data_parallel, rank %d of %d failing (%s%s): stored %d, Checkpointed and sharded "
-                    "%d, Checkpointed bf16 %d, ZeRO-2 bf16 %d\n",
+                    "%d, Checkpointed bf16 %d, ZeRO-2 bf16 %d, ZeRO-3 Checkpointed %d\n",
                     world_size() - 1, world_size(), accumulate ? "second micro-batch" : "train_step",
-                    arena ? "" : ", no arena", stored, checkpointed, bf16, zero2);
+                    arena ? "" : ", no arena", stored, checkpointed, bf16, zero2, zero3);
     }
 }
 
@@ -1040,4 +1047,168 @@ TEST_CASE("ZeRO-2: a rank keeps the pages of its shard of the gradients, and a p
   check(static_cast<Stored*>(nullptr), "stored", 2, std::size_t(4) << 20);
   check(static_cast<Ckpt*>(nullptr), "Checkpointed", 2, std::size_t(16) << 10);
   check(static_cast<Rev*>(nullptr), "Revolve<2>", 2, std::size_t(64) << 10);
+}
+
+TEST_CASE("ZeRO-3: with the parameters sharded too, training is ZeRO-2's, bit for bit", "[dist][zero3]") {
+  // Each layer's parameters are gathered from their owners just before it runs: the same values
+  // as ZeRO-2 holds whole, so the same arithmetic. Gradients are reduced exactly as under ZeRO-2.
+  std::vector<float> const ref = reference<Net>(4, opts);
+  for (std::size_t bucket : {std::size_t(256), std::size_t(4) << 20}) {
+    INFO("bucket_bytes " << bucket << ", " << world_size() << " ranks");
+    std::vector<double> l2, l3;
+    dist::traffic t2, t3;
+    std::vector<float> const zero2 = data_parallel_run<Net>(4, opts, sharding(2, bucket), &l2, &t2);
+    std::vector<float> const zero3 = data_parallel_run<Net>(4, opts, sharding(3, bucket), &l3, &t3);
+    CHECK(std::memcmp(zero2.data(), zero3.data(), zero2.size() * sizeof(float)) == 0);
+    CHECK(l2 == l3);
+    CHECK(t3.reduced == t2.reduced);
+    CHECK(t3.buckets == t2.buckets);
+    CHECK(t3.overlapped == t2.overlapped);
+    CHECK(same_on_every_rank(zero3));
+    CHECK(max_abs_diff(zero3, ref) < 2e-5);
+    // Gathered: each layer's parameters twice (forward and backward) but this rank's own; no
+    // all-gather after the step.
+    if (world_size() == 1) CHECK(t3.gathered == 0);
+    if (world_size() > 1) CHECK(t3.gathered > 0);
+  }
+  std::vector<float> const stored = data_parallel_run<Net>(3, opts, sharding(2));
+  auto const check = [&]<class NetT>(NetT*, char const* name) {
+    INFO(name << ", " << world_size() << " ranks");
+    std::vector<float> const zero2 = data_parallel_run<NetT>(3, opts, sharding(2));
+    std::vector<float> const zero3 = data_parallel_run<NetT>(3, opts, sharding(3));
+    CHECK(std::memcmp(zero2.data(), zero3.data(), zero2.size() * sizeof(float)) == 0);
+    return zero3;
+  };
+  // The storage policies recompute under the same gathers: each layer gathers again as it runs
+  // again.
+  auto const same_as_stored = [&](std::vector<float> const& got) {
+    CHECK(std::memcmp(got.data(), stored.data(), stored.size() * sizeof(float)) == 0);
+  };
+  same_as_stored(check(static_cast<CheckpointedNet*>(nullptr), "Checkpointed"));
+  same_as_stored(check(static_cast<NetWith<Revolve<2, Repeat<3, Block>>>*>(nullptr), "Revolve<2>"));
+  same_as_stored(check(static_cast<NetWith<Repeat<3, Selective<Block>>>*>(nullptr), "Selective"));
+  same_as_stored(check(static_cast<NetWith<Repeat<3, Offloaded<Block>>>*>(nullptr), "Offloaded"));
+  same_as_stored(check(static_cast<NetWith<CheckpointSequential<2, Repeat<3, Block>>>*>(nullptr),
+                       "CheckpointSequential<2>"));
+  same_as_stored(check(static_cast<NetWith<Checkpointed<Repeat<3, Block>>>*>(nullptr), "Checkpointed<Repeat>"));
+  // Layers reached outside a Seq or a chain's frames: a block that is one Residual layer, a
+  // checkpointed layer, and a model that is one layer.
+  check(static_cast<NetWith<Repeat<3, Residual<Linear<W, W>>>>*>(nullptr), "Repeat<3, Residual<Linear>>");
+  check(static_cast<NetWith<Repeat<2, Checkpointed<Linear<W, W>>>>*>(nullptr), "Repeat<2, Checkpointed<Linear>>");
+  check(static_cast<Linear<In, Out>*>(nullptr), "a model that is one Linear");
+  check(static_cast<Checkpointed<Seq<Linear<In, W>, GELU, Linear<W, Out>>>*>(nullptr), "Checkpointed<Seq>");
+}
+
+TEST_CASE("ZeRO-3: accumulation, inference and saving are collective and give ZeRO-2's values", "[dist][zero3]") {
+  auto const run = [&](int level, std::vector<float>& y, double& loss, std::vector<float>& micro) {
+    model<DropNet> m(seed{7});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level));
+    AdamW opt(m, opts);
+    std::size_t const at_rest = dp.parameter_pages().now;
+    param_range const r = my_rows(dp.rank(), dp.size());
+    for (int t = 0; t < 2; ++t) {  // accumulation: two micro-batches a step
+      batch b = whole_batch(t), c = whole_batch(t + 5);
+      m.zero_grad();
+      dp.template accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), 0.5, dist::reduce::later);
+      dp.template accumulate<SoftmaxCrossEntropy>(rows(c.x, r), rows(c.y, r), 0.5, dist::reduce::now);
+      opt.step();
+    }
+    // Inference on every rank (each its own rows), a loss and a training-mode loss.
+    batch b = whole_batch(9);
+    y = tensor_to_host(m.forward(rows(b.x, r)).view());
+    loss = m.template loss<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r)) +
+           m.template training_loss<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r));
+    std::string const path = "/tmp/remat-zero3-" + std::to_string(level) + ".safetensors";
+    dist::save(dp, path);
+    model<DropNet> alone(seed{1});
+    load(alone, path);
+    micro = params_of(alone);
+    CHECK(dp.parameter_pages().now == at_rest);  // (ZeRO-3: the save let the gathered parameters go again)
+    // Loading broadcasts rank 0's file and keeps this rank's shard.
+    dist::load(dp, path);
+    dp.gather_parameters();
+    CHECK(params_of(m) == micro);
+  };
+  std::vector<float> y2, y3, p2, p3;
+  double l2 = 0, l3 = 0;
+  run(2, y2, l2, p2);
+  run(3, y3, l3, p3);
+  CHECK(y2 == y3);
+  CHECK(l2 == l3);
+  CHECK(p2 == p3);
+  CHECK(same_on_every_rank(p3));
+}
+
+TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a pass's peak is the plan's",
+          "[dist][zero3][memory][plan]") {
+  // What a rank holds is read from the kernel's page tables (mincore); the plan replays the
+  // model's plan walk (the frames that gather) through the wrapper's rules. Independently here: at
+  // rest a rank holds every page of the buffer but those wholly inside it and wholly outside its
+  // shard, and during a pass at most that plus the largest layer's pages.
+  constexpr std::size_t D = 128;
+  using Wide = Residual<Seq<LayerNorm<D>, Linear<D, 256>, GELU, Linear<256, D>>>;
+  constexpr std::size_t largest = Linear<D, 256>::param_count * sizeof(float);
+  auto const page = std::size_t(sysconf(_SC_PAGESIZE));
+  auto const check = [&]<class NetT>(NetT*, char const* name) {
+    INFO(name << ", " << world_size() << " ranks");
+    model<NetT> m(seed{7});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(3, std::size_t(64) << 10));
+    AdamW opt(m, opts);
+    param_range const r = my_rows(dp.rank(), dp.size());
+    constexpr std::size_t n = model<NetT>::parameter_count;
+    auto const at_rest = [&](std::uintptr_t begin) {
+      auto const end = begin + n * sizeof(float);
+      auto const first = begin / page * page, last = (end + page - 1) / page * page;
+      param_range const s = dp.shard();
+      std::size_t held = 0;
+      for (std::uintptr_t p = first; p < last; p += page) {
+        bool const inside = p >= begin && p + page <= end;
+        bool const outside_shard = p + page <= begin + s.begin * sizeof(float) || p >= begin + s.end * sizeof(float);
+        held += !(inside && outside_shard) ? page : 0;
+      }
+      return std::pair{held, std::size_t(last - first)};
+    };
+    auto const [params_at_rest, params_whole] = at_rest(reinterpret_cast<std::uintptr_t>(std::as_const(m).parameters().data()));
+    auto const [grads_at_rest, grads_whole] = at_rest(reinterpret_cast<std::uintptr_t>(std::as_const(m).gradients().data()));
+    CHECK(dp.parameter_pages().now == params_at_rest);
+    for (int t = 0; t < 2; ++t) {
+      batch b = whole_batch(t);
+      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+      dist::gradient_memory const p = dp.parameter_pages(), g = dp.gradient_pages();
+      CHECK(p.whole == params_whole);
+      CHECK(p.last_peak == p.planned_peak);
+      CHECK(p.now == params_at_rest);
+      CHECK(g.now == grads_at_rest);
+      CHECK(g.last_peak == g.planned_peak);
+      if (world_size() == 1) {
+        CHECK(p.now == p.whole);
+        CHECK(p.planned_peak == p.whole);
+      } else {
+        CHECK(p.planned_peak <= params_at_rest + largest + 2 * page);
+        CHECK(p.planned_peak < p.whole);
+      }
+      // Parameters, gradients and the optimizer's two moments: 1/P of one process's each, to pages.
+      std::size_t const per_rank = p.now + g.now + 2 * opt.exp_avg().size() * sizeof(float);
+      std::size_t const alone = 4 * n * sizeof(float);
+      // (each buffer: its shard rounded out to pages, and the two pages it shares at its ends)
+      CHECK(per_rank <= alone / std::size_t(world_size()) + 8 * page);
+      if (t == 1 && world_rank() == 0)
+        std::printf("ZeRO-3, %s, %d ranks: rank 0 holds %zu of %zu parameter bytes at rest, %zu at the pass's "
+                    "peak (planned %zu); parameters + gradients + moments %zu bytes, one process %zu\n",
+                    name, world_size(), p.now, p.whole, p.last_peak, p.planned_peak, per_rank, alone);
+    }
+  };
+  using Stored = Seq<Linear<In, D>, Repeat<6, Wide>, LayerNorm<D>, Linear<D, Out>>;
+  using Ckpt = Seq<Linear<In, D>, Repeat<6, Checkpointed<Wide>>, LayerNorm<D>, Linear<D, Out>>;
+  using Rev = Seq<Linear<In, D>, Revolve<2, Repeat<6, Wide>>, LayerNorm<D>, Linear<D, Out>>;
+  check(static_cast<Stored*>(nullptr), "stored");
+  check(static_cast<Ckpt*>(nullptr), "Checkpointed");
+  check(static_cast<Rev*>(nullptr), "Revolve<2>");
+}
+
+TEST_CASE("ZeRO-3 refuses a mixed-precision model with a clear error", "[dist][zero3][errors]") {
+  model<Net, host, mixed<bfloat16, DynamicLossScale>> m(seed{7});
+  CHECK_THROWS_WITH(dist::data_parallel(m, MPI_COMM_WORLD, sharding(3)),
+                    Catch::Contains("shard_parameters (ZeRO-3) is implemented for fp32 models"));
+  CHECK(m.link().gradient_sync() == nullptr);
 }

@@ -26,6 +26,17 @@
 // report: the two are equal. The allocator's gradients tag still counts the buffer's whole
 // address range: what is held is gradient_pages().
 //
+// With options::shard_parameters as well (ZeRO stage 3, host models in fp32) each rank keeps its
+// shard of the parameters only. Every frame of the walk that runs a layer (graph/walk.hpp's
+// gather_frame: each layer of a Seq, each block of a chain, a Residual or policy around one layer
+// as a whole) tells the wrapper which parameters it reads; they are all-gathered from their
+// owners just before, and the pages of those this rank does not own are given back as the next
+// frame's are gathered and as the pass ends. A pass holds the rank's shard plus the running
+// layer's parameters: parameter_pages() says what is held (mincore) and what the plan says the
+// pass's peak is (the frames of the model's plan walk replayed through the same rules). Every
+// pass of the model is collective then, inference included. A rank whose pass fails goes on
+// taking part in the gathers and reductions the others make, following the plan's list of them.
+//
 // Bad input on one rank (an id out of range, a batch of the wrong shape) is found before anything
 // changes and every rank throws: the rank with the bad input its own error, the others dist_error
 // naming that rank and quoting its message; all stay consistent and may go on. A pass that fails
@@ -100,6 +111,13 @@ struct options {
   // reports of backward in flight); every pass is reduced, so a step of gradient accumulation
   // reduces each micro-batch (reduce::later is taken as reduce::now).
   bool shard_gradients = false;
+  // ZeRO stage 3 (implies shard_gradients; host models in fp32): each rank keeps 1/P of the
+  // parameters too. Every layer's parameters are all-gathered just before it runs (forward, a
+  // storage policy's recomputation, backward: the frames of graph/walk.hpp's gather_frame), and
+  // the memory pages of those the rank does not own are given back as the next layer's are
+  // gathered and when the pass ends. Every pass of the model is then collective: training through
+  // the wrapper, and model.forward, loss and training_loss, which every rank must call together.
+  bool shard_parameters = false;
   // A wait for the other ranks longer than this throws dist_error (a rank failed or diverged).
   double timeout_seconds = 300;
 };
@@ -172,6 +190,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     plan_buckets();
     broadcast_parameters();
     plan_gradient_pages();
+    plan_parameter_pages();
+    release_parameters();  // (ZeRO-3: this rank keeps its shard of the parameters)
     model_.link().set_replica(std::uint64_t(c_.rank()));
     model_.link().set_gradient_sync(this);
     if (o_.shard_gradients) model_.zero_grad();  // (the pages of the parameters it does not own go)
@@ -203,7 +223,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // The gradient buffer's memory: its pages, the plan's peak and the last pass's measured one
   // (options::shard_gradients), and what it holds now (a host model's; all 0 for a GPU model's).
   gradient_memory gradient_pages() const {
-    gradient_memory g{pages_.whole, pages_.planned_peak, pages_.last_peak, resident_gradient_bytes()};
+    gradient_memory g{pages_.span.whole, pages_.planned_peak, pages_.last_peak, resident_gradient_bytes()};
     if (!o_.shard_gradients) g.planned_peak = g.whole;
     return g;
   }
@@ -218,6 +238,27 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     }
     model_.set_passes(c_.broadcast(model_.passes(), 0, "the pass count's broadcast from rank 0"));
     model_.parameters_changed();
+    release_parameters();  // (ZeRO-3: this rank keeps its shard)
+  }
+
+  // ZeRO-3 (options::shard_parameters): every rank's shard of the parameters to every rank, so the
+  // model holds them whole until its next pass or release_parameters() (dist::save does this).
+  // Every rank calls it. Without ZeRO-3 the parameters are always whole and nothing is sent.
+  void gather_parameters() {
+    if (!o_.shard_parameters) return;
+    transport_->follow();
+    transport_->all_gather(parameter_base(), shards_);
+    transport_->join("the parameters' all-gather");
+    zero3_.resident.assign(1, param_range{0, n});
+  }
+  // The parameter buffer's memory: its pages, the plan's peak during a training pass, the last
+  // training pass's measured peak (options::shard_parameters) and what it holds now (a host
+  // model's; all 0 for a GPU model's). Without ZeRO-3 every page is held.
+  gradient_memory parameter_pages() const {
+    gradient_memory g{zero3_.pages.whole, zero3_.planned_peak, zero3_.last_peak,
+                      resident_bytes(zero3_.pages, zero3_.residency)};
+    if (!o_.shard_parameters) g.planned_peak = g.whole;
+    return g;
   }
 
   // A training pass on this rank's part of the batch; its gradients, weighted weight / P, are
@@ -299,10 +340,13 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     next_ = 0;
     in_flight_low_ = n;
     pages_.pass_peak = 0;
+    zero3_.pass_peak = 0;
+    zero3_.taken = 0;
     if (overlap_) started_ = true;
   }
   // Starts the buckets whose gradients are final (from `offset` to the end), when the pass reduces.
   void gradients_ready(std::size_t offset) override {
+    ++zero3_.taken;
     if (!overlap_) return;
     if (o_.shard_gradients) {
       // The pages held now are the most since the last report (backward only adds); then the
@@ -318,7 +362,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   void pass_ended(std::exception_ptr failed) override {
     // A rank that failed starts the buckets the others start as their backward ends (its values
     // are discarded), so that no rank waits for it.
-    if (failed && overlap_) launch_ready(0);
+    if (failed && overlap_) {
+      if (o_.shard_parameters) take_part_after_failing(failed);
+      launch_ready(0);
+    }
     try {
       c_.agree("data_parallel: a training pass", [&] {
         if (failed) std::rethrow_exception(failed);
@@ -328,10 +375,13 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         release_from(0);
         pages_.last_peak = pages_.pass_peak;
       }
+      release_parameters();
+      zero3_.last_peak = zero3_.pass_peak;
     } catch (...) {
       // Every rank undoes the pass: once the reductions are done with the gradients, the model
       // restores them, and this wrapper is as before the pass.
       if (transport_->busy()) transport_->join("a failed pass's reductions");
+      release_parameters();
       pending_ = before_.pending;
       started_ = before_.started;
       next_ = before_.next;
@@ -369,11 +419,40 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     // decision one even if an MPI sums in different orders on different ranks.
     return c_.all_reduce(local, o_.shard_optimizer ? MPI_SUM : MPI_MAX, "the gradient norm's agreement");
   }
-  // After an optimizer's step: a sharded optimizer's updated parts go to every rank.
+  // ZeRO-3: every pass says which parameters each layer reads.
+  bool gathers_parameters() const override { return o_.shard_parameters; }
+  // ZeRO-3: what the frames no longer use is let go, and r is gathered unless still held.
+  void parameters_needed(std::size_t offset, std::size_t count) override {
+    param_range const r{offset, offset + count};
+    if (inside_) ++zero3_.taken;
+    bool const held = let_go(zero3_.resident, zero3_.active, &r,
+                             [&](std::size_t k, std::size_t pages) { give_parameter_pages(k, pages); });
+    if (!held) {
+      gather_range(r);
+      zero3_.resident.push_back(r);
+    }
+    zero3_.active.push_back(r);
+    if (inside_) zero3_.pass_peak = std::max(zero3_.pass_peak, resident_bytes(zero3_.pages, zero3_.residency));
+  }
+  void parameters_done() noexcept override {
+    if (!zero3_.active.empty()) zero3_.active.pop_back();
+  }
+  // ZeRO-3: the pages of every parameter this rank does not own are given back.
+  void release_parameters() noexcept override {
+    if (!o_.shard_parameters) return;
+    zero3_.active.clear();
+    zero3_.resident.assign(1, param_range{0, n});
+    let_go(zero3_.resident, zero3_.active, nullptr,
+           [&](std::size_t k, std::size_t pages) { give_parameter_pages(k, pages); });
+  }
+
+  // After an optimizer's step: a sharded optimizer's updated parts go to every rank (ZeRO-3: they
+  // stay in their shards).
   void after_update(bool stepped) override {
     last_ = traffic_;
     traffic_ = {};
     if (!stepped || !o_.shard_optimizer) return;
+    if (o_.shard_parameters) return model_.parameters_changed();
     transport_->follow();
     transport_->all_gather(model_.parameters().data(), shards_);
     transport_->join("the parameters' all-gather");
@@ -398,6 +477,13 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (o.bucket_bytes < sizeof(T))
       REMAT_NAMESPACE::detail::raise<argument_error>("data_parallel: expected bucket_bytes of at least one parameter (",
                                                      sizeof(T), "), found ", o.bucket_bytes);
+    if (o.shard_parameters) {
+      if constexpr (Model::mixed_precision)
+        REMAT_NAMESPACE::detail::raise<argument_error>(
+            "data_parallel: shard_parameters (ZeRO-3) is implemented for fp32 models; a mixed-precision model "
+            "shards its gradients and optimizer state (shard_gradients, ZeRO-2)");
+      o.shard_gradients = true;
+    }
     if (o.shard_gradients) {
       if constexpr (!std::is_same_v<typename Model::device, host>)
         REMAT_NAMESPACE::detail::raise<argument_error>(
@@ -438,7 +524,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     std::vector<std::uint64_t> const all = c_.all_gather(
         {n, detail::fnv1a(table), detail::fnv1a(detail::type_name<typename Model::net>()),
          sizeof(T) * 256 + sizeof(typename Model::compute_type), o_.bucket_bytes,
-         (o_.shard_optimizer ? 1u : 0u) + (o_.shard_gradients ? 2u : 0u),
+         (o_.shard_optimizer ? 1u : 0u) + (o_.shard_gradients ? 2u : 0u) + (o_.shard_parameters ? 4u : 0u),
          std::uint64_t(Model::mixed_precision)},
         "the model signatures' exchange");
     for (int q = 1; q < size(); ++q) {
@@ -459,9 +545,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       if (a[4] != b[4] || a[5] != b[5])
         REMAT_NAMESPACE::detail::raise<dist_error>(
             "data_parallel: expected the same options on every rank, found rank 0 with bucket_bytes ", a[4],
-            ", shard_optimizer ", a[5] & 1 ? "true" : "false", " and shard_gradients ", a[5] & 2 ? "true" : "false",
-            ", rank ", q, " with bucket_bytes ", b[4], ", shard_optimizer ", b[5] & 1 ? "true" : "false",
-            " and shard_gradients ", b[5] & 2 ? "true" : "false");
+            ", shard_optimizer ", a[5] & 1 ? "true" : "false", ", shard_gradients ", a[5] & 2 ? "true" : "false",
+            " and shard_parameters ", a[5] & 4 ? "true" : "false", ", rank ", q, " with bucket_bytes ", b[4],
+            ", shard_optimizer ", b[5] & 1 ? "true" : "false", ", shard_gradients ", b[5] & 2 ? "true" : "false",
+            " and shard_parameters ", b[5] & 4 ? "true" : "false");
     }
   }
 
@@ -500,7 +587,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   void give_back(std::size_t lo, std::size_t hi) const {
 #if REMAT_DIST_GRADIENT_PAGES
     if (lo >= hi) return;
-    auto const page = std::uintptr_t(pages_.page);
+    auto const page = std::uintptr_t(pages_.span.page);
     char* const a = reinterpret_cast<char*>(gradient_base() + lo);
     char* const b = reinterpret_cast<char*>(gradient_base() + hi);
     char* const pa = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(a) + page - 1) / page * page);
@@ -525,17 +612,61 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     give_back(from, std::max(from, s.begin));
     give_back(std::max(from, s.end), n);
   }
-  // The bytes of the buffer's pages the process holds now (mincore).
-  std::size_t resident_gradient_bytes() const {
+  // The bytes of the gradient buffer's pages the process holds now (mincore).
+  std::size_t resident_gradient_bytes() const { return resident_bytes(pages_.span, pages_.residency); }
+
+  // ---- the system's pages of a buffer of host memory (ZeRO-2's gradients, ZeRO-3's parameters)
+
+  struct page_span {
+    std::size_t page = 0;                   // the system's page size (0: not a host buffer)
+    std::uintptr_t begin = 0, end = 0;      // the buffer's bytes
+    std::uintptr_t first = 0;               // the first page it touches
+    std::size_t whole = 0;                  // the bytes of the pages it touches
+    std::size_t count() const { return page ? whole / page : 0; }  // the pages it touches
+    std::uintptr_t at(std::size_t i) const { return begin + i * sizeof(T); }  // where element i is
+    // Whether page k lies wholly in the buffer (pages shared with other memory are never given back).
+    bool inside(std::size_t k) const { return first + k * page >= begin && first + (k + 1) * page <= end; }
+    // Whether page k holds any of elements r.
+    bool touches(std::size_t k, param_range r) const {
+      return r.size() && first + k * page < at(r.end) && at(r.begin) < first + (k + 1) * page;
+    }
+    // The pages holding any of elements r (r not empty): [lo, hi).
+    std::pair<std::size_t, std::size_t> touching(param_range r) const {
+      return {(at(r.begin) - first) / page, (at(r.end) - first + page - 1) / page};
+    }
+  };
+  // The pages of `count` elements at `data` (a host buffer), kept from huge pages when `split`.
+  static page_span span_of(T const* data, std::size_t count, bool split) {
+    page_span s;
 #if REMAT_DIST_GRADIENT_PAGES
-    if (!pages_.page || pages_.whole == 0) return 0;
-    std::vector<unsigned char>& in = pages_.residency;
-    in.resize(pages_.whole / pages_.page);
-    if (mincore(pages_.first, pages_.whole, in.data()) != 0) return 0;
+    if constexpr (!std::is_same_v<typename Model::device, host>) return s;  // (device memory: not pages of ours)
+    long const sys_page = sysconf(_SC_PAGESIZE);
+    s.page = sys_page > 0 ? std::size_t(sys_page) : 4096;
+    s.begin = reinterpret_cast<std::uintptr_t>(data);
+    s.end = s.begin + count * sizeof(T);
+    s.first = s.begin / s.page * s.page;
+    s.whole = count ? std::size_t((s.end + s.page - 1) / s.page * s.page - s.first) : 0;
+    // (pages given back one by one: never gathered into huge pages)
+    if (split && s.whole) (void)madvise(reinterpret_cast<void*>(s.first), s.whole, MADV_NOHUGEPAGE);
+#else
+    (void)data;
+    (void)count;
+    (void)split;
+#endif
+    return s;
+  }
+  // The bytes of a span's pages the process holds now (mincore).
+  static std::size_t resident_bytes(page_span const& s, std::vector<unsigned char>& in) {
+#if REMAT_DIST_GRADIENT_PAGES
+    if (!s.page || s.whole == 0) return 0;
+    in.resize(s.count());
+    if (mincore(reinterpret_cast<void*>(s.first), s.whole, in.data()) != 0) return 0;
     std::size_t count = 0;
     for (unsigned char c : in) count += c & 1u;
-    return count * pages_.page;
+    return count * s.page;
 #else
+    (void)s;
+    (void)in;
     return 0;
 #endif
   }
@@ -545,17 +676,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   void plan_gradient_pages() {
 #if REMAT_DIST_GRADIENT_PAGES
     if constexpr (!std::is_same_v<typename Model::device, host>) return;  // (device memory: not pages of ours)
-    long const sys_page = sysconf(_SC_PAGESIZE);
-    pages_.page = sys_page > 0 ? std::size_t(sys_page) : 4096;
-    auto const page = std::uintptr_t(pages_.page);
-    auto const begin = reinterpret_cast<std::uintptr_t>(gradient_base());
-    auto const end = begin + n * sizeof(T);
-    std::uintptr_t const first = begin / page * page, last = (end + page - 1) / page * page;
-    pages_.first = reinterpret_cast<void*>(first);
-    pages_.whole = n ? std::size_t(last - first) : 0;
+    pages_.span = span_of(gradient_base(), n, o_.shard_gradients);
     if (!o_.shard_gradients || n == 0) return;
-    // (pages given back one by one: never gathered into huge pages)
-    (void)madvise(pages_.first, pages_.whole, MADV_NOHUGEPAGE);
+    auto const page = std::uintptr_t(pages_.span.page);
+    auto const begin = pages_.span.begin, end = pages_.span.end, first = pages_.span.first;
+    std::uintptr_t const last = first + pages_.span.whole;
     param_range const s = shard();
     auto const at = [&](std::size_t i) { return begin + i * sizeof(T); };
     // A page is given back when it lies wholly in the buffer, holds nothing of this rank's
@@ -569,7 +694,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         bool const given = inside && shard_free && (p + page <= at(touched) || p >= at(released));
         count += !given;
       }
-      return count * pages_.page;
+      return count * pages_.span.page;
     };
     std::vector<std::size_t> reports = REMAT_NAMESPACE::detail::gradient_reports<typename Model::net,
                                                                                   typename Model::precision>();
@@ -587,6 +712,140 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     }
     pages_.planned_peak = peak;
 #endif
+  }
+
+  // ---- ZeRO-3: the pages of the parameter buffer (host memory)
+
+  // A rank whose training pass failed takes its part in the gathers and reports that the other
+  // ranks' pass still makes (the plan's, from where this rank's stopped), so that none waits for
+  // it; what it gathers is let go again. Not when a wait timed out (the others are not there).
+  void take_part_after_failing(std::exception_ptr failed) {
+    try {
+      std::rethrow_exception(failed);
+    } catch (dist_error const&) {
+      return;
+    } catch (...) {
+    }
+    using kind = REMAT_NAMESPACE::detail::pass_event::kind;
+    std::size_t seen = 0;
+    std::size_t const from = zero3_.taken;
+    for (REMAT_NAMESPACE::detail::pass_event const& e : zero3_.events) {
+      if (e.what == kind::done || seen++ < from) continue;
+      if (e.what == kind::report) {
+        gradients_ready(e.range.begin);
+        continue;
+      }
+      parameters_needed(e.range.begin, e.range.size());
+      parameters_done();
+    }
+  }
+
+  T* parameter_base() const { return const_cast<T*>(std::as_const(model_).parameters().data()); }
+
+  // The rule both the pass and its plan follow as a frame needing parameters r starts (r null:
+  // the pass has ended). Every range held that no frame in use (`active`, and r) contains is let
+  // go: give(k, count) is told each run of pages that touch it, lie wholly in the buffer and hold
+  // nothing of this rank's shard nor of a range in use (elements of a let-go range on the other
+  // pages keep stale values; a frame never reads a range it has not gathered). Returns whether r
+  // is still held whole (it need not be gathered).
+  template <class Give>
+  bool let_go(std::vector<param_range>& held, std::vector<param_range> const& active, param_range const* r,
+              Give&& give) const {
+    page_span const& sp = zero3_.pages;
+    param_range const s = shard();
+    auto const within = [](param_range x, param_range in) { return in.begin <= x.begin && x.end <= in.end; };
+    auto const in_use = [&](param_range x) {
+      if (r && within(x, *r)) return true;
+      for (param_range const& a : active)
+        if (within(x, a)) return true;
+      return false;
+    };
+    auto const free_page = [&](std::size_t k) {
+      if (!sp.inside(k) || sp.touches(k, s) || (r && sp.touches(k, *r))) return false;
+      for (param_range const& a : active)
+        if (sp.touches(k, a)) return false;
+      return true;
+    };
+    std::vector<param_range> kept;
+    for (param_range const& x : held) {
+      if (in_use(x)) {
+        kept.push_back(x);
+        continue;
+      }
+      if (!x.size() || !sp.page) continue;
+      auto const [lo, hi] = sp.touching(x);
+      for (std::size_t k = lo; k < hi;) {
+        if (!free_page(k)) {
+          ++k;
+          continue;
+        }
+        std::size_t e = k + 1;
+        while (e < hi && free_page(e)) ++e;
+        give(k, e - k);
+        k = e;
+      }
+    }
+    held = std::move(kept);
+    if (!r) return false;
+    for (param_range const& x : held)
+      if (within(*r, x)) return true;
+    return false;
+  }
+
+  // Gives pages [k, k + count) of the parameter buffer back to the system.
+  void give_parameter_pages(std::size_t k, std::size_t count) const {
+#if REMAT_DIST_GRADIENT_PAGES
+    page_span const& sp = zero3_.pages;
+    (void)madvise(reinterpret_cast<void*>(sp.first + k * sp.page), count * sp.page, MADV_DONTNEED);
+#else
+    (void)k;
+    (void)count;
+#endif
+  }
+
+  // Rank q's part of r to every rank, into the parameter buffer.
+  void gather_range(param_range r) {
+    std::vector<param_range>& parts = zero3_.parts;
+    parts.clear();
+    for (param_range const& s : shards_) {
+      std::size_t const lo = std::clamp(s.begin, r.begin, r.end), hi = std::clamp(s.end, r.begin, r.end);
+      parts.push_back({lo, std::max(lo, hi)});
+    }
+    transport_->follow();
+    transport_->all_gather(parameter_base(), parts);
+    transport_->join("the parameters' gather");
+    if (inside_) traffic_.gathered += (r.size() - parts[std::size_t(rank())].size()) * sizeof(T);
+  }
+
+  // The parameter buffer's pages, and the plan of the most a training pass holds at once: its
+  // frames (the model's plan walk) replayed through let_go's rule on a page map.
+  void plan_parameter_pages() {
+    zero3_.pages = span_of(parameter_base(), n, o_.shard_parameters);
+    if (!o_.shard_parameters || n == 0 || !zero3_.pages.page) return;
+    page_span const& sp = zero3_.pages;
+    std::vector<char> map(sp.count(), 1);  // after the broadcast: every page held
+    auto const give = [&](std::size_t k, std::size_t count) { std::fill_n(map.begin() + std::ptrdiff_t(k), count, 0); };
+    std::vector<param_range> held{{0, n}}, active;
+    let_go(held, active, nullptr, give);
+    std::size_t peak = 0;
+    using kind = REMAT_NAMESPACE::detail::pass_event::kind;
+    zero3_.events = REMAT_NAMESPACE::detail::pass_events<typename Model::net, typename Model::precision>();
+    for (REMAT_NAMESPACE::detail::pass_event const& e : zero3_.events) {
+      if (e.what == kind::report) continue;
+      if (e.what == kind::done) {
+        active.pop_back();
+        continue;
+      }
+      param_range const f = e.range;
+      if (!let_go(held, active, &f, give)) {
+        auto const [lo, hi] = sp.touching(f);
+        std::fill(map.begin() + std::ptrdiff_t(lo), map.begin() + std::ptrdiff_t(hi), 1);
+        held.push_back(f);
+      }
+      active.push_back(f);
+      peak = std::max(peak, std::size_t(std::count(map.begin(), map.end(), 1)) * sp.page);
+    }
+    zero3_.planned_peak = peak;
   }
 
   void launch(bucket const& b) {
@@ -615,9 +874,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   std::size_t next_ = 0;    // the next bucket to start
   std::size_t in_flight_low_ = 0;  // the first parameter of the last bucket started
   struct {
-    std::size_t page = 0;         // the system's page size
-    void* first = nullptr;        // the first page of the gradient buffer
-    std::size_t whole = 0;        // the bytes of the pages it spans
+    page_span span;               // the gradient buffer's pages
     std::size_t planned_peak = 0;
     std::size_t pass_peak = 0;    // measured in the running pass
     std::size_t last_peak = 0;    // measured in the last pass that succeeded
@@ -628,6 +885,18 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   bool started_ = false;
   bool overlap_ = false;    // the running pass reduces its buckets as backward finishes them
   bool inside_ = false;     // a pass started by this wrapper
+  struct {
+    page_span pages;                    // the parameter buffer's pages
+    std::vector<param_range> resident;  // the ranges gathered and not let go (besides the shard)
+    std::vector<param_range> active;    // the frames running, innermost last
+    std::vector<param_range> parts;     // (what a gather sends)
+    std::vector<REMAT_NAMESPACE::detail::pass_event> events;  // a training pass's, by the plan
+    std::size_t taken = 0;              // of its gathers and reports, those this rank took part in
+    std::size_t planned_peak = 0;
+    std::size_t pass_peak = 0;          // measured in the running training pass
+    std::size_t last_peak = 0;          // measured in the last training pass that succeeded
+    mutable std::vector<unsigned char> residency;  // (mincore's answer)
+  } zero3_;
   traffic traffic_{}, last_{};
   struct pass_start {
     bool pending = false, started = false;
@@ -637,10 +906,16 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
 };
 
 // Saves the model's parameters from rank 0 only (every rank calls it; an error on rank 0 is
-// thrown on every rank).
+// thrown on every rank). With options::shard_parameters the shards are gathered first, and let
+// go again after.
 template <class Model, class Transport>
 void save(data_parallel<Model, Transport>& dp, std::string const& path,
           std::map<std::string, std::string> metadata = {}) {
+  struct let_go {
+    data_parallel<Model, Transport>& dp;
+    ~let_go() { dp.release_parameters(); }
+  } const after{dp};
+  dp.gather_parameters();
   dp.agree("dist::save", [&] {
     if (dp.rank() == 0) REMAT_NAMESPACE::save(dp.model(), path, metadata);
   });

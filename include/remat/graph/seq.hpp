@@ -177,6 +177,7 @@ struct Seq {
     if constexpr (layer_reads_ids_v<Layer>)
       static_assert(I == 0, "remat: a layer that reads token ids (an Embedding) must be the first layer of the model");
     auto const frame = detail::trace_layer<Layer>(s, I, false);
+    [[maybe_unused]] auto const gathered = detail::gather_frame<Layer>(s, p + offsets[I]);
     if constexpr (fused_with_previous<I>()) {
       // ran with the layer before it
     } else if constexpr (fused_with_next<I>()) {
@@ -193,6 +194,7 @@ struct Seq {
                                      typename S::act_type& dy) {
     using Layer = detail::nth<I, L...>;
     auto const frame = detail::trace_layer<Layer>(s, I, true);
+    [[maybe_unused]] auto const gathered = detail::gather_frame<Layer>(s, p + offsets[I]);
     if constexpr (fused_with_previous<I>()) {
     } else if constexpr (fused_with_next<I>()) {
       using F = typename detail::nth<I + 1, L...>::pointwise_function;

@@ -24,6 +24,12 @@ namespace REMAT_NAMESPACE {
 template <class... T>
 struct type_list {};
 
+// (declared here for the walks that recognise them: graph/seq.hpp and graph/repeat.hpp)
+template <class... L>
+struct Seq;
+template <std::size_t N, class Block>
+struct Repeat;
+
 namespace detail {
 
 template <class L>
@@ -276,6 +282,46 @@ constexpr memory::tracing::layer_scope trace_layer(S const& s, std::size_t index
     (void)index;
     (void)backward;
     return {};
+  }
+}
+
+// ---- gathering a layer's parameters before it runs (ZeRO-3: dist::options::shard_parameters)
+
+// Whether running L opens a frame (trace_layer, gather_frame) for each of its children: a Seq for
+// each layer, a chain of blocks (Repeat, and every policy that schedules one) for each block.
+template <class L>
+inline constexpr bool opens_frames = false;
+template <class... L>
+inline constexpr bool opens_frames<Seq<L...>> = true;
+template <std::size_t N, class B>
+inline constexpr bool opens_frames<Repeat<N, B>> = true;
+
+// Whether every parameter L reads is gathered by frames inside it: L has none, opens frames for its
+// children, or is a composite (Residual, a storage policy) whose children all are so. A frame
+// around an L that is not (a layer, Residual<Linear>, Checkpointed<Linear>) gathers L's parameters
+// itself; nested frames never gather a second time.
+template <class L, class Children = children_t<L>>
+struct gathered_inside;
+template <class L, class... C>
+struct gathered_inside<L, type_list<C...>> {
+  static constexpr bool value =
+      L::param_count == 0 || opens_frames<L> || (sizeof...(C) > 0 && (gathered_inside<C>::value && ...));
+};
+
+// What a frame that gathers nothing holds.
+struct no_gather {};
+
+// The frame of a call of Layer on parameters p: when Layer's parameters are not gathered inside
+// it, the pass state gathers them (the state's scope lets them go when the call ends); a pass
+// with no gathering listener, and the plan's state (which records the frames), do nothing else.
+template <class Layer, class S, class P>
+constexpr auto gather_frame(S& s, P p) {
+  if constexpr (Layer::param_count > 0 && !gathered_inside<Layer>::value) {
+    return s.gather_params(p, Layer::param_count);
+  } else {
+    (void)s;
+    (void)p;
+    return no_gather{};
   }
 }
 

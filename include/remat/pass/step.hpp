@@ -32,6 +32,31 @@ struct gradient_listener {
   }
 };
 
+// Told by every frame that runs a layer whose parameters are gathered (graph/walk.hpp's
+// gather_frame) which parameters it reads, and when it is done: a wrapper that keeps a shard of
+// the parameters (ZeRO-3) gathers them from the other ranks first.
+struct parameter_listener {
+  void* context = nullptr;  // passed back to needed and done
+  // Called before the layer runs with the offset and count of its parameters (null: nobody listens).
+  void (*needed)(void* context, std::size_t offset, std::size_t count) = nullptr;
+  void (*done)(void* context) noexcept = nullptr;  // when the layer has run (or left by an exception)
+
+  // What a frame holds while its parameters are in use: tells the listener `done` as it ends.
+  class scope {
+   public:
+    scope() = default;
+    explicit scope(parameter_listener const* l) : l_(l) {}
+    scope(scope const&) = delete;
+    scope& operator=(scope const&) = delete;
+    ~scope() {
+      if (l_) l_->done(l_->context);
+    }
+
+   private:
+    parameter_listener const* l_ = nullptr;
+  };
+};
+
 // Where a planned step's activations go (plan/arena.hpp): make number k of the pass at
 // offset[k] of the arena at `base`, when it takes bytes[k] (rounded) as planned.
 struct arena_slots {
@@ -72,6 +97,18 @@ class pass_state
     listener_ = listener;
   }
   void grads_ready(G const* g) const { listener_(std::size_t(g - grad_base_)); }  // the gradients from g on are final
+  // Every layer that runs tells `listener` which parameters (from `param_base` on) it reads first.
+  void listen_parameters(T const* param_base, parameter_listener listener) {
+    param_base_ = param_base;
+    param_listener_ = listener;
+  }
+  // The `count` parameters at p are about to be read (gather_frame): the listener, if any, makes
+  // them hold their values until the scope returned ends.
+  parameter_listener::scope gather_params(T const* p, std::size_t count) const {
+    if (!param_listener_.needed) return {};
+    param_listener_.needed(param_listener_.context, std::size_t(p - param_base_), count);
+    return parameter_listener::scope(&param_listener_);
+  }
 
   // A new rows x cols activation: from the planned arena when the pass has one, else from the
   // allocator (out_of_memory when it cannot).
@@ -193,6 +230,8 @@ class pass_state
   detail::offload_channel<D> offload_;
   G const* grad_base_ = nullptr;
   gradient_listener listener_{};
+  T const* param_base_ = nullptr;
+  parameter_listener param_listener_{};
   std::weak_ptr<tensor<T, D>> input_;
   std::size_t makes_ = 0;
   bool making_ = false;

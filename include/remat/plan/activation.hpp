@@ -72,7 +72,8 @@ struct pass_plan {
 template <class Net, class Precision>
 constexpr pass_plan plan_pass_into(planning::counter& mem, std::size_t batch, std::size_t features, std::size_t sequence,
                                    input_gradient dx, std::size_t loss_workspace,
-                                   std::vector<std::size_t>* gradient_reports = nullptr) {
+                                   std::vector<std::size_t>* gradient_reports = nullptr,
+                                   std::vector<pass_event>* events = nullptr) {
   using T = typename Precision::compute;
   planning::counter offloaded;
   pass_plan r;
@@ -83,6 +84,7 @@ constexpr pass_plan plan_pass_into(planning::counter& mem, std::size_t batch, st
     if constexpr (reads_ids_v<Net>) o.ids.count = rows;
     planning::state<T> s(mem, offloaded, o);
     s.record_gradient_reports(gradient_reports);
+    s.record_events(events);
     planning::ref x = detail::input_activation<Net, Precision>(s, planning::input_shape{rows, features}, true);
     planning::ref g = detail::training_pass<Net>(s, planning::no_params{}, planning::no_params{}, std::move(x),
                                              [&](planning::ref const&, planning::ref const&) {
@@ -118,6 +120,18 @@ std::vector<std::size_t> gradient_reports() {
   std::vector<std::size_t> reports;
   plan_pass_into<Net, Precision>(mem, 1, Net::in_width, 1, input_gradient::none, 0, &reports);
   return reports;
+}
+
+// What a training pass does that a data-parallel wrapper takes part in, in order: the frames
+// that gather parameters as they start and end, and backward's reports (see
+// planning::state::gather_params): what a wrapper that keeps a shard of the parameters (ZeRO-3)
+// plans its peak with, and what a rank whose pass failed goes on taking part in.
+template <class Net, class Precision>
+std::vector<pass_event> pass_events() {
+  planning::counter mem;
+  std::vector<pass_event> events;
+  plan_pass_into<Net, Precision>(mem, 1, Net::in_width, 1, input_gradient::none, 0, nullptr, &events);
+  return events;
 }
 
 }  // namespace detail

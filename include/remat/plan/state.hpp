@@ -7,6 +7,7 @@
 
 #include "../memory/allocator.hpp"
 #include "../pass/vocabulary.hpp"
+#include "../train/gradient_sync.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -200,8 +201,32 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
   // that gives back the pages of reduced gradients plans with): recorded when asked to.
   constexpr void grads_ready(no_params g) const {
     if (reports_) reports_->push_back(g.at);
+    if (events_) events_->push_back({detail::pass_event::kind::report, {g.at, g.at}});
   }
   constexpr void record_gradient_reports(std::vector<std::size_t>* to) { reports_ = to; }  // (null: none kept)
+  // The frames that gather parameters (gather_frame) as they start and end, and the reports of
+  // gradients final, in order (what a data-parallel wrapper that keeps a shard of the parameters
+  // plans its peak with, and what a rank whose pass failed goes on taking part in). Recorded when
+  // asked to.
+  class gather_scope {
+   public:
+    constexpr gather_scope() = default;
+    constexpr explicit gather_scope(std::vector<detail::pass_event>* to) : to_(to) {}
+    gather_scope(gather_scope const&) = delete;
+    gather_scope& operator=(gather_scope const&) = delete;
+    constexpr ~gather_scope() {
+      if (to_) to_->push_back({detail::pass_event::kind::done, {}});
+    }
+
+   private:
+    std::vector<detail::pass_event>* to_ = nullptr;
+  };
+  constexpr gather_scope gather_params(no_params p, std::size_t count) const {
+    if (!events_) return {};
+    events_->push_back({detail::pass_event::kind::gather, {p.at, p.at + count}});
+    return gather_scope(events_);
+  }
+  constexpr void record_events(std::vector<detail::pass_event>* to) { events_ = to; }  // (null: none kept)
   // Running state lives outside the pass's activations: nothing to count.
   constexpr no_params buffers(std::size_t) const { return {}; }
   constexpr bool updates_buffers() const { return false; }  // (running state is not planned)
@@ -230,6 +255,7 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
   counter* mem_;
   counter* offloaded_;
   std::vector<std::size_t>* reports_ = nullptr;
+  std::vector<detail::pass_event>* events_ = nullptr;
   int input_ = -1;
 };
 

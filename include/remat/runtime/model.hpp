@@ -239,7 +239,11 @@ class model {
     memory::tracing::phase_scope const running(memory::phase::forward);
     state_type s = make_state({.training = false}, x);
     read_buffers(s);
-    act<C, Device> y = Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, false));
+    gathering const gathers(*this, s);
+    act<C, Device> y = [&] {
+      [[maybe_unused]] auto const gathered = detail::gather_frame<Net>(s, weights());
+      return Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, false));
+    }();
     return take(std::move(y));
   }
 
@@ -279,7 +283,11 @@ class model {
     // Nothing is kept for a backward (nor offloaded); the values are the same.
     state_type s = make_state({.training = true, .keep = false, .stream = dropout_stream()}, x);
     read_buffers(s);
-    act<C, Device> y = Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, true));
+    gathering const gathers(*this, s);
+    act<C, Device> y = [&] {
+      [[maybe_unused]] auto const gathered = detail::gather_frame<Net>(s, weights());
+      return Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, true));
+    }();
     return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
   }
 
@@ -503,6 +511,7 @@ class model {
         s.listen_gradients(grads_.data(), {sync, [](void* to, std::size_t offset) {
                                              static_cast<detail::gradient_sync*>(to)->gradients_ready(offset);
                                            }});
+      listen_parameters(s);  // (the wrapper lets them go as the pass ends)
       // The running state is updated in a copy, which becomes the model's when the pass succeeds.
       if constexpr (buffer_count > 0) {
         evaluate(staged_buffers_, to_expr(buffers_));
@@ -760,6 +769,32 @@ class model {
       return params_.data();
     }
   }
+
+  // ZeRO-3: the pass tells a data-parallel wrapper that keeps a shard of the parameters which
+  // parameters each layer reads, before it runs.
+  void listen_parameters(state_type& s) const {
+    detail::gradient_sync* const sync = link_.gradient_sync();
+    if (!sync || !sync->gathers_parameters()) return;
+    s.listen_parameters(weights(), {sync,
+                                    [](void* to, std::size_t offset, std::size_t count) {
+                                      static_cast<detail::gradient_sync*>(to)->parameters_needed(offset, count);
+                                    },
+                                    [](void* to) noexcept { static_cast<detail::gradient_sync*>(to)->parameters_done(); }});
+  }
+  // A pass outside training listens to the gathering (listen_parameters), and has the wrapper let
+  // go of what it gathered as it ends.
+  struct gathering {
+    detail::gradient_sync* sync;
+    gathering(model const& m, state_type& s) : sync(m.link_.gradient_sync()) {
+      if (sync && !sync->gathers_parameters()) sync = nullptr;
+      m.listen_parameters(s);
+    }
+    gathering(gathering const&) = delete;
+    gathering& operator=(gathering const&) = delete;
+    ~gathering() {
+      if (sync) sync->release_parameters();
+    }
+  };
 
   // A pass that reads the running state without updating it.
   void read_buffers(state_type& s) const {

@@ -32,11 +32,16 @@ template <class Net, class S, class LossGrad>
 constexpr typename S::act_type training_pass(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                              typename S::act_type x, LossGrad&& loss_grad) {
   if (x) s.mark_pass_input(x);
-  typename S::act_type y = Net::forward(s, p, std::move(x));
+  typename S::act_type y;
+  {
+    [[maybe_unused]] auto const gathered = gather_frame<Net>(s, p);  // (a model that is one layer)
+    y = Net::forward(s, p, std::move(x));
+  }
   s.forward_done(y);
   typename S::act_type dy = s.make(y->rows(), y->cols());
   loss_grad(y, dy);
   y.reset();
+  [[maybe_unused]] auto const gathered = gather_frame<Net>(s, p);
   return Net::backward(s, p, g, std::move(dy));
 }
 

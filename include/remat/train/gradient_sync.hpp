@@ -24,6 +24,15 @@ struct param_range {
 
 namespace detail {
 
+// What a training pass does that a data-parallel wrapper takes part in, in order, as the plan
+// walk records it: a frame gathers parameters (ZeRO-3) and ends, and backward reports gradients
+// final from an offset on.
+struct pass_event {
+  enum class kind : unsigned char { gather, done, report };
+  kind what = kind::done;
+  param_range range{};  // gather: the frame's parameters; report: {offset, offset}
+};
+
 class gradient_sync {
  public:
   virtual ~gradient_sync() = default;
@@ -59,6 +68,21 @@ class gradient_sync {
   virtual double agree_squares(double local) = 0;
   // After an optimizer step (stepped: not skipped): gather the shards' updated parameters.
   virtual void after_update(bool stepped) = 0;
+
+  // ---- a wrapper that keeps a shard of the parameters (ZeRO-3)
+  // Whether every pass (training or not) must tell parameters_needed which parameters each layer
+  // reads before it runs; such passes are collective (every rank runs them).
+  virtual bool gathers_parameters() const { return false; }
+  // A layer is about to read parameters [offset, offset + count): their values are brought in.
+  virtual void parameters_needed(std::size_t offset, std::size_t count) {
+    (void)offset;
+    (void)count;
+  }
+  // The layer of the last parameters_needed not yet done has run (or left by an exception).
+  virtual void parameters_done() noexcept {}
+  // A pass outside training (model.forward, model.loss, model.training_loss) has ended: what it
+  // brought in is let go.
+  virtual void release_parameters() noexcept {}
 };
 
 }  // namespace detail
