@@ -27,15 +27,16 @@
 // address range: what is held is gradient_pages().
 //
 // With options::shard_parameters as well (ZeRO stage 3, host models in fp32) each rank keeps its
-// shard of the parameters only. Every frame of the walk that runs a layer (graph/walk.hpp's
-// gather_frame: each layer of a Seq, each block of a chain, a Residual or policy around one layer
-// as a whole) tells the wrapper which parameters it reads; they are all-gathered from their
-// owners just before, and the pages of those this rank does not own are given back as the next
-// frame's are gathered and as the pass ends. A pass holds the rank's shard plus the running
-// layer's parameters: parameter_pages() says what is held (mincore) and what the plan says the
-// pass's peak is (the frames of the model's plan walk replayed through the same rules). Every
-// pass of the model is collective then, inference included. A rank whose pass fails goes on
-// taking part in the gathers and reductions the others make, following the plan's list of them.
+// shard of the parameters only: the pages of the model's parameter buffer outside it are given
+// back. Every frame of the walk that runs a layer (graph/walk.hpp's gather_frame: each layer of a
+// Seq, each block of a chain, a Residual or policy around one layer as a whole) tells the wrapper
+// which parameters it reads; they are all-gathered from their owners into the wrapper's gather
+// buffer (as large as the largest frame's parameters, by the model's plan walk) and the layer
+// reads them there. So a rank holds its shard plus one layer's parameters, and the memory it
+// gathers into is the same for every layer (no page is faulted in again). parameter_pages() says
+// what is held (mincore) and what the plan says. Every pass of the model is collective then,
+// inference included. A rank whose pass fails goes on taking part in the gathers and reductions
+// the others make, following the plan's list of them.
 //
 // Bad input on one rank (an id out of range, a batch of the wrong shape) is found before anything
 // changes and every rank throws: the rank with the bad input its own error, the others dist_error
@@ -112,11 +113,11 @@ struct options {
   // reduces each micro-batch (reduce::later is taken as reduce::now).
   bool shard_gradients = false;
   // ZeRO stage 3 (implies shard_gradients; host models in fp32): each rank keeps 1/P of the
-  // parameters too. Every layer's parameters are all-gathered just before it runs (forward, a
-  // storage policy's recomputation, backward: the frames of graph/walk.hpp's gather_frame), and
-  // the memory pages of those the rank does not own are given back as the next layer's are
-  // gathered and when the pass ends. Every pass of the model is then collective: training through
-  // the wrapper, and model.forward, loss and training_loss, which every rank must call together.
+  // parameters too (the memory pages of the rest are given back). Every layer's parameters are
+  // all-gathered into a buffer of the wrapper's just before it runs (forward, a storage policy's
+  // recomputation, backward: the frames of graph/walk.hpp's gather_frame), and the layer reads
+  // them there. Every pass of the model is then collective: training through the wrapper, and
+  // model.forward, loss and training_loss, which every rank must call together.
   bool shard_parameters = false;
   // A wait for the other ranks longer than this throws dist_error (a rank failed or diverged).
   double timeout_seconds = 300;
@@ -191,6 +192,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     broadcast_parameters();
     plan_gradient_pages();
     plan_parameter_pages();
+    zero3_.whole = true;
     release_parameters();  // (ZeRO-3: this rank keeps its shard of the parameters)
     model_.link().set_replica(std::uint64_t(c_.rank()));
     model_.link().set_gradient_sync(this);
@@ -238,6 +240,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     }
     model_.set_passes(c_.broadcast(model_.passes(), 0, "the pass count's broadcast from rank 0"));
     model_.parameters_changed();
+    zero3_.whole = true;
     release_parameters();  // (ZeRO-3: this rank keeps its shard)
   }
 
@@ -249,15 +252,17 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     transport_->follow();
     transport_->all_gather(parameter_base(), shards_);
     transport_->join("the parameters' all-gather");
-    zero3_.resident.assign(1, param_range{0, n});
+    zero3_.whole = true;
   }
-  // The parameter buffer's memory: its pages, the plan's peak during a training pass, the last
-  // training pass's measured peak (options::shard_parameters) and what it holds now (a host
-  // model's; all 0 for a GPU model's). Without ZeRO-3 every page is held.
+  // The parameters' memory, in bytes of whole pages of the system: the pages the model's buffer
+  // spans, the plan's peak during a training pass, the last training pass's measured peak
+  // (options::shard_parameters) and what is held now (a host model's; all 0 for a GPU model's).
+  // With ZeRO-3 on more than one rank, what is held is the pages of the model's buffer that hold
+  // this rank's shard (and the two it shares at its ends) plus the gather buffer a layer's
+  // parameters are gathered into, as large as the largest layer's; without, every page.
   gradient_memory parameter_pages() const {
-    gradient_memory g{zero3_.pages.whole, zero3_.planned_peak, zero3_.last_peak,
-                      resident_bytes(zero3_.pages, zero3_.residency)};
-    if (!o_.shard_parameters) g.planned_peak = g.whole;
+    gradient_memory g{zero3_.pages.whole, zero3_.planned_peak, zero3_.last_peak, held_parameter_bytes()};
+    if (!gathers_parameters()) g.planned_peak = g.whole;
     return g;
   }
 
@@ -375,13 +380,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         release_from(0);
         pages_.last_peak = pages_.pass_peak;
       }
-      release_parameters();
-      zero3_.last_peak = zero3_.pass_peak;
+      zero3_.last_peak = std::max(zero3_.pass_peak, held_parameter_bytes());
     } catch (...) {
       // Every rank undoes the pass: once the reductions are done with the gradients, the model
       // restores them, and this wrapper is as before the pass.
       if (transport_->busy()) transport_->join("a failed pass's reductions");
-      release_parameters();
       pending_ = before_.pending;
       started_ = before_.started;
       next_ = before_.next;
@@ -419,31 +422,43 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     // decision one even if an MPI sums in different orders on different ranks.
     return c_.all_reduce(local, o_.shard_optimizer ? MPI_SUM : MPI_MAX, "the gradient norm's agreement");
   }
-  // ZeRO-3: every pass says which parameters each layer reads.
-  bool gathers_parameters() const override { return o_.shard_parameters; }
-  // ZeRO-3: what the frames no longer use is let go, and r is gathered unless still held.
-  void parameters_needed(std::size_t offset, std::size_t count) override {
+  // ZeRO-3 on more than one rank: every pass says which parameters each layer reads.
+  bool gathers_parameters() const override { return o_.shard_parameters && size() > 1; }
+  // ZeRO-3: a layer's parameters are gathered into the gather buffer (unless it holds them
+  // already, unchanged), where the layer reads them.
+  void const* parameters_needed(std::size_t offset, std::size_t count) override {
     param_range const r{offset, offset + count};
     if (inside_) ++zero3_.taken;
-    bool const held = let_go(zero3_.resident, zero3_.active, &r,
-                             [&](std::size_t k, std::size_t pages) { give_parameter_pages(k, pages); });
-    if (!held) {
-      gather_range(r);
-      zero3_.resident.push_back(r);
+    if (!(zero3_.holds == r && zero3_.version == model_.parameter_version())) {
+      zero3_.holds = {};
+      gather_into_buffer(r);
+      zero3_.holds = r;
+      zero3_.version = model_.parameter_version();
     }
-    zero3_.active.push_back(r);
-    if (inside_) zero3_.pass_peak = std::max(zero3_.pass_peak, resident_bytes(zero3_.pages, zero3_.residency));
+    if (inside_) zero3_.pass_peak = std::max(zero3_.pass_peak, held_parameter_bytes());
+    return zero3_.buffer.data;
   }
-  void parameters_done() noexcept override {
-    if (!zero3_.active.empty()) zero3_.active.pop_back();
-  }
-  // ZeRO-3: the pages of every parameter this rank does not own are given back.
+  void parameters_done() noexcept override {}
+  // ZeRO-3: after the parameters were made whole (gather_parameters, a broadcast), the pages of
+  // those this rank does not own are given back.
   void release_parameters() noexcept override {
-    if (!o_.shard_parameters) return;
-    zero3_.active.clear();
-    zero3_.resident.assign(1, param_range{0, n});
-    let_go(zero3_.resident, zero3_.active, nullptr,
-           [&](std::size_t k, std::size_t pages) { give_parameter_pages(k, pages); });
+    if (!o_.shard_parameters || !zero3_.whole) return;
+    zero3_.whole = false;
+    page_span const& sp = zero3_.pages;
+    param_range const s = shard();
+    for (std::size_t k = 0; k < sp.count();) {
+      auto const free_page = [&](std::size_t q) { return sp.inside(q) && !sp.touches(q, s); };
+      if (!free_page(k)) {
+        ++k;
+        continue;
+      }
+      std::size_t e = k + 1;
+      while (e < sp.count() && free_page(e)) ++e;
+#if REMAT_DIST_GRADIENT_PAGES
+      (void)madvise(reinterpret_cast<void*>(sp.first + k * sp.page), (e - k) * sp.page, MADV_DONTNEED);
+#endif
+      k = e;
+    }
   }
 
   // After an optimizer's step: a sharded optimizer's updated parts go to every rank (ZeRO-3: they
@@ -452,7 +467,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     last_ = traffic_;
     traffic_ = {};
     if (!stepped || !o_.shard_optimizer) return;
-    if (o_.shard_parameters) return model_.parameters_changed();
+    if (o_.shard_parameters) return model_.parameters_changed();  // (a gathered layer is stale)
     transport_->follow();
     transport_->all_gather(model_.parameters().data(), shards_);
     transport_->join("the parameters' all-gather");
@@ -742,110 +757,50 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
 
   T* parameter_base() const { return const_cast<T*>(std::as_const(model_).parameters().data()); }
 
-  // The rule both the pass and its plan follow as a frame needing parameters r starts (r null:
-  // the pass has ended). Every range held that no frame in use (`active`, and r) contains is let
-  // go: give(k, count) is told each run of pages that touch it, lie wholly in the buffer and hold
-  // nothing of this rank's shard nor of a range in use (elements of a let-go range on the other
-  // pages keep stale values; a frame never reads a range it has not gathered). Returns whether r
-  // is still held whole (it need not be gathered).
-  template <class Give>
-  bool let_go(std::vector<param_range>& held, std::vector<param_range> const& active, param_range const* r,
-              Give&& give) const {
-    page_span const& sp = zero3_.pages;
-    param_range const s = shard();
-    auto const within = [](param_range x, param_range in) { return in.begin <= x.begin && x.end <= in.end; };
-    auto const in_use = [&](param_range x) {
-      if (r && within(x, *r)) return true;
-      for (param_range const& a : active)
-        if (within(x, a)) return true;
-      return false;
-    };
-    auto const free_page = [&](std::size_t k) {
-      if (!sp.inside(k) || sp.touches(k, s) || (r && sp.touches(k, *r))) return false;
-      for (param_range const& a : active)
-        if (sp.touches(k, a)) return false;
-      return true;
-    };
-    std::vector<param_range> kept;
-    for (param_range const& x : held) {
-      if (in_use(x)) {
-        kept.push_back(x);
-        continue;
-      }
-      if (!x.size() || !sp.page) continue;
-      auto const [lo, hi] = sp.touching(x);
-      for (std::size_t k = lo; k < hi;) {
-        if (!free_page(k)) {
-          ++k;
-          continue;
-        }
-        std::size_t e = k + 1;
-        while (e < hi && free_page(e)) ++e;
-        give(k, e - k);
-        k = e;
-      }
-    }
-    held = std::move(kept);
-    if (!r) return false;
-    for (param_range const& x : held)
-      if (within(*r, x)) return true;
-    return false;
+  // The pages of the parameters held now (mincore): the model's buffer's and, with ZeRO-3 on more
+  // than one rank, the gather buffer's.
+  std::size_t held_parameter_bytes() const {
+    return resident_bytes(zero3_.pages, zero3_.residency) +
+           resident_bytes(zero3_.buffer.span, zero3_.buffer_residency);
   }
 
-  // Gives pages [k, k + count) of the parameter buffer back to the system.
-  void give_parameter_pages(std::size_t k, std::size_t count) const {
-#if REMAT_DIST_GRADIENT_PAGES
-    page_span const& sp = zero3_.pages;
-    (void)madvise(reinterpret_cast<void*>(sp.first + k * sp.page), count * sp.page, MADV_DONTNEED);
-#else
-    (void)k;
-    (void)count;
-#endif
-  }
-
-  // Rank q's part of r to every rank, into the parameter buffer.
-  void gather_range(param_range r) {
+  // Every rank's part of parameters r into the gather buffer (this rank's copied in first: the
+  // all-gather works in place).
+  void gather_into_buffer(param_range r) {
+    T* const to = zero3_.buffer.data;
     std::vector<param_range>& parts = zero3_.parts;
     parts.clear();
     for (param_range const& s : shards_) {
       std::size_t const lo = std::clamp(s.begin, r.begin, r.end), hi = std::clamp(s.end, r.begin, r.end);
-      parts.push_back({lo, std::max(lo, hi)});
+      parts.push_back({lo - r.begin, std::max(lo, hi) - r.begin});
     }
+    param_range const own = parts[std::size_t(rank())];
+    if (own.size()) std::memcpy(to + own.begin, parameter_base() + r.begin + own.begin, own.size() * sizeof(T));
     transport_->follow();
-    transport_->all_gather(parameter_base(), parts);
+    transport_->all_gather(to, parts);
     transport_->join("the parameters' gather");
-    if (inside_) traffic_.gathered += (r.size() - parts[std::size_t(rank())].size()) * sizeof(T);
+    if (inside_) traffic_.gathered += (r.size() - own.size()) * sizeof(T);
   }
 
-  // The parameter buffer's pages, and the plan of the most a training pass holds at once: its
-  // frames (the model's plan walk) replayed through let_go's rule on a page map.
+  // The parameter buffer's pages, the training pass's frames (the model's plan walk), the gather
+  // buffer (as large as the largest frame's parameters) and the plan of the most held at once:
+  // the pages of the model's buffer that touch this rank's shard or lie partly outside the buffer,
+  // and the gather buffer's.
   void plan_parameter_pages() {
     zero3_.pages = span_of(parameter_base(), n, o_.shard_parameters);
-    if (!o_.shard_parameters || n == 0 || !zero3_.pages.page) return;
-    page_span const& sp = zero3_.pages;
-    std::vector<char> map(sp.count(), 1);  // after the broadcast: every page held
-    auto const give = [&](std::size_t k, std::size_t count) { std::fill_n(map.begin() + std::ptrdiff_t(k), count, 0); };
-    std::vector<param_range> held{{0, n}}, active;
-    let_go(held, active, nullptr, give);
-    std::size_t peak = 0;
+    if (!gathers_parameters() || n == 0 || !zero3_.pages.page) return;
     using kind = REMAT_NAMESPACE::detail::pass_event::kind;
     zero3_.events = REMAT_NAMESPACE::detail::pass_events<typename Model::net, typename Model::precision>();
-    for (REMAT_NAMESPACE::detail::pass_event const& e : zero3_.events) {
-      if (e.what == kind::report) continue;
-      if (e.what == kind::done) {
-        active.pop_back();
-        continue;
-      }
-      param_range const f = e.range;
-      if (!let_go(held, active, &f, give)) {
-        auto const [lo, hi] = sp.touching(f);
-        std::fill(map.begin() + std::ptrdiff_t(lo), map.begin() + std::ptrdiff_t(hi), 1);
-        held.push_back(f);
-      }
-      active.push_back(f);
-      peak = std::max(peak, std::size_t(std::count(map.begin(), map.end(), 1)) * sp.page);
-    }
-    zero3_.planned_peak = peak;
+    std::size_t largest = 0;
+    for (REMAT_NAMESPACE::detail::pass_event const& e : zero3_.events)
+      if (e.what == kind::gather) largest = std::max(largest, e.range.size());
+    zero3_.buffer.allocate(largest * sizeof(T), zero3_.pages.page);
+    zero3_.buffer.span = span_of(zero3_.buffer.data, largest, false);
+    page_span const& sp = zero3_.pages;
+    param_range const s = shard();
+    std::size_t kept = 0;
+    for (std::size_t k = 0; k < sp.count(); ++k) kept += !sp.inside(k) || sp.touches(k, s);
+    zero3_.planned_peak = kept * sp.page + zero3_.buffer.span.whole;
   }
 
   void launch(bucket const& b) {
@@ -885,17 +840,48 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   bool started_ = false;
   bool overlap_ = false;    // the running pass reduces its buckets as backward finishes them
   bool inside_ = false;     // a pass started by this wrapper
+  // The memory a layer's parameters are gathered into (ZeRO-3): pages of its own, for the
+  // wrapper's life.
+  struct gather_buffer {
+    T* data = nullptr;
+    std::size_t bytes = 0;  // (whole pages)
+    page_span span;         // (its pages, to count them)
+    gather_buffer() = default;
+    gather_buffer(gather_buffer const&) = delete;
+    gather_buffer& operator=(gather_buffer const&) = delete;
+    ~gather_buffer() {
+#if REMAT_DIST_GRADIENT_PAGES
+      if (data) munmap(data, bytes);
+#endif
+    }
+    void allocate(std::size_t need, std::size_t page) {
+#if REMAT_DIST_GRADIENT_PAGES
+      bytes = (need + page - 1) / page * page;
+      if (!bytes) return;
+      void* const p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED)
+        REMAT_NAMESPACE::detail::raise<out_of_memory>("data_parallel: the gather buffer of ", bytes,
+                                                      " bytes (the largest layer's parameters) could not be mapped");
+      data = static_cast<T*>(p);
+#else
+      (void)need;
+      (void)page;
+#endif
+    }
+  };
   struct {
     page_span pages;                    // the parameter buffer's pages
-    std::vector<param_range> resident;  // the ranges gathered and not let go (besides the shard)
-    std::vector<param_range> active;    // the frames running, innermost last
+    gather_buffer buffer;               // what a layer's parameters are gathered into
+    param_range holds{};                // the parameters it holds (empty: none)
+    std::uint64_t version = 0;          // the model's parameter_version when they were gathered
+    bool whole = false;                 // the model's buffer holds every parameter (gathered, broadcast)
     std::vector<param_range> parts;     // (what a gather sends)
     std::vector<REMAT_NAMESPACE::detail::pass_event> events;  // a training pass's, by the plan
     std::size_t taken = 0;              // of its gathers and reports, those this rank took part in
     std::size_t planned_peak = 0;
     std::size_t pass_peak = 0;          // measured in the running training pass
     std::size_t last_peak = 0;          // measured in the last training pass that succeeded
-    mutable std::vector<unsigned char> residency;  // (mincore's answer)
+    mutable std::vector<unsigned char> residency, buffer_residency;  // (mincore's answers)
   } zero3_;
   traffic traffic_{}, last_{};
   struct pass_start {

@@ -22,8 +22,8 @@ constexpr typename S::act_type forward_blocks(S& s, typename S::param_ptr p, typ
   for (std::size_t k = first; k < last; ++k) {
     if constexpr (!handles_hollow_v<B>) s.need_input();
     auto const frame = trace_layer<B>(s, k, false);
-    [[maybe_unused]] auto const gathered = gather_frame<B>(s, p + k * B::param_count);
-    x = B::forward(s, p + k * B::param_count, std::move(x));
+    auto const gathered = gather_frame<B>(s, p + k * B::param_count);
+    x = B::forward(s, gathered.at(p + k * B::param_count), std::move(x));
   }
   return x;
 }
@@ -35,8 +35,8 @@ constexpr typename S::act_type backward_blocks(S& s, typename S::param_ptr p, ty
                                                typename S::act_type dy, std::size_t first, std::size_t last) {
   for (std::size_t k = last; k-- > first;) {
     auto const frame = trace_layer<B>(s, k, true);
-    [[maybe_unused]] auto const gathered = gather_frame<B>(s, p + k * B::param_count);
-    dy = B::backward(s, p + k * B::param_count, g + k * B::param_count, std::move(dy));
+    auto const gathered = gather_frame<B>(s, p + k * B::param_count);
+    dy = B::backward(s, gathered.at(p + k * B::param_count), g + k * B::param_count, std::move(dy));
     if constexpr (B::param_count > 0) s.grads_ready(g + k * B::param_count);
   }
   return dy;

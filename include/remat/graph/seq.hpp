@@ -177,14 +177,14 @@ struct Seq {
     if constexpr (layer_reads_ids_v<Layer>)
       static_assert(I == 0, "remat: a layer that reads token ids (an Embedding) must be the first layer of the model");
     auto const frame = detail::trace_layer<Layer>(s, I, false);
-    [[maybe_unused]] auto const gathered = detail::gather_frame<Layer>(s, p + offsets[I]);
+    auto const gathered = detail::gather_frame<Layer>(s, p + offsets[I]);
     if constexpr (fused_with_previous<I>()) {
       // ran with the layer before it
     } else if constexpr (fused_with_next<I>()) {
       using F = typename detail::nth<I + 1, L...>::pointwise_function;
-      x = Layer::template forward<F>(s, p + offsets[I], std::move(x));
+      x = Layer::template forward<F>(s, gathered.at(p + offsets[I]), std::move(x));
     } else {
-      x = Layer::forward(s, p + offsets[I], std::move(x));
+      x = Layer::forward(s, gathered.at(p + offsets[I]), std::move(x));
     }
   }
 
@@ -194,13 +194,13 @@ struct Seq {
                                      typename S::act_type& dy) {
     using Layer = detail::nth<I, L...>;
     auto const frame = detail::trace_layer<Layer>(s, I, true);
-    [[maybe_unused]] auto const gathered = detail::gather_frame<Layer>(s, p + offsets[I]);
+    auto const gathered = detail::gather_frame<Layer>(s, p + offsets[I]);
     if constexpr (fused_with_previous<I>()) {
     } else if constexpr (fused_with_next<I>()) {
       using F = typename detail::nth<I + 1, L...>::pointwise_function;
-      dy = Layer::template backward<F>(s, p + offsets[I], g + offsets[I], std::move(dy));
+      dy = Layer::template backward<F>(s, gathered.at(p + offsets[I]), g + offsets[I], std::move(dy));
     } else {
-      dy = Layer::backward(s, p + offsets[I], g + offsets[I], std::move(dy));
+      dy = Layer::backward(s, gathered.at(p + offsets[I]), g + offsets[I], std::move(dy));
     }
     if constexpr (Layer::param_count > 0) s.grads_ready(g + offsets[I]);
   }

@@ -308,12 +308,18 @@ struct gathered_inside<L, type_list<C...>> {
       L::param_count == 0 || opens_frames<L> || (sizeof...(C) > 0 && (gathered_inside<C>::value && ...));
 };
 
-// What a frame that gathers nothing holds.
-struct no_gather {};
+// What a frame that gathers nothing holds: the layer reads its parameters where they are.
+struct no_gather {
+  template <class P>
+  static constexpr P at(P p) {
+    return p;
+  }
+};
 
 // The frame of a call of Layer on parameters p: when Layer's parameters are not gathered inside
-// it, the pass state gathers them (the state's scope lets them go when the call ends); a pass
-// with no gathering listener, and the plan's state (which records the frames), do nothing else.
+// it, the pass state gathers them, and the layer reads them at gathered.at(p) (a buffer the
+// state's listener filled, until the frame ends). A pass with no gathering listener, and the
+// plan's state (which records the frames), read them at p.
 template <class Layer, class S, class P>
 constexpr auto gather_frame(S& s, P p) {
   if constexpr (Layer::param_count > 0 && !gathered_inside<Layer>::value) {

@@ -34,27 +34,13 @@ struct gradient_listener {
 
 // Told by every frame that runs a layer whose parameters are gathered (graph/walk.hpp's
 // gather_frame) which parameters it reads, and when it is done: a wrapper that keeps a shard of
-// the parameters (ZeRO-3) gathers them from the other ranks first.
+// the parameters (ZeRO-3) gathers them from the other ranks into a buffer the layer reads.
 struct parameter_listener {
   void* context = nullptr;  // passed back to needed and done
-  // Called before the layer runs with the offset and count of its parameters (null: nobody listens).
-  void (*needed)(void* context, std::size_t offset, std::size_t count) = nullptr;
+  // Called before the layer runs with the offset and count of its parameters; returns where they
+  // are until `done` (null: nobody listens).
+  void const* (*needed)(void* context, std::size_t offset, std::size_t count) = nullptr;
   void (*done)(void* context) noexcept = nullptr;  // when the layer has run (or left by an exception)
-
-  // What a frame holds while its parameters are in use: tells the listener `done` as it ends.
-  class scope {
-   public:
-    scope() = default;
-    explicit scope(parameter_listener const* l) : l_(l) {}
-    scope(scope const&) = delete;
-    scope& operator=(scope const&) = delete;
-    ~scope() {
-      if (l_) l_->done(l_->context);
-    }
-
-   private:
-    parameter_listener const* l_ = nullptr;
-  };
 };
 
 // Where a planned step's activations go (plan/arena.hpp): make number k of the pass at
@@ -102,12 +88,35 @@ class pass_state
     param_base_ = param_base;
     param_listener_ = listener;
   }
-  // The `count` parameters at p are about to be read (gather_frame): the listener, if any, makes
-  // them hold their values until the scope returned ends.
-  parameter_listener::scope gather_params(T const* p, std::size_t count) const {
-    if (!param_listener_.needed) return {};
-    param_listener_.needed(param_listener_.context, std::size_t(p - param_base_), count);
-    return parameter_listener::scope(&param_listener_);
+  // What a frame that gathers holds: where its layer reads the parameters (at), until it ends.
+  class gathered_params {
+   public:
+    gathered_params() = default;
+    gathered_params(pass_state const* s, T const* origin, T const* where) : s_(s), origin_(origin), where_(where) {
+      ++s_->gather_depth_;
+    }
+    gathered_params(gathered_params const&) = delete;
+    gathered_params& operator=(gathered_params const&) = delete;
+    ~gathered_params() {
+      if (!s_) return;
+      --s_->gather_depth_;
+      s_->param_listener_.done(s_->param_listener_.context);
+    }
+    // Where the parameters at p (of the frame's, in the model's buffer) are read now.
+    T const* at(T const* p) const { return s_ ? where_ + (p - origin_) : p; }
+
+   private:
+    pass_state const* s_ = nullptr;
+    T const* origin_ = nullptr;
+    T const* where_ = nullptr;
+  };
+  // The `count` parameters at p are about to be read (gather_frame): the listener, if any, brings
+  // them in and says where they are until the scope returned ends. (A frame inside a frame that
+  // gathered reads them where the outer one put them.)
+  gathered_params gather_params(T const* p, std::size_t count) const {
+    if (!param_listener_.needed || gather_depth_ > 0) return {};
+    void const* where = param_listener_.needed(param_listener_.context, std::size_t(p - param_base_), count);
+    return gathered_params(this, p, where ? static_cast<T const*>(where) : p);
   }
 
   // A new rows x cols activation: from the planned arena when the pass has one, else from the
@@ -232,6 +241,7 @@ class pass_state
   gradient_listener listener_{};
   T const* param_base_ = nullptr;
   parameter_listener param_listener_{};
+  mutable int gather_depth_ = 0;  // the frames that gathered, running
   std::weak_ptr<tensor<T, D>> input_;
   std::size_t makes_ = 0;
   bool making_ = false;

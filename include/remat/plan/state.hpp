@@ -217,6 +217,7 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
     constexpr ~gather_scope() {
       if (to_) to_->push_back({detail::pass_event::kind::done, {}});
     }
+    static constexpr no_params at(no_params p) { return p; }  // (the plan reads no parameters)
 
    private:
     std::vector<detail::pass_event>* to_ = nullptr;

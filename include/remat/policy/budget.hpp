@@ -155,8 +155,8 @@ struct budget_runner {
         } else if (k < std::size_t(c.checkpointed) + c.selective) {
           if constexpr (!handles_hollow_v<B>) s.need_input();
           auto const frame = trace_layer<B>(s, k, false);
-          [[maybe_unused]] auto const gathered = gather_frame<Selective<B>>(s, q + k * stride);
-          x = Selective<B>::forward(s, q + k * stride, std::move(x));
+          auto const gathered = gather_frame<Selective<B>>(s, q + k * stride);
+          x = Selective<B>::forward(s, gathered.at(q + k * stride), std::move(x));
         } else {
           x = forward_blocks<B>(s, q, std::move(x), k, k + 1);
         }
@@ -188,8 +188,8 @@ struct budget_runner {
           dy = backward_blocks<B>(s, q, h, std::move(dy), k, k + 1);
         } else if (k < std::size_t(c.checkpointed) + c.selective) {
           auto const frame = trace_layer<B>(s, k, true);
-          [[maybe_unused]] auto const gathered = gather_frame<Selective<B>>(s, q + k * stride);
-          dy = Selective<B>::backward(s, q + k * stride, h + k * stride, std::move(dy));
+          auto const gathered = gather_frame<Selective<B>>(s, q + k * stride);
+          dy = Selective<B>::backward(s, gathered.at(q + k * stride), h + k * stride, std::move(dy));
           if constexpr (B::param_count > 0) s.grads_ready(h + k * stride);
         } else {
           dy = backward_blocks<B>(s, q, h, std::move(dy), k, k + 1);

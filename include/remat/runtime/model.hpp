@@ -241,8 +241,8 @@ class model {
     read_buffers(s);
     gathering const gathers(*this, s);
     act<C, Device> y = [&] {
-      [[maybe_unused]] auto const gathered = detail::gather_frame<Net>(s, weights());
-      return Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, false));
+      auto const gathered = detail::gather_frame<Net>(s, weights());
+      return Net::forward(s, gathered.at(weights()), detail::input_activation<Net, Precision>(s, x, false));
     }();
     return take(std::move(y));
   }
@@ -285,8 +285,8 @@ class model {
     read_buffers(s);
     gathering const gathers(*this, s);
     act<C, Device> y = [&] {
-      [[maybe_unused]] auto const gathered = detail::gather_frame<Net>(s, weights());
-      return Net::forward(s, weights(), detail::input_activation<Net, Precision>(s, x, true));
+      auto const gathered = detail::gather_frame<Net>(s, weights());
+      return Net::forward(s, gathered.at(weights()), detail::input_activation<Net, Precision>(s, x, true));
     }();
     return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
   }
@@ -776,8 +776,8 @@ class model {
     detail::gradient_sync* const sync = link_.gradient_sync();
     if (!sync || !sync->gathers_parameters()) return;
     s.listen_parameters(weights(), {sync,
-                                    [](void* to, std::size_t offset, std::size_t count) {
-                                      static_cast<detail::gradient_sync*>(to)->parameters_needed(offset, count);
+                                    [](void* to, std::size_t offset, std::size_t count) -> void const* {
+                                      return static_cast<detail::gradient_sync*>(to)->parameters_needed(offset, count);
                                     },
                                     [](void* to) noexcept { static_cast<detail::gradient_sync*>(to)->parameters_done(); }});
   }

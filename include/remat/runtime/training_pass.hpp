@@ -34,15 +34,15 @@ constexpr typename S::act_type training_pass(S& s, typename S::param_ptr p, type
   if (x) s.mark_pass_input(x);
   typename S::act_type y;
   {
-    [[maybe_unused]] auto const gathered = gather_frame<Net>(s, p);  // (a model that is one layer)
-    y = Net::forward(s, p, std::move(x));
+    auto const gathered = gather_frame<Net>(s, p);  // (a model that is one layer)
+    y = Net::forward(s, gathered.at(p), std::move(x));
   }
   s.forward_done(y);
   typename S::act_type dy = s.make(y->rows(), y->cols());
   loss_grad(y, dy);
   y.reset();
-  [[maybe_unused]] auto const gathered = gather_frame<Net>(s, p);
-  return Net::backward(s, p, g, std::move(dy));
+  auto const gathered = gather_frame<Net>(s, p);
+  return Net::backward(s, gathered.at(p), g, std::move(dy));
 }
 
 }  // namespace detail

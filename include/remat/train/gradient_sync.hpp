@@ -73,15 +73,17 @@ class gradient_sync {
   // Whether every pass (training or not) must tell parameters_needed which parameters each layer
   // reads before it runs; such passes are collective (every rank runs them).
   virtual bool gathers_parameters() const { return false; }
-  // A layer is about to read parameters [offset, offset + count): their values are brought in.
-  virtual void parameters_needed(std::size_t offset, std::size_t count) {
+  // A layer is about to read parameters [offset, offset + count): their values are brought in;
+  // returns where the layer reads them until parameters_done (null: where they are).
+  virtual void const* parameters_needed(std::size_t offset, std::size_t count) {
     (void)offset;
     (void)count;
+    return nullptr;
   }
   // The layer of the last parameters_needed not yet done has run (or left by an exception).
   virtual void parameters_done() noexcept {}
-  // A pass outside training (model.forward, model.loss, model.training_loss) has ended: what it
-  // brought in is let go.
+  // A pass outside training (model.forward, model.loss, model.training_loss) has ended, or the
+  // parameters were made whole for a while (dist::save): what is not this rank's is let go.
   virtual void release_parameters() noexcept {}
 };
 
