@@ -203,28 +203,18 @@ double run(options const& o, dataset const& train, dataset const& test) {
               seconds);
   std::printf("%s", alloc.summary().c_str());
 #ifdef REMAT_DIGITS_MPI
-  if (dp && o.shard_gradients) {
-    dist::gradient_memory const g = dp->gradient_pages();
-    std::printf("rank %d of %d: gradient pages held %.1f of %.1f KiB at rest, %.1f KiB at the last pass's peak "
+  // ZeRO-2 and ZeRO-3: the pages a rank holds, measured, beside the plan (which they must equal).
+  auto const pages_as_planned = [&](char const* what, dist::gradient_memory const& g) {
+    std::printf("rank %d of %d: %s pages held %.1f of %.1f KiB at rest, %.1f KiB at the last pass's peak "
                 "(planned %.1f KiB)\n",
-                rank, ranks, double(g.now) / 1024, double(g.whole) / 1024, double(g.last_peak) / 1024,
+                rank, ranks, what, double(g.now) / 1024, double(g.whole) / 1024, double(g.last_peak) / 1024,
                 double(g.planned_peak) / 1024);
-    if (g.last_peak != g.planned_peak) {
-      std::fprintf(stderr, "digits: rank %d's measured gradient peak differs from its plan\n", rank);
-      return 0;
-    }
-  }
-  if (dp && o.shard_parameters) {
-    dist::gradient_memory const p = dp->parameter_pages();
-    std::printf("rank %d of %d: parameter pages held %.1f of %.1f KiB at rest, %.1f KiB at the last pass's peak "
-                "(planned %.1f KiB)\n",
-                rank, ranks, double(p.now) / 1024, double(p.whole) / 1024, double(p.last_peak) / 1024,
-                double(p.planned_peak) / 1024);
-    if (p.last_peak != p.planned_peak) {
-      std::fprintf(stderr, "digits: rank %d's measured parameter peak differs from its plan\n", rank);
-      return 0;
-    }
-  }
+    if (g.last_peak == g.planned_peak) return true;
+    std::fprintf(stderr, "digits: rank %d's measured %s peak differs from its plan\n", rank, what);
+    return false;
+  };
+  if (dp && o.shard_gradients && !pages_as_planned("gradient", dp->gradient_pages())) return 0;
+  if (dp && o.shard_parameters && !pages_as_planned("parameter", dp->parameter_pages())) return 0;
 #endif
   if (!o.memory_trace.empty()) {
     alloc.detach();

@@ -1209,6 +1209,50 @@ TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a 
   check(static_cast<Rev*>(nullptr), "Revolve<2>");
 }
 
+TEST_CASE("ZeRO-3: a model left with its shard of the parameters refuses to run alone", "[dist][zero3][errors]") {
+  model<Net> m(seed{7});
+  batch b = whole_batch(0);
+  param_range const r = my_rows(world_rank(), world_size());
+  std::vector<float> whole;
+  {
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(3));
+    AdamW opt(m, opts);
+    dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+    dp.gather_parameters();
+    whole = params_of(m);
+    dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);  // (the gathered copy is let go)
+  }
+  if (world_size() == 1) {  // (one rank holds every parameter)
+    CHECK_NOTHROW(m.forward(b.x.view()));
+    return;
+  }
+  CHECK_THROWS_WITH(m.forward(b.x.view()), Catch::Contains("found one rank's shard of them only"));
+  CHECK_THROWS_WITH(m.accumulate<SoftmaxCrossEntropy>(b.x.view(), b.y.view()),
+                    Catch::Contains("call dp.gather_parameters() on every rank"));
+  CHECK_THROWS_WITH(dist::data_parallel(m, MPI_COMM_WORLD, sharding(3)), Catch::Contains("shard of them only"));
+  // Gathered before the wrapper goes, the model is whole and runs alone.
+  {
+    model<Net> n(seed{7});
+    {
+      dist::data_parallel dp(n, MPI_COMM_WORLD, sharding(3));
+      AdamW opt(n, opts);
+      dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+      dp.gather_parameters();
+    }
+    CHECK(params_of(n) == whole);
+    CHECK_NOTHROW(n.forward(b.x.view()));
+  }
+  // A file loaded into it makes it whole again.
+  std::string const path = "/tmp/remat-zero3-partial-" + std::to_string(world_rank()) + ".safetensors";
+  {
+    model<Net> n(seed{3});
+    save(n, path);
+  }
+  load(m, path);
+  CHECK_NOTHROW(m.forward(b.x.view()));
+  std::remove(path.c_str());
+}
+
 TEST_CASE("ZeRO-3 refuses a mixed-precision model with a clear error", "[dist][zero3][errors]") {
   model<Net, host, mixed<bfloat16, DynamicLossScale>> m(seed{7});
   CHECK_THROWS_WITH(dist::data_parallel(m, MPI_COMM_WORLD, sharding(3)),

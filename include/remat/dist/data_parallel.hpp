@@ -200,7 +200,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   }
   data_parallel(data_parallel const&) = delete;
   data_parallel& operator=(data_parallel const&) = delete;
+  // With ZeRO-3 on more than one rank, the model is left with this rank's shard of its parameters
+  // (its passes refuse to run alone) unless gather_parameters() was called last.
   ~data_parallel() override {
+    if (gathers_parameters() && !zero3_.whole) model_.link().set_partial_parameters(true);
     if (model_.link().gradient_sync() == this) model_.link().set_gradient_sync(nullptr);
     // Messages abandoned in flight may still use the communicator and its buffers.
     if (transport_ && transport_->busy()) c_.abandon();
@@ -347,6 +350,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     pages_.pass_peak = 0;
     zero3_.pass_peak = 0;
     zero3_.taken = 0;
+    release_parameters();  // (ZeRO-3: parameters made whole for a while are let go)
     if (overlap_) started_ = true;
   }
   // Starts the buckets whose gradients are final (from `offset` to the end), when the pass reduces.
@@ -467,7 +471,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     last_ = traffic_;
     traffic_ = {};
     if (!stepped || !o_.shard_optimizer) return;
-    if (o_.shard_parameters) return model_.parameters_changed();  // (a gathered layer is stale)
+    if (o_.shard_parameters) {  // (a gathered layer, and parameters made whole, are stale)
+      release_parameters();
+      return model_.parameters_changed();
+    }
     transport_->follow();
     transport_->all_gather(model_.parameters().data(), shards_);
     transport_->join("the parameters' all-gather");
@@ -486,6 +493,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (m.link().gradient_sync())
       REMAT_NAMESPACE::detail::raise<argument_error>(
           "data_parallel: expected a model without a data-parallel wrapper, found one already plugged in");
+    if (m.link().partial_parameters())
+      REMAT_NAMESPACE::detail::raise<argument_error>(
+          "data_parallel: expected a model with whole parameters, found one rank's shard of them only (a ZeRO-3 "
+          "wrapper went without gather_parameters()); load the parameters from a file first");
     if (!(o.timeout_seconds > 0))
       REMAT_NAMESPACE::detail::raise<argument_error>("data_parallel: expected timeout_seconds > 0, found ",
                                                      o.timeout_seconds);
@@ -645,10 +656,6 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     bool touches(std::size_t k, param_range r) const {
       return r.size() && first + k * page < at(r.end) && at(r.begin) < first + (k + 1) * page;
     }
-    // The pages holding any of elements r (r not empty): [lo, hi).
-    std::pair<std::size_t, std::size_t> touching(param_range r) const {
-      return {(at(r.begin) - first) / page, (at(r.end) - first + page - 1) / page};
-    }
   };
   // The pages of `count` elements at `data` (a host buffer), kept from huge pages when `split`.
   static page_span span_of(T const* data, std::size_t count, bool split) {
@@ -729,11 +736,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
 #endif
   }
 
-  // ---- ZeRO-3: the pages of the parameter buffer (host memory)
+  // ---- ZeRO-3: the parameter buffer's pages and the gather buffer (host memory)
 
   // A rank whose training pass failed takes its part in the gathers and reports that the other
   // ranks' pass still makes (the plan's, from where this rank's stopped), so that none waits for
-  // it; what it gathers is let go again. Not when a wait timed out (the others are not there).
+  // it; the values it gathers go unread. Not when a wait timed out (the others are not there).
   void take_part_after_failing(std::exception_ptr failed) {
     try {
       std::rethrow_exception(failed);

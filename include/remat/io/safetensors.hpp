@@ -528,6 +528,7 @@ void load(model<Net, Device, Precision>& m, std::string const& path) {
                                 "' that this model does not (a file for another model?)");
     }
   tensor_from_host(m.parameters(), std::span<T const>(host));
+  m.link().set_partial_parameters(false);  // (every parameter is written)
   if constexpr (has_buffers) tensor_from_host(m.buffers(), std::span<T const>(buffers));
 }
 

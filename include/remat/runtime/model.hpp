@@ -157,10 +157,16 @@ class model_link {
       detail::raise<argument_error>("model::link().set_replica: expected a replica below 65536, found ", r);
     replica_ = r;
   }
+  // Whether the model holds one rank's shard of its parameters only (the rest read as zero): a
+  // ZeRO-3 wrapper went without making them whole (dist::data_parallel::gather_parameters). Its
+  // passes then refuse to run alone, until a file is loaded into it.
+  bool partial_parameters() const { return partial_; }
+  void set_partial_parameters(bool p) { partial_ = p; }  // (what the wrapper and load set)
 
  private:
   detail::gradient_sync* sync_ = nullptr;
   std::uint64_t replica_ = 0;
+  bool partial_ = false;
 };
 
 // Where a model's Offloaded<S> segments put their activations (memory/offload.hpp): pinned host
@@ -693,11 +699,24 @@ class model {
     }
   };
 
-  void validate_input(input_view x) const { check_input(x).raise_if_bad(); }
+  void validate_input(input_view x) const {
+    check_whole_parameters();
+    check_input(x).raise_if_bad();
+  }
+  // A model left with one rank's shard of its parameters (link().partial_parameters()) runs only
+  // under a wrapper.
+  void check_whole_parameters() const {
+    if (link_.partial_parameters() && !link_.gradient_sync())
+      detail::raise<argument_error>(
+          "model: expected whole parameters, found one rank's shard of them only: its remat::dist::data_parallel "
+          "with shard_parameters (ZeRO-3) went without gathering them; call dp.gather_parameters() on every rank "
+          "before the wrapper goes, or load the parameters from a file");
+  }
 
   // validate's checks, and for a training pass the rows a Budget was planned for.
   template <class Loss>
   void check(input_view x, typename Loss::template target_type<T, Device> target, bool training) const {
+    check_whole_parameters();
     input_verdict const verdict = check_input(x);
     try {
       Loss::template validate<T, Device>(out_rows(x), out_cols(x), target);
