@@ -442,6 +442,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (inside_) zero3_.pass_peak = std::max(zero3_.pass_peak, held_parameter_bytes());
     return zero3_.buffer.data;
   }
+  // ZeRO-3: a layer has run; nothing to let go (the next layer's gather reuses the buffer).
   void parameters_done() noexcept override {}
   // ZeRO-3: after the parameters were made whole (gather_parameters, a broadcast), the pages of
   // those this rank does not own are given back.

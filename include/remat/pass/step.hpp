@@ -92,6 +92,8 @@ class pass_state
   class gathered_params {
    public:
     gathered_params() = default;
+    // The parameters at `origin` (in the model's buffer) are read at `where` while it lives; s
+    // counts it among the frames that gathered.
     gathered_params(pass_state const* s, T const* origin, T const* where) : s_(s), origin_(origin), where_(where) {
       ++s_->gather_depth_;
     }

@@ -211,6 +211,7 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
   class gather_scope {
    public:
     constexpr gather_scope() = default;
+    // Records the frame's end in `to` when it goes.
     constexpr explicit gather_scope(std::vector<detail::pass_event>* to) : to_(to) {}
     gather_scope(gather_scope const&) = delete;
     gather_scope& operator=(gather_scope const&) = delete;
@@ -222,6 +223,7 @@ class state : public pass_vocabulary<ref, state<T>, offload_record<ref, ref, no_
    private:
     std::vector<detail::pass_event>* to_ = nullptr;
   };
+  // A frame reading parameters [p, p + count) starts (recorded, with its end when the scope goes).
   constexpr gather_scope gather_params(no_params p, std::size_t count) const {
     if (!events_) return {};
     events_->push_back({detail::pass_event::kind::gather, {p.at, p.at + count}});

@@ -517,7 +517,7 @@ class model {
         s.listen_gradients(grads_.data(), {sync, [](void* to, std::size_t offset) {
                                              static_cast<detail::gradient_sync*>(to)->gradients_ready(offset);
                                            }});
-      listen_parameters(s);  // (the wrapper lets them go as the pass ends)
+      listen_parameters(s);  // (ZeRO-3: each layer's parameters gathered as it is about to run)
       // The running state is updated in a copy, which becomes the model's when the pass succeeds.
       if constexpr (buffer_count > 0) {
         evaluate(staged_buffers_, to_expr(buffers_));
@@ -800,8 +800,8 @@ class model {
                                     },
                                     [](void* to) noexcept { static_cast<detail::gradient_sync*>(to)->parameters_done(); }});
   }
-  // A pass outside training listens to the gathering (listen_parameters), and has the wrapper let
-  // go of what it gathered as it ends.
+  // A pass outside training listens to the gathering (listen_parameters) and, as it ends, has the
+  // wrapper let go of parameters made whole before it (dist::save's gather).
   struct gathering {
     detail::gradient_sync* sync;
     gathering(model const& m, state_type& s) : sync(m.link_.gradient_sync()) {
