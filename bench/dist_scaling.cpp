@@ -3,11 +3,13 @@
 //
 //   mpirun -np P bench_dist [--blocks 8] [--batch 256] [--policy stored|checkpoint] [--shard]
 //                           [--shard-gradients] [--shard-parameters] [--bucket-mib 4] [--steps 7]
-//                           [--warmup 2] [--alone] [--offload]
+//                           [--warmup 2] [--alone] [--offload] [--precision fp32|bf16]
 //
 // --alone trains the model without remat::dist (one process, no communicator): the baseline.
 // --shard shards the optimizer state (ZeRO-1); --shard-gradients the gradients too (ZeRO-2);
 // --shard-parameters the parameters too (ZeRO-3).
+// --precision bf16 trains mixed<bfloat16> (fp32 master weights and a bf16 compute copy, which
+// ZeRO-3 shards too).
 // --offload steps with OffloadedAdamW instead of AdamW (the state in its own host allocator; on
 // the host its copies are memcpy: what the offload's bookkeeping and copies cost).
 // Rank 0 prints one JSON line: ranks, OpenMP threads per rank, the median step time, samples per
@@ -57,16 +59,18 @@ struct config {
   std::size_t batch = 256;
   std::string policy = "stored";
   bool shard = false, shard_gradients = false, shard_parameters = false, alone = false, offload = false;
+  std::string precision = "fp32";
   double bucket_mib = 4;
   int steps = 7, warmup = 2;
 };
 
-template <class Net, template <class> class Opt>
+template <class Net, template <class> class Opt, class P>
 int run(config const& c) {
+  using M = model<Net, host, P>;
   memory::caching_allocator<host> alloc;
-  model<Net> m(seed{1}, alloc);
+  M m(seed{1}, alloc);
   int rank = 0, ranks = 1;
-  std::optional<dist::data_parallel<model<Net>>> dp;
+  std::optional<dist::data_parallel<M>> dp;
   if (!c.alone) {
     dp.emplace(m, MPI_COMM_WORLD,
                dist::options{.bucket_bytes = std::size_t(c.bucket_mib * 1048576.0),
@@ -76,7 +80,7 @@ int run(config const& c) {
     rank = dp->rank();
     ranks = dp->size();
   }
-  Opt<model<Net>> opt(m, {.lr = 1e-4});
+  Opt<M> opt(m, {.lr = 1e-4});
   std::size_t const lo = c.batch * std::size_t(rank) / std::size_t(ranks);
   std::size_t const hi = c.batch * std::size_t(rank + 1) / std::size_t(ranks);
   tensor<float> x(index_t(hi - lo), index_t(D)), y(index_t(hi - lo), index_t(D));
@@ -98,7 +102,9 @@ int run(config const& c) {
   if (dp) MPI_Allreduce(MPI_IN_PLACE, &step, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (rank != 0) return 0;
   dist::traffic const tr = dp ? dp->last_step_traffic() : dist::traffic{};
-  std::size_t const grad_bytes = model<Net>::parameter_count * sizeof(float);
+  std::size_t const grad_bytes = M::parameter_count * sizeof(float);
+  // (the weights: the fp32 master and, in mixed precision, the 16-bit compute copy)
+  std::size_t const weight_bytes = M::parameter_count * (sizeof(float) + (M::mixed_precision ? sizeof(typename M::compute_type) : 0));
   double const flop = 3.0 * 2.0 * double(c.batch) * double(N) * 2.0 * double(D) * double(D);
   std::size_t host_state = 0;  // (OffloadedAdamW: its host allocator's bytes)
   if constexpr (requires { opt.host_allocator(); }) host_state = opt.host_allocator().stats().total.in_use;
@@ -107,7 +113,7 @@ int run(config const& c) {
       dp ? dp->gradient_pages() : dist::gradient_memory{grad_bytes, grad_bytes, grad_bytes, grad_bytes};
   // The parameters held, likewise (ZeRO-3 gives back the pages of those the rank does not own).
   dist::gradient_memory const p =
-      dp ? dp->parameter_pages() : dist::gradient_memory{grad_bytes, grad_bytes, grad_bytes, grad_bytes};
+      dp ? dp->parameter_pages() : dist::gradient_memory{weight_bytes, weight_bytes, weight_bytes, weight_bytes};
   int const zero = c.shard_parameters ? 3 : c.shard_gradients ? 2 : c.shard ? 1 : 0;
   std::printf(
       "{\"bench\": \"dist\", \"mode\": \"%s\", \"ranks\": %d, \"threads\": %d, \"policy\": \"%s\", \"shard\": %s, "
@@ -117,12 +123,12 @@ int run(config const& c) {
       "\"offloaded_host_bytes\": %zu, \"zero\": %d, \"param_bytes\": %zu, \"grad_held_bytes\": %zu, "
       "\"grad_peak_bytes\": %zu, \"grad_planned_peak_bytes\": %zu, \"grad_pages_bytes\": %zu, "
       "\"param_held_bytes\": %zu, \"param_peak_bytes\": %zu, \"param_planned_peak_bytes\": %zu, "
-      "\"param_pages_bytes\": %zu, \"loss\": %.6f}\n",
+      "\"param_pages_bytes\": %zu, \"precision\": \"%s\", \"loss\": %.6f}\n",
       c.alone ? "alone" : "dist", ranks, omp_get_max_threads(), c.policy.c_str(), c.shard ? "true" : "false", c.batch,
       N, D, step, double(c.batch) / step, flop / step * 1e-9, grad_bytes, tr.reduced, tr.gathered, tr.buckets,
       tr.overlapped, alloc.stats()[memory::tag::optimizer_state].in_use, c.offload ? "true" : "false", host_state, zero,
       alloc.stats()[memory::tag::parameters].in_use, g.now, zero >= 2 ? g.last_peak : g.whole, g.planned_peak, g.whole,
-      p.now, zero == 3 ? p.last_peak : p.whole, p.planned_peak, p.whole, loss);
+      p.now, zero == 3 ? p.last_peak : p.whole, p.planned_peak, p.whole, c.precision.c_str(), loss);
   return 0;
 }
 
@@ -142,6 +148,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--shard-parameters")) c.shard_parameters = true;
     else if (!std::strcmp(argv[i], "--alone")) c.alone = true;
     else if (!std::strcmp(argv[i], "--offload")) c.offload = true;
+    else if (v && !std::strcmp(argv[i], "--precision")) c.precision = argv[++i];
     else {
       std::fprintf(stderr, "bench_dist: unknown or incomplete option '%s'\n", argv[i]);
       return 1;
@@ -151,9 +158,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_dist: --policy must be stored or checkpoint, found '%s'\n", c.policy.c_str());
     return 1;
   }
+  if (c.precision != "fp32" && c.precision != "bf16") {
+    std::fprintf(stderr, "bench_dist: --precision must be fp32 or bf16, found '%s'\n", c.precision.c_str());
+    return 1;
+  }
   auto go = [&] {
-    if (c.offload) return c.policy == "stored" ? run<Stored, OffloadedAdamW>(c) : run<Checkpoint, OffloadedAdamW>(c);
-    return c.policy == "stored" ? run<Stored, adamw_for>(c) : run<Checkpoint, adamw_for>(c);
+    if (c.precision == "bf16")
+      return c.policy == "stored" ? run<Stored, adamw_for, mixed<bfloat16>>(c) : run<Checkpoint, adamw_for, mixed<bfloat16>>(c);
+    if (c.offload)
+      return c.policy == "stored" ? run<Stored, OffloadedAdamW, fp32>(c) : run<Checkpoint, OffloadedAdamW, fp32>(c);
+    return c.policy == "stored" ? run<Stored, adamw_for, fp32>(c) : run<Checkpoint, adamw_for, fp32>(c);
   };
   if (c.alone) return go();
   dist::environment env(argc, argv);

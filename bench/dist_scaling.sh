@@ -34,6 +34,10 @@ for round in 1 2; do
   OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --shard --offload | tee -a "$raw"
   OMP_NUM_THREADS=2 "$bin" --alone --offload | tee -a "$raw"
   OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --policy checkpoint | tee -a "$raw"
+  for level in --shard --shard-gradients --shard-parameters; do
+    OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --precision bf16 "$level" | tee -a "$raw"
+  done
+  OMP_NUM_THREADS=2 "$bin" --alone --precision bf16 | tee -a "$raw"
   OMP_NUM_THREADS=2 "$bin" --alone --policy checkpoint | tee -a "$raw"
   for setting in shipped tuned; do
     if [ "$setting" = tuned ]; then e=("${torch_env[@]}"); else e=(); fi
@@ -50,13 +54,14 @@ with open(out + ".jsonl", "w") as f:
         f.write(json.dumps(r) + "\n")
 def key(r):
     return (r.get("library", "remat"), r["mode"], r["ranks"], r["threads"], r.get("policy", "stored"),
-            r.get("zero", 1 if r.get("shard", False) else 0), r.get("malloc_tuned", None), r.get("offload", False))
+            r.get("zero", 1 if r.get("shard", False) else 0), r.get("malloc_tuned", None), r.get("offload", False),
+            r.get("precision", "fp32"))
 best = {}
 for r in rows:  # the faster of the two rounds
     k = key(r)
     if k not in best or r["step_s"] < best[k]["step_s"]:
         best[k] = r
-remat_alone = min(r["step_s"] for k, r in best.items() if k[0] == "remat" and k[1] == "alone" and k[3] == 2 and k[4] == "stored" and not k[7])
+remat_alone = min(r["step_s"] for k, r in best.items() if k[0] == "remat" and k[1] == "alone" and k[3] == 2 and k[4] == "stored" and not k[7] and k[8] == "fp32")
 torch_alone = min(r["step_s"] for k, r in best.items() if k[0] == "torch" and k[1] == "alone")
 torch_ddp = min(r["step_s"] for k, r in best.items() if k[0] == "torch" and k[1] == "ddp")
 cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], capture_output=True, text=True).stdout.strip()
@@ -64,8 +69,8 @@ lines = [f"<!-- {datetime.date.today()}, {cpu}, 2 cores; bash bench/dist_scaling
          "",
          "| library | run | ranks × threads | policy | optimizer state | step (s) | vs remat alone (2 threads) | vs PyTorch, same run | reduced per step / model gradients | optimizer state per rank |",
          "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
-for k, r in sorted(best.items(), key=lambda kv: (kv[0][0] != "remat", kv[0][1] != "alone", kv[0][2], -kv[0][3], str(kv[0][4]), str(kv[0][5]), str(kv[0][7]))):
-    lib, mode, ranks, threads, policy, shard, tuned, offload = k
+for k, r in sorted(best.items(), key=lambda kv: (kv[0][0] != "remat", kv[0][8], kv[0][1] != "alone", kv[0][2], -kv[0][3], str(kv[0][4]), str(kv[0][5]), str(kv[0][7]))):
+    lib, mode, ranks, threads, policy, shard, tuned, offload, precision = k
     if lib == "torch":
         run = ("DDP (gloo)" if mode == "ddp" else "alone") + (", OpenMP BLAS + malloc tuned" if tuned else ", as shipped")
         peer = ""
@@ -81,7 +86,9 @@ for k, r in sorted(best.items(), key=lambda kv: (kv[0][0] != "remat", kv[0][1] !
         state = f"{r['optimizer_state_bytes'] / 2**20:.1f} MiB"
         if offload:
             state += f" (+ {r['offloaded_host_bytes'] / 2**20:.1f} MiB host)"
-        pol = policy
+        pol = policy + (", bf16" if precision == "bf16" else "")
+        if precision == "bf16":
+            peer = ""  # (the PyTorch runs are fp32)
         st = {0: "whole", 1: "sharded (ZeRO-1)", 2: "sharded with the gradients (ZeRO-2)",
               3: "sharded with the gradients and parameters (ZeRO-3)"}[shard] + (
             ", OffloadedAdamW" if offload else "")
@@ -98,22 +105,26 @@ lines += ["", "Per-rank memory of the model's state in MiB (rank 0; remat: the o
           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 mem_rows = []
 for k, r in best.items():
-    lib, mode, ranks, threads, policy, level, tuned, offload = k
+    lib, mode, ranks, threads, policy, level, tuned, offload, precision = k
     if lib == "remat" and mode == "dist" and policy == "stored" and not offload:
+        bf = precision == "bf16"
         params = r.get("param_held_bytes", r["param_bytes"])
         ppeak = f"{mib(r['param_peak_bytes'])} ({mib(r['param_planned_peak_bytes'])})" if level == 3 else mib(params)
         gpeak = f"{mib(r['grad_peak_bytes'])} ({mib(r['grad_planned_peak_bytes'])})" if level >= 2 else mib(r['grad_held_bytes'])
         total = params + r["grad_held_bytes"] + r["optimizer_state_bytes"]
-        mem_rows.append((0, level, ranks, f"| remat | ZeRO-{level} | {ranks} | {mib(params)} | {ppeak} | "
+        name = f"ZeRO-{level}" + (", bf16" if bf else "")
+        mem_rows.append((0, int(bf), level, ranks, f"| remat | {name} | {ranks} | {mib(params)} | {ppeak} | "
                          f"{mib(r['grad_held_bytes'])} | {gpeak} | {mib(r['optimizer_state_bytes'])} | {mib(total)} | "
                          f"{r['step_s']:.3f} |"))
     if lib == "torch" and "param_bytes" in r and tuned:
         total = r["param_bytes"] + r["grad_held_bytes"] + r["optimizer_state_bytes"]
         name = "DDP (gloo)" if mode == "ddp" else "alone"
-        mem_rows.append((1, 0, ranks, f"| torch | {name} | {ranks} | {mib(r['param_bytes'])} | {mib(r['param_bytes'])} | "
+        mem_rows.append((1, 0, 0, ranks, f"| torch | {name} | {ranks} | {mib(r['param_bytes'])} | {mib(r['param_bytes'])} | "
                          f"{mib(r['grad_held_bytes'])} | {mib(r['grad_held_bytes'])} | {mib(r['optimizer_state_bytes'])} | "
                          f"{mib(total)} | {r['step_s']:.3f} |"))
-lines += [row for *_, row in sorted(mem_rows, key=lambda t: t[:3])]
+lines += [row for *_, row in sorted(mem_rows, key=lambda t: t[:4])]
+lines += ["", "In bf16 (mixed<bfloat16>) the parameters are the fp32 master weights and their bf16 compute copy "
+          "(6 bytes a parameter; ZeRO-3 shards both, and its gather buffer holds bf16)."]
 open(out + ".md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF

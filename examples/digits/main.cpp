@@ -20,7 +20,8 @@
 // of 64, gradients are averaged across the ranks, rank 0 prints and saves. --shard also splits the
 // AdamW state across the ranks (ZeRO stage 1); --shard-gradients the gradients too (ZeRO stage 2:
 // each rank prints the gradient memory it holds at rest and at a pass's peak, beside the plan);
-// --shard-parameters the weights too (ZeRO stage 3, fp32: its parameter memory likewise):
+// --shard-parameters the weights too (ZeRO stage 3; with --precision bf16 or half, the fp32 master
+// weights and their 16-bit compute copy both: its parameter memory likewise):
 //   mpirun -np 2 build/default/examples/digits --mpi --shard
 #include <remat/remat.hpp>
 #ifdef REMAT_DIGITS_MPI
@@ -211,6 +212,7 @@ double run(options const& o, dataset const& train, dataset const& test) {
                 double(g.planned_peak) / 1024);
     if (g.last_peak == g.planned_peak) return true;
     std::fprintf(stderr, "digits: rank %d's measured %s peak differs from its plan\n", rank, what);
+    MPI_Abort(MPI_COMM_WORLD, 3);  // (every rank stops: the others would wait for this one's next message)
     return false;
   };
   if (dp && o.shard_gradients && !pages_as_planned("gradient", dp->gradient_pages())) return 0;

@@ -57,6 +57,14 @@ MPI_Datatype datatype() {
   else static_assert(sizeof(T) == 0, "remat::dist: no MPI datatype for this type");
 }
 
+// The MPI type that moves values of T bit for bit (gathers, broadcasts): T's own, or for a 16-bit
+// float (half, bfloat16) MPI_UINT16_T (never added).
+template <class T>
+MPI_Datatype moved_datatype() {
+  if constexpr (sizeof(T) == 2 && !std::is_arithmetic_v<T>) return MPI_UINT16_T;
+  else return datatype<T>();
+}
+
 // A compile-time name of a type (the compiler's spelling), hashed into the model signature.
 template <class T>
 constexpr std::string_view type_name() {

@@ -26,17 +26,20 @@
 // report: the two are equal. The allocator's gradients tag still counts the buffer's whole
 // address range: what is held is gradient_pages().
 //
-// With options::shard_parameters as well (ZeRO stage 3, host models in fp32) each rank keeps its
-// shard of the parameters only: the pages of the model's parameter buffer outside it are given
-// back. Every frame of the walk that runs a layer (graph/walk.hpp's gather_frame: each layer of a
-// Seq, each block of a chain, a Residual or policy around one layer as a whole) tells the wrapper
-// which parameters it reads; they are all-gathered from their owners into the wrapper's gather
-// buffer (as large as the largest frame's parameters, by the model's plan walk) and the layer
-// reads them there. So a rank holds its shard plus one layer's parameters, and the memory it
-// gathers into is the same for every layer (no page is faulted in again). parameter_pages() says
-// what is held (mincore) and what the plan says. Every pass of the model is collective then,
-// inference included. A rank whose pass fails goes on taking part in the gathers and reductions
-// the others make, following the plan's list of them.
+// With options::shard_parameters as well (ZeRO stage 3, host models) each rank keeps its shard of
+// the parameters only: the pages of the model's parameter buffer outside it are given back (in
+// mixed precision, of the fp32 master weights and of their 16-bit compute copy both; a pass casts
+// the shard of the compute copy only, and layers gather the compute copy: half the bytes). Every
+// frame of the walk that runs a layer (graph/walk.hpp's gather_frame: each layer of a Seq, each
+// block of a chain, a Residual or policy around one layer as a whole) tells the wrapper which
+// parameters it reads; they are all-gathered from their owners into the wrapper's gather buffer (as
+// large as the largest frame's parameters, by the model's plan walk) and the layer reads them
+// there. So a rank holds its shard plus one layer's parameters, and the memory it gathers into is
+// the same for every layer (no page is faulted in again). parameter_pages() says what is held
+// (mincore) and what the plan says. Every pass of the model is collective then, inference included
+// (model.forward, loss and training_loss are agreed as a training pass is). A rank whose pass fails
+// goes on taking part in the gathers and reductions the others make, following the plan's list of
+// them.
 //
 // Bad input on one rank (an id out of range, a batch of the wrong shape) is found before anything
 // changes and every rank throws: the rank with the bad input its own error, the others dist_error
@@ -112,8 +115,9 @@ struct options {
   // reports of backward in flight); every pass is reduced, so a step of gradient accumulation
   // reduces each micro-batch (reduce::later is taken as reduce::now).
   bool shard_gradients = false;
-  // ZeRO stage 3 (implies shard_gradients; host models in fp32): each rank keeps 1/P of the
-  // parameters too (the memory pages of the rest are given back). Every layer's parameters are
+  // ZeRO stage 3 (implies shard_gradients; host models): each rank keeps 1/P of the parameters
+  // too (the memory pages of the rest are given back; in mixed precision, 1/P of the master
+  // weights and 1/P of their compute copy, which is what is gathered). Every layer's parameters are
   // all-gathered into a buffer of the wrapper's just before it runs (forward, a storage policy's
   // recomputation, backward: the frames of graph/walk.hpp's gather_frame), and the layer reads
   // them there. Every pass of the model is then collective: training through the wrapper, and
@@ -171,6 +175,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   using model_type = Model;  // the wrapped model
   using transport_type = Transport;  // what gradients and parameters go through
   using T = typename Model::value_type;  // the master weights' and gradients' type
+  using C = typename Model::compute_type;  // the weights layers read (T, or a 16-bit copy in mixed precision)
   using input_view = typename Model::input_view;  // a batch this rank trains on (the model's)
   // A target of loss Loss for this rank's batch (the model's).
   template <class Loss>
@@ -243,6 +248,15 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     }
     model_.set_passes(c_.broadcast(model_.passes(), 0, "the pass count's broadcast from rank 0"));
     model_.parameters_changed();
+    if constexpr (Model::mixed_precision) {
+      // ZeRO-3: every page of the compute copy is touched once (the next pass casts the shard), so
+      // that the pages it shares with other memory are held, as the plan counts them, and those
+      // of other ranks' shards are given back below whatever they held.
+      if (gathers_parameters()) {
+        tensor_view<C, typename Model::device> const c = model_.compute_parameters();
+        std::memset(static_cast<void*>(c.data()), 0, c.size() * sizeof(C));
+      }
+    }
     zero3_.whole = true;
     release_parameters();  // (ZeRO-3: this rank keeps its shard)
   }
@@ -262,9 +276,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // (options::shard_parameters) and what is held now (a host model's; all 0 for a GPU model's).
   // With ZeRO-3 on more than one rank, what is held is the pages of the model's buffer that hold
   // this rank's shard (and the two it shares at its ends) plus the gather buffer a layer's
-  // parameters are gathered into, as large as the largest layer's; without, every page.
+  // parameters are gathered into, as large as the largest layer's; without, every page. In mixed
+  // precision the compute copy's pages count too, and the gather buffer holds compute values.
   gradient_memory parameter_pages() const {
-    gradient_memory g{zero3_.pages.whole, zero3_.planned_peak, zero3_.last_peak, held_parameter_bytes()};
+    gradient_memory g{zero3_.pages.whole + zero3_.compute_pages.whole, zero3_.planned_peak, zero3_.last_peak,
+                      held_parameter_bytes()};
     if (!gathers_parameters()) g.planned_peak = g.whole;
     return g;
   }
@@ -432,7 +448,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // already, unchanged), where the layer reads them.
   void const* parameters_needed(std::size_t offset, std::size_t count) override {
     param_range const r{offset, offset + count};
-    if (inside_) ++zero3_.taken;
+    if (inside_ || zero3_.collective >= 0) ++zero3_.taken;
     if (!(zero3_.holds == r && zero3_.version == model_.parameter_version())) {
       zero3_.holds = {};
       gather_into_buffer(r);
@@ -442,6 +458,32 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (inside_) zero3_.pass_peak = std::max(zero3_.pass_peak, held_parameter_bytes());
     return zero3_.buffer.data;
   }
+  // ZeRO-3 in mixed precision: a pass casts this rank's shard of the compute copy only (each
+  // layer's is gathered from the shards of all ranks).
+  param_range kept_parameters(std::size_t count) const override {
+    return gathers_parameters() ? shard() : param_range{0, count};
+  }
+  // ZeRO-3: a pass outside training starts; its gathers are counted (see collective_pass_ended).
+  void collective_pass_starting(bool training) override {
+    zero3_.collective = training ? 1 : 0;
+    zero3_.taken = 0;
+  }
+  // ZeRO-3: a rank whose pass outside training failed takes its part in the gathers that the
+  // others' forward still makes (the plan's, from where its own stopped); then the ranks agree on
+  // how it ended, and parameters made whole for a while are let go.
+  void collective_pass_ended(std::exception_ptr failed) override {
+    struct end {
+      data_parallel* d;
+      ~end() {
+        d->zero3_.collective = -1;
+        d->release_parameters();
+      }
+    } const after{this};
+    if (failed && !timed_out(failed)) take_part(zero3_.forward[zero3_.collective]);
+    c_.agree("data_parallel: a pass outside training (model.forward, loss or training_loss)", [&] {
+      if (failed) std::rethrow_exception(failed);
+    });
+  }
   // ZeRO-3: a layer has run; nothing to let go (the next layer's gather reuses the buffer).
   void parameters_done() noexcept override {}
   // ZeRO-3: after the parameters were made whole (gather_parameters, a broadcast), the pages of
@@ -449,21 +491,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   void release_parameters() noexcept override {
     if (!o_.shard_parameters || !zero3_.whole) return;
     zero3_.whole = false;
-    page_span const& sp = zero3_.pages;
-    param_range const s = shard();
-    for (std::size_t k = 0; k < sp.count();) {
-      auto const free_page = [&](std::size_t q) { return sp.inside(q) && !sp.touches(q, s); };
-      if (!free_page(k)) {
-        ++k;
-        continue;
-      }
-      std::size_t e = k + 1;
-      while (e < sp.count() && free_page(e)) ++e;
-#if REMAT_DIST_GRADIENT_PAGES
-      (void)madvise(reinterpret_cast<void*>(sp.first + k * sp.page), (e - k) * sp.page, MADV_DONTNEED);
-#endif
-      k = e;
-    }
+    give_back_outside_shard(zero3_.pages);
+    give_back_outside_shard(zero3_.compute_pages);  // (mixed precision: the 16-bit copy's)
   }
 
   // After an optimizer's step: a sharded optimizer's updated parts go to every rank (ZeRO-3: they
@@ -504,13 +533,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (o.bucket_bytes < sizeof(T))
       REMAT_NAMESPACE::detail::raise<argument_error>("data_parallel: expected bucket_bytes of at least one parameter (",
                                                      sizeof(T), "), found ", o.bucket_bytes);
-    if (o.shard_parameters) {
-      if constexpr (Model::mixed_precision)
-        REMAT_NAMESPACE::detail::raise<argument_error>(
-            "data_parallel: shard_parameters (ZeRO-3) is implemented for fp32 models; a mixed-precision model "
-            "shards its gradients and optimizer state (shard_gradients, ZeRO-2)");
-      o.shard_gradients = true;
-    }
+    if (o.shard_parameters) o.shard_gradients = true;
     if (o.shard_gradients) {
       if constexpr (!std::is_same_v<typename Model::device, host>)
         REMAT_NAMESPACE::detail::raise<argument_error>(
@@ -649,8 +672,9 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     std::uintptr_t begin = 0, end = 0;      // the buffer's bytes
     std::uintptr_t first = 0;               // the first page it touches
     std::size_t whole = 0;                  // the bytes of the pages it touches
+    std::size_t element = sizeof(T);       // the bytes of one of its elements
     std::size_t count() const { return page ? whole / page : 0; }  // the pages it touches
-    std::uintptr_t at(std::size_t i) const { return begin + i * sizeof(T); }  // where element i is
+    std::uintptr_t at(std::size_t i) const { return begin + i * element; }  // where element i is
     // Whether page k lies wholly in the buffer (pages shared with other memory are never given back).
     bool inside(std::size_t k) const { return first + k * page >= begin && first + (k + 1) * page <= end; }
     // Whether page k holds any of elements r.
@@ -659,14 +683,16 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     }
   };
   // The pages of `count` elements at `data` (a host buffer), kept from huge pages when `split`.
-  static page_span span_of(T const* data, std::size_t count, bool split) {
+  template <class U>
+  static page_span span_of(U const* data, std::size_t count, bool split) {
     page_span s;
+    s.element = sizeof(U);
 #if REMAT_DIST_GRADIENT_PAGES
     if constexpr (!std::is_same_v<typename Model::device, host>) return s;  // (device memory: not pages of ours)
     long const sys_page = sysconf(_SC_PAGESIZE);
     s.page = sys_page > 0 ? std::size_t(sys_page) : 4096;
     s.begin = reinterpret_cast<std::uintptr_t>(data);
-    s.end = s.begin + count * sizeof(T);
+    s.end = s.begin + count * sizeof(U);
     s.first = s.begin / s.page * s.page;
     s.whole = count ? std::size_t((s.end + s.page - 1) / s.page * s.page - s.first) : 0;
     // (pages given back one by one: never gathered into huge pages)
@@ -743,16 +769,25 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // ranks' pass still makes (the plan's, from where this rank's stopped), so that none waits for
   // it; the values it gathers go unread. Not when a wait timed out (the others are not there).
   void take_part_after_failing(std::exception_ptr failed) {
+    if (!timed_out(failed)) take_part(zero3_.events);
+  }
+  // Whether a failure was a wait that timed out (the other ranks are not there to take part with).
+  static bool timed_out(std::exception_ptr failed) {
     try {
       std::rethrow_exception(failed);
     } catch (dist_error const&) {
-      return;
+      return true;
     } catch (...) {
+      return false;
     }
+  }
+  // Takes part in the gathers and reports of `events` (a pass's, by the plan) from the first this
+  // rank has not taken part in yet (zero3_.taken of them); the values it gathers go unread.
+  void take_part(std::vector<REMAT_NAMESPACE::detail::pass_event> const& events) {
     using kind = REMAT_NAMESPACE::detail::pass_event::kind;
     std::size_t seen = 0;
     std::size_t const from = zero3_.taken;
-    for (REMAT_NAMESPACE::detail::pass_event const& e : zero3_.events) {
+    for (REMAT_NAMESPACE::detail::pass_event const& e : events) {
       if (e.what == kind::done || seen++ < from) continue;
       if (e.what == kind::report) {
         gradients_ready(e.range.begin);
@@ -764,18 +799,46 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   }
 
   T* parameter_base() const { return const_cast<T*>(std::as_const(model_).parameters().data()); }
+  // The weights layers read: the master weights, or (mixed precision) their compute copy, of which
+  // a pass has cast this rank's shard (model::weights).
+  C const* compute_base() const {
+    if constexpr (Model::mixed_precision)
+      return model_.compute_parameters().data();
+    else
+      return parameter_base();
+  }
+
+  // The pages of a span wholly inside its buffer that hold nothing of this rank's shard are given
+  // back to the system.
+  void give_back_outside_shard(page_span const& sp) const noexcept {
+    param_range const s = shard();
+    for (std::size_t k = 0; k < sp.count();) {
+      auto const free_page = [&](std::size_t q) { return sp.inside(q) && !sp.touches(q, s); };
+      if (!free_page(k)) {
+        ++k;
+        continue;
+      }
+      std::size_t e = k + 1;
+      while (e < sp.count() && free_page(e)) ++e;
+#if REMAT_DIST_GRADIENT_PAGES
+      (void)madvise(reinterpret_cast<void*>(sp.first + k * sp.page), (e - k) * sp.page, MADV_DONTNEED);
+#endif
+      k = e;
+    }
+  }
 
   // The pages of the parameters held now (mincore): the model's buffer's and, with ZeRO-3 on more
   // than one rank, the gather buffer's.
   std::size_t held_parameter_bytes() const {
     return resident_bytes(zero3_.pages, zero3_.residency) +
+           resident_bytes(zero3_.compute_pages, zero3_.compute_residency) +
            resident_bytes(zero3_.buffer.span, zero3_.buffer_residency);
   }
 
   // Every rank's part of parameters r into the gather buffer (this rank's copied in first: the
   // all-gather works in place).
   void gather_into_buffer(param_range r) {
-    T* const to = zero3_.buffer.data;
+    C* const to = zero3_.buffer.data;
     std::vector<param_range>& parts = zero3_.parts;
     parts.clear();
     for (param_range const& s : shards_) {
@@ -783,11 +846,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       parts.push_back({lo - r.begin, std::max(lo, hi) - r.begin});
     }
     param_range const own = parts[std::size_t(rank())];
-    if (own.size()) std::memcpy(to + own.begin, parameter_base() + r.begin + own.begin, own.size() * sizeof(T));
+    if (own.size()) std::memcpy(to + own.begin, compute_base() + r.begin + own.begin, own.size() * sizeof(C));
     transport_->follow();
     transport_->all_gather(to, parts);
     transport_->join("the parameters' gather");
-    if (inside_) traffic_.gathered += (r.size() - own.size()) * sizeof(T);
+    if (inside_) traffic_.gathered += (r.size() - own.size()) * sizeof(C);
   }
 
   // The parameter buffer's pages, the training pass's frames (the model's plan walk), the gather
@@ -796,19 +859,25 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // and the gather buffer's.
   void plan_parameter_pages() {
     zero3_.pages = span_of(parameter_base(), n, o_.shard_parameters);
+    if constexpr (Model::mixed_precision) zero3_.compute_pages = span_of(compute_base(), n, o_.shard_parameters);
     if (!gathers_parameters() || n == 0 || !zero3_.pages.page) return;
     using kind = REMAT_NAMESPACE::detail::pass_event::kind;
     zero3_.events = REMAT_NAMESPACE::detail::pass_events<typename Model::net, typename Model::precision>();
+    for (bool training : {false, true})
+      zero3_.forward[training] =
+          REMAT_NAMESPACE::detail::forward_events<typename Model::net, typename Model::precision>(training);
     std::size_t largest = 0;
     for (REMAT_NAMESPACE::detail::pass_event const& e : zero3_.events)
       if (e.what == kind::gather) largest = std::max(largest, e.range.size());
-    zero3_.buffer.allocate(largest * sizeof(T), zero3_.pages.page);
+    zero3_.buffer.allocate(largest * sizeof(C), zero3_.pages.page);
     zero3_.buffer.span = span_of(zero3_.buffer.data, largest, false);
-    page_span const& sp = zero3_.pages;
     param_range const s = shard();
-    std::size_t kept = 0;
-    for (std::size_t k = 0; k < sp.count(); ++k) kept += !sp.inside(k) || sp.touches(k, s);
-    zero3_.planned_peak = kept * sp.page + zero3_.buffer.span.whole;
+    auto const kept = [&](page_span const& sp) {
+      std::size_t pages = 0;
+      for (std::size_t k = 0; k < sp.count(); ++k) pages += !sp.inside(k) || sp.touches(k, s);
+      return pages * sp.page;
+    };
+    zero3_.planned_peak = kept(zero3_.pages) + kept(zero3_.compute_pages) + zero3_.buffer.span.whole;
   }
 
   void launch(bucket const& b) {
@@ -851,7 +920,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // The memory a layer's parameters are gathered into (ZeRO-3): pages of its own, for the
   // wrapper's life.
   struct gather_buffer {
-    T* data = nullptr;
+    C* data = nullptr;
     std::size_t bytes = 0;  // (whole pages)
     page_span span;         // (its pages, to count them)
     gather_buffer() = default;
@@ -870,7 +939,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       if (p == MAP_FAILED)
         REMAT_NAMESPACE::detail::raise<out_of_memory>("data_parallel: the gather buffer of ", bytes,
                                                       " bytes (the largest layer's parameters) could not be mapped");
-      data = static_cast<T*>(p);
+      data = static_cast<C*>(p);
 #else
       (void)need;
       (void)page;
@@ -879,17 +948,21 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   };
   struct {
     page_span pages;                    // the parameter buffer's pages
+    page_span compute_pages;            // the compute copy's (mixed precision; none otherwise)
     gather_buffer buffer;               // what a layer's parameters are gathered into
     param_range holds{};                // the parameters it holds (empty: none)
     std::uint64_t version = 0;          // the model's parameter_version when they were gathered
     bool whole = false;                 // the model's buffer holds every parameter (gathered, broadcast)
     std::vector<param_range> parts;     // (what a gather sends)
     std::vector<REMAT_NAMESPACE::detail::pass_event> events;  // a training pass's, by the plan
+    // A pass outside training's gathers, by the plan: an inference forward's, a training-mode one's.
+    std::vector<REMAT_NAMESPACE::detail::pass_event> forward[2];
+    int collective = -1;                // such a pass running: which (-1: none)
     std::size_t taken = 0;              // of its gathers and reports, those this rank took part in
     std::size_t planned_peak = 0;
     std::size_t pass_peak = 0;          // measured in the running training pass
     std::size_t last_peak = 0;          // measured in the last training pass that succeeded
-    mutable std::vector<unsigned char> residency, buffer_residency;  // (mincore's answers)
+    mutable std::vector<unsigned char> residency, compute_residency, buffer_residency;  // (mincore's answers)
   } zero3_;
   traffic traffic_{}, last_{};
   struct pass_start {

@@ -51,8 +51,10 @@ class mpi_transport {
       detail::check(MPI_Ibcast(p + b, count, detail::datatype<T>(), root, c_.get(), &r), "MPI_Ibcast");
     });
   }
-  // Every rank's part of p (rank q's: shards[q]) to every rank.
-  void all_gather(T* p, std::vector<param_range> const& shards) {
+  // Every rank's part of p (rank q's: shards[q]) to every rank. The elements may be of another
+  // type than T (a mixed-precision model's 16-bit compute copy): they are moved, not added.
+  template <class U>
+  void all_gather(U* p, std::vector<param_range> const& shards) {
     counts_.clear();
     displs_.clear();
     for (param_range const& s : shards) {
@@ -61,7 +63,7 @@ class mpi_transport {
     }
     MPI_Request r;
     detail::check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts_.data(), displs_.data(),
-                                  detail::datatype<T>(), c_.get(), &r),
+                                  detail::moved_datatype<U>(), c_.get(), &r),
                   "MPI_Iallgatherv");
     requests_.push_back(r);
   }

@@ -14,6 +14,7 @@
 
 #include "../cuda/runtime.hpp"
 #include "../error.hpp"
+#include "../numeric/small_float.hpp"
 #include "../train/gradient_sync.hpp"
 #include "communicator.hpp"
 
@@ -44,6 +45,8 @@ template <class T>
 ncclDataType_t nccl_type() {
   if constexpr (std::is_same_v<T, float>) return ncclFloat32;
   else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<T, half>) return ncclFloat16;
+  else if constexpr (std::is_same_v<T, bfloat16>) return ncclBfloat16;
   else static_assert(sizeof(T) == 0, "remat::dist: no NCCL type for this type");
 }
 
@@ -161,8 +164,9 @@ class nccl_transport {
   void reduce(T* p, std::size_t n, int root) { channel_->reduce(p, n, root); }
   void broadcast(T* p, std::size_t n, int root) { channel_->broadcast(p, n, root); }
   // Every rank's part of p (rank q's: shards[q]) to every rank: one broadcast per part, issued as
-  // one group.
-  void all_gather(T* p, std::vector<param_range> const& shards) {
+  // one group. The elements may be of another type than T (a 16-bit compute copy).
+  template <class U>
+  void all_gather(U* p, std::vector<param_range> const& shards) {
     group_start();
     for (std::size_t q = 0; q < shards.size(); ++q) channel_->broadcast(p + shards[q].begin, shards[q].size(), int(q));
     group_end();

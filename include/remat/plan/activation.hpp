@@ -134,6 +134,27 @@ std::vector<pass_event> pass_events() {
   return events;
 }
 
+// What a pass outside training does that a data-parallel wrapper takes part in: the frames of
+// its forward that gather parameters, in order (an inference forward, or with `training` the
+// training-mode forward of model.training_loss, which keeps nothing). What a rank whose forward
+// failed goes on taking part in (ZeRO-3).
+template <class Net, class Precision>
+std::vector<pass_event> forward_events(bool training) {
+  using T = typename Precision::compute;
+  planning::counter mem, offloaded;
+  std::vector<pass_event> events;
+  {
+    pass_options o{.training = training, .keep = false};
+    if constexpr (reads_ids_v<Net>) o.ids.count = 1;
+    planning::state<T> s(mem, offloaded, o);
+    s.record_events(&events);
+    planning::ref x = detail::input_activation<Net, Precision>(s, planning::input_shape{1, Net::in_width}, training);
+    auto const gathered = gather_frame<Net>(s, planning::no_params{});
+    planning::ref y = Net::forward(s, gathered.at(planning::no_params{}), std::move(x));
+  }
+  return events;
+}
+
 }  // namespace detail
 
 // The activation plan of a training step of a model<Net, Device, Precision> on `batch` rows (or

@@ -15,7 +15,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -239,9 +241,32 @@ class model {
 
  public:
   // Inference: nothing is saved for a backward pass.
+  // Under a data-parallel wrapper that keeps a shard of the parameters (ZeRO-3), every rank calls
+  // it together (and likewise loss and training_loss): if it throws on any rank (bad input, out of
+  // memory midway), it throws on every rank, the failing one its own error and the others
+  // dist_error quoting it.
   tensor<T, Device> forward(input_view x) const {
     [[maybe_unused]] auto const on_stream = stream_.scope();
-    validate_input(x);
+    return collective(false, [&] {
+      validate_input(x);
+      return forward_checked(x);
+    });
+  }
+
+  // The loss of the model on (x, target), without training.
+  template <class Loss>
+  double loss(input_view x, typename Loss::template target_type<T, Device> target) const {
+    [[maybe_unused]] auto const on_stream = stream_.scope();
+    return collective(false, [&] {
+      check<Loss>(x, target, false);  // (inference: any batch)
+      tensor<T, Device> y = forward_checked(x);
+      return Loss::forward_backward(y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
+    });
+  }
+
+ private:
+  // forward() on checked input.
+  tensor<T, Device> forward_checked(input_view x) const {
     memory::tracing::phase_scope const running(memory::phase::forward);
     state_type s = make_state({.training = false}, x);
     read_buffers(s);
@@ -253,15 +278,25 @@ class model {
     return take(std::move(y));
   }
 
-  // The loss of the model on (x, target), without training.
-  template <class Loss>
-  double loss(input_view x, typename Loss::template target_type<T, Device> target) const {
-    [[maybe_unused]] auto const on_stream = stream_.scope();
-    check<Loss>(x, target, false);  // (inference: any batch)
-    tensor<T, Device> y = forward(x);
-    return Loss::forward_backward(y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
+  // A pass outside training under a wrapper whose passes are collective (ZeRO-3): the wrapper is
+  // told it starts and how it ended (see gradient_sync::collective_pass_ended); otherwise f().
+  template <class F>
+  auto collective(bool training, F&& f) const {
+    detail::gradient_sync* const sync = link_.gradient_sync();
+    if (!sync || !sync->gathers_parameters()) return f();
+    sync->collective_pass_starting(training);
+    std::optional<decltype(f())> result;
+    std::exception_ptr failed;
+    try {
+      result.emplace(f());
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    sync->collective_pass_ended(failed);
+    return std::move(*result);
   }
 
+ public:
   // A training pass: forward (saving what backward needs), loss, backward; gradients of
   // weight * loss are added to the model's gradients. Returns the loss.
   // If `dx` is given, the gradient with respect to the input is written there too.
@@ -285,6 +320,13 @@ class model {
   template <class Loss>
   double training_loss(input_view x, typename Loss::template target_type<T, Device> target) const {
     [[maybe_unused]] auto const on_stream = stream_.scope();
+    return collective(true, [&] { return training_loss_checked<Loss>(x, target); });
+  }
+
+ private:
+  // training_loss() once collective.
+  template <class Loss>
+  double training_loss_checked(input_view x, typename Loss::template target_type<T, Device> target) const {
     check<Loss>(x, target, false);  // (inference: any batch)
     // Nothing is kept for a backward (nor offloaded); the values are the same.
     state_type s = make_state({.training = true, .keep = false, .stream = dropout_stream()}, x);
@@ -297,6 +339,7 @@ class model {
     return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
   }
 
+ public:
   // Sets the gradients to zero (after a data-parallel wrapper's reductions in flight finish):
   // what a step of gradient accumulation starts with. train_step does it itself.
   void zero_grad() {
@@ -777,10 +820,19 @@ class model {
 
   // The weights layers read: the master weights, or their compute copy cast when stale (once per
   // change of the weights, not per pass).
+  // Under a wrapper that keeps a shard of the parameters (ZeRO-3), only the shard is cast: layers
+  // read the rest gathered from the other ranks.
   C const* weights() const {
     if constexpr (mixed_precision) {
-      if (compute_stale_) {
-        evaluate(compute_params_, to_expr(params_));
+      detail::gradient_sync const* const sync = link_.gradient_sync();
+      param_range const want = sync ? sync->kept_parameters(stored_count()) : param_range{0, stored_count()};
+      if (compute_stale_ || compute_cast_ != want) {
+        if (want.size() == stored_count())
+          evaluate(compute_params_, to_expr(params_));
+        else if (want.size())
+          evaluate(compute_params_.view().row_range(want.begin, want.size()),
+                   to_expr(params_.view().row_range(want.begin, want.size())));
+        compute_cast_ = want;
         compute_stale_ = false;
       }
       return compute_params_.data();
@@ -867,6 +919,7 @@ class model {
   mutable tensor<C, Device> compute_params_;  // mixed precision only
   tensor<T, Device> buffers_, staged_buffers_;  // running state (and the copy a pass updates)
   mutable bool compute_stale_ = true;
+  mutable param_range compute_cast_{};  // the part of the compute copy cast last (see weights)
   std::uint64_t parameter_version_ = 0;  // (see parameter_version)
   bool grads_zero_ = false;      // the gradients are known to be zero (zero_grad, nothing since)
   bool failure_backup_ = true;   // see set_failure_backup

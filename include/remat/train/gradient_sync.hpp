@@ -82,9 +82,23 @@ class gradient_sync {
   }
   // The layer of the last parameters_needed not yet done has run (or left by an exception).
   virtual void parameters_done() noexcept {}
+  // The part of the model's `count` parameters whose compute copy (mixed precision) a pass casts
+  // from the master weights: all of them, unless the wrapper keeps a shard of the parameters and
+  // gathers each layer's compute copy from the other ranks (ZeRO-3), when it is the shard.
+  virtual param_range kept_parameters(std::size_t count) const { return {0, count}; }
   // A pass outside training (model.forward, model.loss, model.training_loss) has ended, or the
   // parameters were made whole for a while (dist::save): what is not this rank's is let go.
   virtual void release_parameters() noexcept {}
+  // A pass outside training (model.forward, loss; with `training`, training_loss's forward)
+  // starts on a model whose passes are collective (gathers_parameters()).
+  virtual void collective_pass_starting(bool training) { (void)training; }
+  // That pass has ended on this rank, `failed` if it threw: a rank that failed takes its part in
+  // what the other ranks' pass still gathers, the ranks agree, and if it threw on any rank it
+  // throws on every rank (the failing rank its own exception); the parameters made whole for it
+  // are let go.
+  virtual void collective_pass_ended(std::exception_ptr failed) {
+    if (failed) std::rethrow_exception(failed);
+  }
 };
 
 }  // namespace detail
