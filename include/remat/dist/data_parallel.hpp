@@ -249,10 +249,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     model_.set_passes(c_.broadcast(model_.passes(), 0, "the pass count's broadcast from rank 0"));
     model_.parameters_changed();
     if constexpr (Model::mixed_precision) {
-      // ZeRO-3: every page of the compute copy is touched once (the next pass casts the shard), so
-      // that the pages it shares with other memory are held, as the plan counts them, and those
-      // of other ranks' shards are given back below whatever they held.
-      if (gathers_parameters()) {
+      // ZeRO-3: every page of the compute copy is touched once (the next pass casts the shard, or
+      // on one rank all of it), so that the pages it shares with other memory are held, as the
+      // plan counts them, and those of other ranks' shards are given back below whatever they held.
+      if (o_.shard_parameters) {
         tensor_view<C, typename Model::device> const c = model_.compute_parameters();
         std::memset(static_cast<void*>(c.data()), 0, c.size() * sizeof(C));
       }
