@@ -576,6 +576,13 @@ TEST_CASE("ranks with different models or options fail at the start on every ran
         dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_optimizer = true, .shard_gradients = odd});
       },
       "shard_gradients true");
+  // (ranks that gather at different points would wait for each other's messages forever)
+  expect_dist_error(
+      [&] {
+        model<Net> m;
+        dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_parameters = true, .prefetch_parameters = odd});
+      },
+      "prefetch_parameters true");
   // The model is left without a wrapper, and can be wrapped again.
   model<Net> m;
   dist::data_parallel dp(m, MPI_COMM_WORLD);
@@ -1080,6 +1087,22 @@ TEST_CASE("ZeRO-3: with the parameters sharded too, training is ZeRO-2's, bit fo
     // all-gather after the step.
     if (world_size() == 1) CHECK(t3.gathered == 0);
     if (world_size() > 1) CHECK(t3.gathered > 0);
+    // Without prefetching: the same values; every gather made as its frame starts, none ahead, and
+    // no fewer (a second buffer can only keep a frame's parameters longer).
+    std::vector<double> lw;
+    dist::traffic tw;
+    dist::options waiting = sharding(3, bucket);
+    waiting.prefetch_parameters = false;
+    std::vector<float> const zero3w = data_parallel_run<Net>(4, opts, waiting, &lw, &tw);
+    CHECK(std::memcmp(zero3w.data(), zero3.data(), zero3.size() * sizeof(float)) == 0);
+    CHECK(lw == l3);
+    CHECK(tw.prefetched == 0);
+    CHECK(t3.gathered <= tw.gathered);
+    if (world_size() > 1) CHECK(t3.prefetched > 0);
+    if (world_size() > 1 && world_rank() == 0 && bucket == 256)
+      std::printf("ZeRO-3, %d ranks: %zu bytes gathered in a step, %zu of them ahead of their frame; %zu without "
+                  "prefetching\n",
+                  world_size(), t3.gathered, t3.prefetched, tw.gathered);
   }
   std::vector<float> const stored = data_parallel_run<Net>(3, opts, sharding(2));
   auto const check = [&]<class NetT>(NetT*, char const* name) {
@@ -1087,6 +1110,10 @@ TEST_CASE("ZeRO-3: with the parameters sharded too, training is ZeRO-2's, bit fo
     std::vector<float> const zero2 = data_parallel_run<NetT>(3, opts, sharding(2));
     std::vector<float> const zero3 = data_parallel_run<NetT>(3, opts, sharding(3));
     CHECK(std::memcmp(zero2.data(), zero3.data(), zero2.size() * sizeof(float)) == 0);
+    dist::options waiting = sharding(3);
+    waiting.prefetch_parameters = false;
+    std::vector<float> const zero3w = data_parallel_run<NetT>(3, opts, waiting);
+    CHECK(std::memcmp(zero3w.data(), zero3.data(), zero3.size() * sizeof(float)) == 0);
     return zero3;
   };
   // The storage policies recompute under the same gathers: each layer gathers again as it runs
@@ -1163,17 +1190,20 @@ TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a 
           "[dist][zero3][memory][plan]") {
   // What a rank holds is read from the kernel's page tables (mincore); the plan takes the largest
   // frame of the model's plan walk. Independently here: a rank holds every page of the model's
-  // buffer but those wholly inside it and wholly outside its shard, and, once a pass has run, the
-  // gather buffer: the largest layer's parameters, rounded up to pages.
+  // buffer but those wholly inside it and wholly outside its shard, and, from the wrapper's
+  // construction, the gather buffers: two (one without prefetching), each the largest layer's
+  // parameters, rounded up to pages.
   constexpr std::size_t D = 128;
   using Wide = Residual<Seq<LayerNorm<D>, Linear<D, 256>, GELU, Linear<256, D>>>;
   auto const page = std::size_t(sysconf(_SC_PAGESIZE));
-  auto const check = [&]<class NetT, class P>(NetT*, P, char const* name) {
-    INFO(name << ", " << world_size() << " ranks");
+  auto const check = [&]<class NetT, class P>(NetT*, P, char const* name, bool prefetch = true) {
+    INFO(name << (prefetch ? "" : ", without prefetching") << ", " << world_size() << " ranks");
     using M = model<NetT, host, P>;
     using C = typename M::compute_type;
     M m(seed{7});
-    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(3, std::size_t(64) << 10));
+    dist::options o = sharding(3, std::size_t(64) << 10);
+    o.prefetch_parameters = prefetch;
+    dist::data_parallel dp(m, MPI_COMM_WORLD, o);
     AdamW opt(m, opts);
     param_range const r = my_rows(dp.rank(), dp.size());
     constexpr std::size_t n = M::parameter_count;
@@ -1198,9 +1228,11 @@ TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a 
       params_at_rest += compute_at_rest;
       params_whole += compute_whole;
     }
-    // The gather buffer: the largest layer's parameters, in the type layers read, rounded up to pages.
+    // A gather buffer: the largest layer's parameters, in the type layers read, rounded up to
+    // pages; one rank gathers nothing.
     std::size_t const largest = (Linear<D, 256>::param_count * sizeof(C) + page - 1) / page * page;
-    CHECK(dp.parameter_pages().now == params_at_rest);
+    std::size_t const gather_buffers = world_size() == 1 ? 0 : (prefetch ? 2 : 1) * largest;
+    CHECK(dp.parameter_pages().now == params_at_rest + gather_buffers);
     for (int t = 0; t < 2; ++t) {
       batch b = whole_batch(t);
       dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
@@ -1209,9 +1241,8 @@ TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a 
       CHECK(p.last_peak == p.planned_peak);
       CHECK(g.now == grads_at_rest);
       CHECK(g.last_peak == g.planned_peak);
-      std::size_t const gather_buffer = world_size() == 1 ? 0 : largest;  // (one rank gathers nothing)
-      CHECK(p.now == params_at_rest + gather_buffer);
-      CHECK(p.planned_peak == params_at_rest + gather_buffer);
+      CHECK(p.now == params_at_rest + gather_buffers);
+      CHECK(p.planned_peak == params_at_rest + gather_buffers);
       if (world_size() == 1) CHECK(p.now == p.whole);
       if (world_size() > 1) CHECK(p.planned_peak < p.whole);
       // Parameters (and their compute copy), gradients and the optimizer's two moments: 1/P of
@@ -1219,7 +1250,7 @@ TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a 
       std::size_t const per_rank = p.now + g.now + 2 * opt.exp_avg().size() * sizeof(float);
       std::size_t const alone = 4 * n * sizeof(float) + (M::mixed_precision ? n * sizeof(C) : 0);
       // (each buffer: its shard rounded out to pages, and the two pages it shares at its ends)
-      CHECK(per_rank <= alone / std::size_t(world_size()) + 10 * page + gather_buffer);
+      CHECK(per_rank <= alone / std::size_t(world_size()) + 10 * page + gather_buffers);
       if (t == 1 && world_rank() == 0)
         std::printf("ZeRO-3, %s, %d ranks: rank 0 holds %zu of %zu parameter bytes at rest, %zu at the pass's "
                     "peak (planned %zu); parameters + gradients + moments %zu bytes, one process %zu\n",
@@ -1232,6 +1263,7 @@ TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a 
   check(static_cast<Stored*>(nullptr), fp32{}, "stored");
   check(static_cast<Ckpt*>(nullptr), fp32{}, "Checkpointed");
   check(static_cast<Rev*>(nullptr), fp32{}, "Revolve<2>");
+  check(static_cast<Ckpt*>(nullptr), fp32{}, "Checkpointed", false);
   using P = mixed<bfloat16, DynamicLossScale>;
   check(static_cast<Stored*>(nullptr), P{}, "stored, mixed<bfloat16>");
   check(static_cast<Rev*>(nullptr), P{}, "Revolve<2>, mixed<bfloat16>");

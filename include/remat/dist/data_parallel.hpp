@@ -34,8 +34,12 @@
 // block of a chain, a Residual or policy around one layer as a whole) tells the wrapper which
 // parameters it reads; they are all-gathered from their owners into the wrapper's gather buffer (as
 // large as the largest frame's parameters, by the model's plan walk) and the layer reads them
-// there. So a rank holds its shard plus one layer's parameters, and the memory it gathers into is
-// the same for every layer (no page is faulted in again). parameter_pages() says what is held
+// there. As a layer starts, the next frame's parameters (by the plan's list of the pass's frames)
+// start their all-gather into a second buffer (options::prefetch_parameters), on a transport of
+// their own, so they move while the layer runs and a wait for them never waits for gradients. So a
+// rank holds its shard plus two layers' parameters (one without prefetching), and the memory it
+// gathers into is the same for every layer, taken as the wrapper is built (no page is faulted in
+// again). parameter_pages() says what is held
 // (mincore) and what the plan says. Every pass of the model is collective then, inference included
 // (model.forward, loss and training_loss are agreed as a training pass is). A rank whose pass fails
 // goes on taking part in the gathers and reductions the others make, following the plan's list of
@@ -123,6 +127,10 @@ struct options {
   // them there. Every pass of the model is then collective: training through the wrapper, and
   // model.forward, loss and training_loss, which every rank must call together.
   bool shard_parameters = false;
+  // ZeRO-3: as a layer starts, the parameters of the next frame that gathers (the model's plan
+  // walk lists them) start their all-gather into a second buffer, so they move while the layer
+  // runs (FSDP's prefetch); a second buffer as large as the first is held for it.
+  bool prefetch_parameters = true;
   // A wait for the other ranks longer than this throws dist_error (a rank failed or diverged).
   double timeout_seconds = 300;
 };
@@ -145,6 +153,7 @@ struct gradient_memory {
 struct traffic {
   std::size_t reduced = 0;     // gradients sent into all-reduces (or reduces, when sharded)
   std::size_t gathered = 0;    // parameters all-gathered (sharded)
+  std::size_t prefetched = 0;  // of them, gathered while the frame before theirs ran (ZeRO-3)
   std::size_t buckets = 0;     // gradient messages
   std::size_t overlapped = 0;  // of them, started before backward finished
   std::size_t launches = 0;    // points in backward that started some (a block's gradients final)
@@ -193,6 +202,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     for (int q = 0; q < c_.size(); ++q) shards_.push_back(shard_of(q));
     check_signatures();
     transport_ = std::make_unique<Transport>(c_);
+    // (ZeRO-3: gathers are waited for apart from the gradients' reductions)
+    if (gathers_parameters()) gathers_ = std::make_unique<Transport>(c_);
     plan_buckets();
     broadcast_parameters();
     plan_gradient_pages();
@@ -211,7 +222,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (gathers_parameters() && !zero3_.whole) model_.link().set_partial_parameters(true);
     if (model_.link().gradient_sync() == this) model_.link().set_gradient_sync(nullptr);
     // Messages abandoned in flight may still use the communicator and its buffers.
-    if (transport_ && transport_->busy()) c_.abandon();
+    if ((transport_ && transport_->busy()) || (gathers_ && gathers_->busy())) c_.abandon();
+    // (a gather abandoned by a timeout may still write into its buffer: MPI keeps it)
+    if (c_.timed_out())
+      for (gather_slot& b : zero3_.slots) b.buffer.leak();
   }
 
   int rank() const { return c_.rank(); }  // this process's rank among the wrapper's
@@ -275,9 +289,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // spans, the plan's peak during a training pass, the last training pass's measured peak
   // (options::shard_parameters) and what is held now (a host model's; all 0 for a GPU model's).
   // With ZeRO-3 on more than one rank, what is held is the pages of the model's buffer that hold
-  // this rank's shard (and the two it shares at its ends) plus the gather buffer a layer's
-  // parameters are gathered into, as large as the largest layer's; without, every page. In mixed
-  // precision the compute copy's pages count too, and the gather buffer holds compute values.
+  // this rank's shard (and the two it shares at its ends) plus the gather buffers layers'
+  // parameters are gathered into (two with options::prefetch_parameters, one without), each as
+  // large as the largest layer's, held from the wrapper's construction; without ZeRO-3, every
+  // page. In mixed precision the compute copy's pages count too, and the gather buffers hold
+  // compute values.
   gradient_memory parameter_pages() const {
     gradient_memory g{zero3_.pages.whole + zero3_.compute_pages.whole, zero3_.planned_peak, zero3_.last_peak,
                       held_parameter_bytes()};
@@ -382,6 +398,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     }
     launch_ready(offset);
     transport_->progress();
+    if (gathers_ && gathers_->busy()) gathers_->progress();  // (a prefetch in flight)
   }
   // Agrees with the other ranks on how the pass ended; see gradient_sync::pass_ended.
   void pass_ended(std::exception_ptr failed) override {
@@ -391,6 +408,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       if (o_.shard_parameters) take_part_after_failing(failed);
       launch_ready(0);
     }
+    if (!failed || !timed_out(failed)) finish_gathers();  // (none is left in flight when the pass follows its plan)
     try {
       c_.agree("data_parallel: a training pass", [&] {
         if (failed) std::rethrow_exception(failed);
@@ -444,19 +462,21 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   }
   // ZeRO-3 on more than one rank: every pass says which parameters each layer reads.
   bool gathers_parameters() const override { return o_.shard_parameters && size() > 1; }
-  // ZeRO-3: a layer's parameters are gathered into the gather buffer (unless it holds them
-  // already, unchanged), where the layer reads them.
+  // ZeRO-3: a layer's parameters are brought into a gather buffer (waited for when prefetched,
+  // kept when a buffer holds them already, unchanged, gathered now otherwise), where the layer
+  // reads them; then the next frame's, by the plan, start into the other buffer (prefetch).
   void const* parameters_needed(std::size_t offset, std::size_t count) override {
     param_range const r{offset, offset + count};
-    if (inside_ || zero3_.collective >= 0) ++zero3_.taken;
-    if (!(zero3_.holds == r && zero3_.version == model_.parameter_version())) {
-      zero3_.holds = {};
-      gather_into_buffer(r);
-      zero3_.holds = r;
-      zero3_.version = model_.parameter_version();
-    }
+    // The pass's frames by the plan: what comes after this one.
+    std::vector<param_range> const* ahead =
+        inside_ ? &zero3_.ahead : zero3_.collective >= 0 ? &zero3_.forward_ahead[zero3_.collective] : nullptr;
+    std::size_t const index = zero3_.taken;  // (this frame's place among the pass's gathers and reports)
+    if (ahead) ++zero3_.taken;
+    int const b = bring(r);
+    zero3_.reading = b;
+    if (o_.prefetch_parameters && ahead && index < ahead->size()) prefetch((*ahead)[index], 1 - b);
     if (inside_) zero3_.pass_peak = std::max(zero3_.pass_peak, held_parameter_bytes());
-    return zero3_.buffer.data;
+    return zero3_.slots[b].buffer.data;
   }
   // ZeRO-3 in mixed precision: a pass casts this rank's shard of the compute copy only (each
   // layer's is gathered from the shards of all ranks).
@@ -480,12 +500,20 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       }
     } const after{this};
     if (failed && !timed_out(failed)) take_part(zero3_.forward[zero3_.collective]);
+    if (!failed || !timed_out(failed)) finish_gathers();
     c_.agree("data_parallel: a pass outside training (model.forward, loss or training_loss)", [&] {
       if (failed) std::rethrow_exception(failed);
     });
   }
-  // ZeRO-3: a layer has run; nothing to let go (the next layer's gather reuses the buffer).
-  void parameters_done() noexcept override {}
+  // ZeRO-3: a layer has run; nothing to let go (the next layer's gather reuses a buffer), but a
+  // prefetch in flight is moved on (MPI progresses inside MPI calls; a failure shows at its wait).
+  void parameters_done() noexcept override {
+    if (!gathers_ || !gathers_->busy()) return;
+    try {
+      gathers_->progress();
+    } catch (...) {
+    }
+  }
   // ZeRO-3: after the parameters were made whole (gather_parameters, a broadcast), the pages of
   // those this rank does not own are given back.
   void release_parameters() noexcept override {
@@ -574,7 +602,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     std::vector<std::uint64_t> const all = c_.all_gather(
         {n, detail::fnv1a(table), detail::fnv1a(detail::type_name<typename Model::net>()),
          sizeof(T) * 256 + sizeof(typename Model::compute_type), o_.bucket_bytes,
-         (o_.shard_optimizer ? 1u : 0u) + (o_.shard_gradients ? 2u : 0u) + (o_.shard_parameters ? 4u : 0u),
+         (o_.shard_optimizer ? 1u : 0u) + (o_.shard_gradients ? 2u : 0u) + (o_.shard_parameters ? 4u : 0u) +
+             (o_.prefetch_parameters ? 8u : 0u),
          std::uint64_t(Model::mixed_precision)},
         "the model signatures' exchange");
     for (int q = 1; q < size(); ++q) {
@@ -596,9 +625,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         REMAT_NAMESPACE::detail::raise<dist_error>(
             "data_parallel: expected the same options on every rank, found rank 0 with bucket_bytes ", a[4],
             ", shard_optimizer ", a[5] & 1 ? "true" : "false", ", shard_gradients ", a[5] & 2 ? "true" : "false",
-            " and shard_parameters ", a[5] & 4 ? "true" : "false", ", rank ", q, " with bucket_bytes ", b[4],
+            ", shard_parameters ", a[5] & 4 ? "true" : "false", " and prefetch_parameters ",
+            a[5] & 8 ? "true" : "false", ", rank ", q, " with bucket_bytes ", b[4],
             ", shard_optimizer ", b[5] & 1 ? "true" : "false", ", shard_gradients ", b[5] & 2 ? "true" : "false",
-            " and shard_parameters ", b[5] & 4 ? "true" : "false");
+            ", shard_parameters ", b[5] & 4 ? "true" : "false", " and prefetch_parameters ",
+            b[5] & 8 ? "true" : "false");
     }
   }
 
@@ -832,13 +863,41 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   std::size_t held_parameter_bytes() const {
     return resident_bytes(zero3_.pages, zero3_.residency) +
            resident_bytes(zero3_.compute_pages, zero3_.compute_residency) +
-           resident_bytes(zero3_.buffer.span, zero3_.buffer_residency);
+           resident_bytes(zero3_.slots[0].buffer.span, zero3_.buffer_residency) +
+           resident_bytes(zero3_.slots[1].buffer.span, zero3_.buffer_residency);
   }
 
-  // Every rank's part of parameters r into the gather buffer (this rank's copied in first: the
-  // all-gather works in place).
-  void gather_into_buffer(param_range r) {
-    C* const to = zero3_.buffer.data;
+  // Parameters r in a gather buffer, to read now: the buffer that holds them (unchanged since,
+  // waited for if a prefetch brings them), or, after any prefetch of others is done with, the one
+  // read least recently, gathered into now. Returns the buffer's index.
+  int bring(param_range r) {
+    std::uint64_t const version = model_.parameter_version();
+    for (int b = 0; b < 2; ++b) {
+      gather_slot const& slot = zero3_.slots[b];
+      if (slot.holds != r || slot.version != version) continue;
+      if (slot.in_flight) finish_gathers();
+      return b;
+    }
+    finish_gathers();
+    int const b = o_.prefetch_parameters ? 1 - zero3_.reading : 0;
+    start_gather(r, b);
+    finish_gathers();
+    return b;
+  }
+  // Starts the gather of parameters r into buffer b (which nothing reads now) unless a buffer
+  // holds them already.
+  void prefetch(param_range r, int b) {
+    if (r.size() == 0) return;
+    for (gather_slot const& slot : zero3_.slots)
+      if (slot.holds == r && slot.version == model_.parameter_version()) return;
+    start_gather(r, b, true);
+  }
+  // Starts every rank's part of parameters r on its way into buffer b (this rank's copied in
+  // first: the all-gather works in place); finish_gathers waits for it.
+  void start_gather(param_range r, int b, bool ahead = false) {
+    gather_slot& slot = zero3_.slots[b];
+    C* const to = slot.buffer.data;
+    slot.holds = {};
     std::vector<param_range>& parts = zero3_.parts;
     parts.clear();
     for (param_range const& s : shards_) {
@@ -847,10 +906,27 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     }
     param_range const own = parts[std::size_t(rank())];
     if (own.size()) std::memcpy(to + own.begin, compute_base() + r.begin + own.begin, own.size() * sizeof(C));
-    transport_->follow();
-    transport_->all_gather(to, parts);
-    transport_->join("the parameters' gather");
-    if (inside_) traffic_.gathered += (r.size() - own.size()) * sizeof(C);
+    gathers_->follow();
+    gathers_->all_gather(to, parts);
+    slot.holds = r;
+    slot.version = model_.parameter_version();
+    slot.in_flight = true;
+    if (!inside_) return;
+    traffic_.gathered += (r.size() - own.size()) * sizeof(C);
+    if (ahead) traffic_.prefetched += (r.size() - own.size()) * sizeof(C);
+  }
+  // Waits for the gathers started (a buffer whose wait fails holds nothing).
+  void finish_gathers() {
+    if (gathers_ && gathers_->busy()) {
+      try {
+        gathers_->join("the parameters' gather");
+      } catch (...) {
+        for (gather_slot& slot : zero3_.slots)
+          if (slot.in_flight) slot.holds = {};
+        throw;
+      }
+    }
+    for (gather_slot& slot : zero3_.slots) slot.in_flight = false;
   }
 
   // The parameter buffer's pages, the training pass's frames (the model's plan walk), the gather
@@ -863,21 +939,46 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (!gathers_parameters() || n == 0 || !zero3_.pages.page) return;
     using kind = REMAT_NAMESPACE::detail::pass_event::kind;
     zero3_.events = REMAT_NAMESPACE::detail::pass_events<typename Model::net, typename Model::precision>();
-    for (bool training : {false, true})
+    zero3_.ahead = gathers_ahead(zero3_.events);
+    for (bool training : {false, true}) {
       zero3_.forward[training] =
           REMAT_NAMESPACE::detail::forward_events<typename Model::net, typename Model::precision>(training);
+      zero3_.forward_ahead[training] = gathers_ahead(zero3_.forward[training]);
+    }
     std::size_t largest = 0;
     for (REMAT_NAMESPACE::detail::pass_event const& e : zero3_.events)
       if (e.what == kind::gather) largest = std::max(largest, e.range.size());
-    zero3_.buffer.allocate(largest * sizeof(C), zero3_.pages.page);
-    zero3_.buffer.span = span_of(zero3_.buffer.data, largest, false);
+    // (a prefetch's buffer too; both are touched now, so that what they hold is taken as the
+    // wrapper is built, not in the middle of a pass)
+    for (int b = 0; b < (o_.prefetch_parameters ? 2 : 1); ++b) {
+      gather_buffer& buffer = zero3_.slots[b].buffer;
+      buffer.allocate(largest * sizeof(C), zero3_.pages.page);
+      buffer.span = span_of(buffer.data, largest, false);
+      if (buffer.data) std::memset(static_cast<void*>(buffer.data), 0, buffer.bytes);
+    }
     param_range const s = shard();
     auto const kept = [&](page_span const& sp) {
       std::size_t pages = 0;
       for (std::size_t k = 0; k < sp.count(); ++k) pages += !sp.inside(k) || sp.touches(k, s);
       return pages * sp.page;
     };
-    zero3_.planned_peak = kept(zero3_.pages) + kept(zero3_.compute_pages) + zero3_.buffer.span.whole;
+    zero3_.planned_peak = kept(zero3_.pages) + kept(zero3_.compute_pages) + zero3_.slots[0].buffer.span.whole +
+                          zero3_.slots[1].buffer.span.whole;
+  }
+  // For each of a pass's gathers and reports (its events but the frames' ends, in order), the
+  // parameters of the next gather after it (empty: none).
+  static std::vector<param_range> gathers_ahead(std::vector<REMAT_NAMESPACE::detail::pass_event> const& events) {
+    using kind = REMAT_NAMESPACE::detail::pass_event::kind;
+    std::vector<param_range> ahead;
+    for (REMAT_NAMESPACE::detail::pass_event const& e : events)
+      if (e.what != kind::done) ahead.push_back(e.what == kind::gather ? e.range : param_range{});
+    param_range next{};
+    for (std::size_t i = ahead.size(); i-- > 0;) {
+      param_range const own = ahead[i];
+      ahead[i] = next;
+      if (own.size()) next = own;
+    }
+    return ahead;
   }
 
   void launch(bucket const& b) {
@@ -901,6 +1002,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   options o_;
   communicator c_;  // (before the transport, which uses it until it goes)
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Transport> gathers_;  // ZeRO-3 on more than one rank: the parameters' gathers
   std::vector<param_range> shards_;  // each rank's
   std::vector<bucket> buckets_;
   std::size_t next_ = 0;    // the next bucket to start
@@ -945,18 +1047,26 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       (void)page;
 #endif
     }
+    void leak() noexcept { data = nullptr; }  // (MPI may still write into it)
+  };
+  // A gather buffer and what it holds.
+  struct gather_slot {
+    gather_buffer buffer;
+    param_range holds{};        // the parameters it holds, or receives (empty: none)
+    std::uint64_t version = 0;  // the model's parameter_version when they were gathered
+    bool in_flight = false;     // a gather into it started, not waited for yet
   };
   struct {
     page_span pages;                    // the parameter buffer's pages
     page_span compute_pages;            // the compute copy's (mixed precision; none otherwise)
-    gather_buffer buffer;               // what a layer's parameters are gathered into
-    param_range holds{};                // the parameters it holds (empty: none)
-    std::uint64_t version = 0;          // the model's parameter_version when they were gathered
+    gather_slot slots[2];               // what layers' parameters are gathered into (the second: prefetch)
+    int reading = 0;                    // the slot the last frame read
     bool whole = false;                 // the model's buffer holds every parameter (gathered, broadcast)
     std::vector<param_range> parts;     // (what a gather sends)
     std::vector<REMAT_NAMESPACE::detail::pass_event> events;  // a training pass's, by the plan
     // A pass outside training's gathers, by the plan: an inference forward's, a training-mode one's.
     std::vector<REMAT_NAMESPACE::detail::pass_event> forward[2];
+    std::vector<param_range> ahead, forward_ahead[2];  // each's next gather after each event (gathers_ahead)
     int collective = -1;                // such a pass running: which (-1: none)
     std::size_t taken = 0;              // of its gathers and reports, those this rank took part in
     std::size_t planned_peak = 0;
