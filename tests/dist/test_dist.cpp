@@ -1282,11 +1282,18 @@ TEST_CASE("ZeRO-3: a model left with its shard of the parameters refuses to run 
     whole = params_of(m);
     dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);  // (the gathered copy is let go)
   }
+  std::string const path = "/tmp/remat-zero3-partial-" + std::to_string(world_rank()) + ".safetensors";
   if (world_size() == 1) {  // (one rank holds every parameter)
+    CHECK(m.parameters_whole());
     CHECK_NOTHROW(m.forward(b.x.view()));
     return;
   }
+  CHECK_FALSE(m.parameters_whole());
   CHECK_THROWS_WITH(m.forward(b.x.view()), Catch::Contains("found one rank's shard of them only"));
+  // (a file of the shard would read as the whole model, the rest zero: refused, nothing written)
+  std::remove(path.c_str());
+  CHECK_THROWS_AS(save(m, path), argument_error);
+  CHECK_FALSE(std::filesystem::exists(path));
   CHECK_THROWS_WITH(m.accumulate<SoftmaxCrossEntropy>(b.x.view(), b.y.view()),
                     Catch::Contains("call dp.gather_parameters() on every rank"));
   CHECK_THROWS_WITH(dist::data_parallel(m, MPI_COMM_WORLD, sharding(3)), Catch::Contains("shard of them only"));
@@ -1303,14 +1310,59 @@ TEST_CASE("ZeRO-3: a model left with its shard of the parameters refuses to run 
     CHECK_NOTHROW(n.forward(b.x.view()));
   }
   // A file loaded into it makes it whole again.
-  std::string const path = "/tmp/remat-zero3-partial-" + std::to_string(world_rank()) + ".safetensors";
   {
     model<Net> n(seed{3});
     save(n, path);
   }
   load(m, path);
+  CHECK(m.parameters_whole());
   CHECK_NOTHROW(m.forward(b.x.view()));
   std::remove(path.c_str());
+}
+
+TEST_CASE("ZeRO-3: saving or loading the model itself while a rank holds its shard is refused, and changes nothing",
+          "[dist][zero3][errors][io]") {
+  // Under the wrapper, remat::save of the model would write this rank's shard with zeros for the
+  // rest, and remat::load would make one rank's model whole from a file the others may not read:
+  // both are refused with what to call instead, until the parameters are gathered.
+  model<Net> m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(3));
+  AdamW opt(m, opts);
+  param_range const r = my_rows(dp.rank(), dp.size());
+  batch b = whole_batch(0);
+  dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+  std::string const mine = "/tmp/remat-zero3-own-" + std::to_string(world_rank()) + ".safetensors";
+  std::string const shared = "/tmp/remat-zero3-shared.safetensors";
+  dist::save(dp, shared);
+  std::remove(mine.c_str());
+  std::size_t const held = dp.parameter_pages().now;
+  if (world_size() == 1) {  // (one rank: the model holds every parameter, and is an ordinary model)
+    CHECK(m.parameters_whole());
+    CHECK_NOTHROW(save(m, mine));
+    CHECK_NOTHROW(load(m, mine));
+    std::remove(mine.c_str());
+    return;
+  }
+  CHECK_FALSE(m.parameters_whole());
+  CHECK_THROWS_WITH(save(m, mine), Catch::Contains("remat::dist::save(dp, path)"));
+  CHECK_FALSE(std::filesystem::exists(mine));
+  std::uint64_t const version = m.parameter_version();
+  CHECK_THROWS_WITH(load(m, shared), Catch::Contains("remat::dist::load(dp, path)"));
+  CHECK(m.parameter_version() == version);
+  CHECK(dp.parameter_pages().now == held);  // (no page of another rank's shard came back)
+  // Gathered, the model is whole until the next pass: saved by itself, it is dist::save's file.
+  dp.gather_parameters();
+  CHECK(m.parameters_whole());
+  save(m, mine);
+  model<Net> a(seed{1}), c(seed{2});
+  load(a, mine);
+  load(c, shared);
+  CHECK(params_of(a) == params_of(c));
+  dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+  CHECK_FALSE(m.parameters_whole());  // (the pass let the gathered copy go)
+  std::remove(mine.c_str());
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::remove(shared.c_str());
 }
 
 TEST_CASE("ZeRO-3: a pass outside training that fails on one rank fails on every rank, and none waits for it",

@@ -462,6 +462,9 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   }
   // ZeRO-3 on more than one rank: every pass says which parameters each layer reads.
   bool gathers_parameters() const override { return o_.shard_parameters && size() > 1; }
+  // ZeRO-3: whether the model holds every parameter now (after gather_parameters, until the next
+  // pass or step).
+  bool parameters_whole() const override { return !gathers_parameters() || zero3_.whole; }
   // ZeRO-3: a layer's parameters are brought into a gather buffer (waited for when prefetched,
   // kept when a buffer holds them already, unchanged, gathered now otherwise), where the layer
   // reads them; then the next frame's, by the plan, start into the other buffer (prefetch).
@@ -1141,7 +1144,7 @@ void save(data_parallel<Model, Transport>& dp, Opt const& opt, std::string const
 template <class Model, class Transport>
 void load(data_parallel<Model, Transport>& dp, std::string const& path) {
   dp.agree("dist::load", [&] {
-    if (dp.rank() == 0) REMAT_NAMESPACE::load(dp.model(), path);
+    if (dp.rank() == 0) REMAT_NAMESPACE::detail::load_parameters(dp.model(), path);
   });
   dp.broadcast_parameters();
 }

@@ -463,11 +463,18 @@ inline file read(std::string const& path) {
 }  // namespace safetensors
 
 // The model's parameters, one safetensors tensor per parameter tensor, named as in
-// model::parameter_table() ("0.weight", "2.1.0.bias", ...). Metadata records the model.
+// model::parameter_table() ("0.weight", "2.1.0.bias", ...). Metadata records the model. A model
+// that holds one rank's shard of its parameters only (ZeRO-3: model::parameters_whole() is false)
+// is refused with argument_error, and no file is written: save it with remat::dist::save.
 template <class Net, class Device, class Precision>
 void save(model<Net, Device, Precision> const& m, std::string const& path,
           std::map<std::string, std::string> metadata = {}) {
   using T = typename Precision::master;
+  if (!m.parameters_whole())
+    detail::raise<argument_error>(
+        "save '", path, "': expected a model that holds every parameter, found one rank's shard of them only (a "
+        "remat::dist::data_parallel with shard_parameters, ZeRO-3; the rest read as zero); save it with "
+        "remat::dist::save(dp, path), which gathers them, or call dp.gather_parameters() on every rank first");
   std::vector<T> host = tensor_to_host(m.parameters());
   std::vector<safetensors::entry> entries;
   for (named_param const& p : m.parameter_table())
@@ -484,11 +491,12 @@ void save(model<Net, Device, Precision> const& m, std::string const& path,
   safetensors::write(path, entries, metadata);
 }
 
-// Loads parameters saved by save() (or by PyTorch with the same names, shapes and dtype). Any
-// difference (a missing or extra tensor, another shape or dtype, a corrupt or truncated file)
-// throws io_error and leaves the model as it was.
+namespace detail {
+
+// load()'s work, without its refusal of a model whose parameters a ZeRO-3 wrapper shards
+// (dist::load reads the file on rank 0 with it, then keeps each rank's shard).
 template <class Net, class Device, class Precision>
-void load(model<Net, Device, Precision>& m, std::string const& path) {
+void load_parameters(model<Net, Device, Precision>& m, std::string const& path) {
   using T = typename Precision::master;
   constexpr bool has_buffers = model<Net, Device, Precision>::buffer_count > 0;
   safetensors::file const f = safetensors::read(path);
@@ -530,6 +538,23 @@ void load(model<Net, Device, Precision>& m, std::string const& path) {
   tensor_from_host(m.parameters(), std::span<T const>(host));
   m.link().set_partial_parameters(false);  // (every parameter is written)
   if constexpr (has_buffers) tensor_from_host(m.buffers(), std::span<T const>(buffers));
+}
+
+}  // namespace detail
+
+// Loads parameters saved by save() (or by PyTorch with the same names, shapes and dtype). Any
+// difference (a missing or extra tensor, another shape or dtype, a corrupt or truncated file)
+// throws io_error and leaves the model as it was. A model whose parameters a ZeRO-3 wrapper
+// shards across more than one rank is refused with argument_error (each rank would hold the
+// whole file's values, and the ranks might load different files): load it with remat::dist::load.
+template <class Net, class Device, class Precision>
+void load(model<Net, Device, Precision>& m, std::string const& path) {
+  if (detail::gradient_sync const* s = m.link().gradient_sync(); s && s->gathers_parameters())
+    detail::raise<argument_error>(
+        "load '", path, "': this model's parameters are sharded across the ranks of a remat::dist::data_parallel "
+        "with shard_parameters (ZeRO-3); load them with remat::dist::load(dp, path) on every rank, which reads the "
+        "file on rank 0 and keeps each rank's shard");
+  detail::load_parameters(m, path);
 }
 
 namespace detail {

@@ -418,8 +418,17 @@ class model {
   // The loss scale: its value, skipped steps and (for DynamicLossScale) its schedule.
   loss_scaler& scaler() { return scaler_; }
   loss_scaler const& scaler() const { return scaler_; }
-  // The master weights, read-only (the compute copy stays valid).
+  // The master weights, read-only (the compute copy stays valid). Under a ZeRO-3 wrapper with
+  // more than one rank they hold this rank's shard only (the rest read as zero) unless
+  // parameters_whole(): see remat::dist::data_parallel::gather_parameters.
   tensor_view<T const, Device> parameters() const { return params_.view().row_range(0, parameter_count); }
+  // Whether this process holds the value of every parameter: false while a data-parallel wrapper
+  // with shard_parameters (ZeRO-3) on more than one rank keeps this rank's shard only, or after
+  // such a wrapper went without gathering them (link().partial_parameters()).
+  bool parameters_whole() const {
+    if (detail::gradient_sync const* s = link_.gradient_sync()) return s->parameters_whole();
+    return !link_.partial_parameters();
+  }
   // (A writable view may be written: the gradients are no longer known to be zero.)
   tensor_view<T, Device> gradients() {
     grads_zero_ = false;

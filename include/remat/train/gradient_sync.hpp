@@ -73,6 +73,9 @@ class gradient_sync {
   // Whether every pass (training or not) must tell parameters_needed which parameters each layer
   // reads before it runs; such passes are collective (every rank runs them).
   virtual bool gathers_parameters() const { return false; }
+  // Whether the model's buffer holds every parameter's value now (a ZeRO-3 wrapper: only after it
+  // made them whole, until its next pass or step).
+  virtual bool parameters_whole() const { return true; }
   // A layer is about to read parameters [offset, offset + count): their values are brought in;
   // returns where the layer reads them until parameters_done (null: where they are).
   virtual void const* parameters_needed(std::size_t offset, std::size_t count) {
