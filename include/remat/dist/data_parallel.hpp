@@ -39,11 +39,10 @@
 // their own, so they move while the layer runs and a wait for them never waits for gradients. So a
 // rank holds its shard plus two layers' parameters (one without prefetching), and the memory it
 // gathers into is the same for every layer, taken as the wrapper is built (no page is faulted in
-// again). parameter_pages() says what is held
-// (mincore) and what the plan says. Every pass of the model is collective then, inference included
-// (model.forward, loss and training_loss are agreed as a training pass is). A rank whose pass fails
-// goes on taking part in the gathers and reductions the others make, following the plan's list of
-// them.
+// again). parameter_pages() says what is held (mincore) and what the plan says. Every pass of the
+// model is collective then, inference included (model.forward, loss and training_loss are agreed
+// as a training pass is). A rank whose pass fails goes on taking part in the gathers and
+// reductions the others make, following the plan's list of them.
 //
 // Bad input on one rank (an id out of range, a batch of the wrong shape) is found before anything
 // changes and every rank throws: the rank with the bad input its own error, the others dist_error
