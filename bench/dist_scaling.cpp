@@ -4,12 +4,13 @@
 //   mpirun -np P bench_dist [--blocks 8] [--batch 256] [--policy stored|checkpoint] [--shard]
 //                           [--shard-gradients] [--shard-parameters] [--bucket-mib 4] [--steps 7]
 //                           [--warmup 2] [--alone] [--offload] [--precision fp32|bf16]
-//                           [--no-prefetch]
+//                           [--no-prefetch] [--keep]
 //
 // --alone trains the model without remat::dist (one process, no communicator): the baseline.
 // --shard shards the optimizer state (ZeRO-1); --shard-gradients the gradients too (ZeRO-2);
 // --shard-parameters the parameters too (ZeRO-3), each layer's gathered while the one before it
-// runs (--no-prefetch: as it starts).
+// runs (--no-prefetch: as it starts); --keep keeps them, once gathered, until the pass ends
+// (options::keep_parameters_for_backward: gathered once a step, the whole at the pass's peak).
 // --precision bf16 trains mixed<bfloat16> (fp32 master weights and a bf16 compute copy, which
 // ZeRO-3 shards too).
 // --offload steps with OffloadedAdamW instead of AdamW (the state in its own host allocator; on
@@ -62,6 +63,7 @@ struct config {
   std::string policy = "stored";
   bool shard = false, shard_gradients = false, shard_parameters = false, alone = false, offload = false;
   bool prefetch = true;  // ZeRO-3: the next layer's parameters gathered while one runs
+  bool keep = false;     // ZeRO-3: a pass's gathered parameters kept until it ends
   std::string precision = "fp32";
   double bucket_mib = 4;
   int steps = 7, warmup = 2;
@@ -80,7 +82,8 @@ int run(config const& c) {
                              .shard_optimizer = c.shard || c.shard_gradients || c.shard_parameters,
                              .shard_gradients = c.shard_gradients || c.shard_parameters,
                              .shard_parameters = c.shard_parameters,
-                             .prefetch_parameters = c.prefetch});
+                             .prefetch_parameters = c.prefetch,
+                             .keep_parameters_for_backward = c.keep});
     rank = dp->rank();
     ranks = dp->size();
   }
@@ -128,13 +131,14 @@ int run(config const& c) {
       "\"grad_peak_bytes\": %zu, \"grad_planned_peak_bytes\": %zu, \"grad_pages_bytes\": %zu, "
       "\"param_held_bytes\": %zu, \"param_peak_bytes\": %zu, \"param_planned_peak_bytes\": %zu, "
       "\"param_pages_bytes\": %zu, \"precision\": \"%s\", \"prefetch\": %s, \"prefetched_bytes\": %zu, "
+      "\"keep\": %s, "
       "\"loss\": %.6f}\n",
       c.alone ? "alone" : "dist", ranks, omp_get_max_threads(), c.policy.c_str(), c.shard ? "true" : "false", c.batch,
       N, D, step, double(c.batch) / step, flop / step * 1e-9, grad_bytes, tr.reduced, tr.gathered, tr.buckets,
       tr.overlapped, alloc.stats()[memory::tag::optimizer_state].in_use, c.offload ? "true" : "false", host_state, zero,
       alloc.stats()[memory::tag::parameters].in_use, g.now, zero >= 2 ? g.last_peak : g.whole, g.planned_peak, g.whole,
       p.now, zero == 3 ? p.last_peak : p.whole, p.planned_peak, p.whole, c.precision.c_str(),
-      zero == 3 && c.prefetch ? "true" : "false", tr.prefetched, loss);
+      zero == 3 && c.prefetch ? "true" : "false", tr.prefetched, zero == 3 && c.keep ? "true" : "false", loss);
   return 0;
 }
 
@@ -153,6 +157,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--shard-gradients")) c.shard_gradients = true;
     else if (!std::strcmp(argv[i], "--shard-parameters")) c.shard_parameters = true;
     else if (!std::strcmp(argv[i], "--no-prefetch")) c.prefetch = false;
+    else if (!std::strcmp(argv[i], "--keep")) c.keep = true;
     else if (!std::strcmp(argv[i], "--alone")) c.alone = true;
     else if (!std::strcmp(argv[i], "--offload")) c.offload = true;
     else if (v && !std::strcmp(argv[i], "--precision")) c.precision = argv[++i];

@@ -29,6 +29,7 @@ for round in 1 2; do
   OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --shard-gradients | tee -a "$raw"
   OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --shard-parameters | tee -a "$raw"
   OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --shard-parameters --no-prefetch | tee -a "$raw"
+  OMP_NUM_THREADS=1 mpirun -np 2 "$bin" --shard-parameters --keep | tee -a "$raw"
   OMP_NUM_THREADS=2 mpirun --bind-to none -np 1 "$bin" --shard | tee -a "$raw"
   OMP_NUM_THREADS=2 mpirun --bind-to none -np 1 "$bin" --shard-gradients | tee -a "$raw"
   OMP_NUM_THREADS=2 mpirun --bind-to none -np 1 "$bin" --shard-parameters | tee -a "$raw"
@@ -56,7 +57,7 @@ with open(out + ".jsonl", "w") as f:
 def key(r):
     return (r.get("library", "remat"), r["mode"], r["ranks"], r["threads"], r.get("policy", "stored"),
             r.get("zero", 1 if r.get("shard", False) else 0), r.get("malloc_tuned", None), r.get("offload", False),
-            r.get("precision", "fp32"), r.get("prefetch", False))
+            r.get("precision", "fp32"), r.get("prefetch", False), r.get("keep", False))
 best = {}
 for r in rows:  # the faster of the two rounds
     k = key(r)
@@ -70,8 +71,8 @@ lines = [f"<!-- {datetime.date.today()}, {cpu}, 2 cores; bash bench/dist_scaling
          "",
          "| library | run | ranks × threads | policy | optimizer state | step (s) | vs remat alone (2 threads) | vs PyTorch, same run | reduced per step / model gradients | optimizer state per rank |",
          "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
-for k, r in sorted(best.items(), key=lambda kv: (kv[0][0] != "remat", kv[0][8], kv[0][1] != "alone", kv[0][2], -kv[0][3], str(kv[0][4]), str(kv[0][5]), str(kv[0][7]), not kv[0][9])):
-    lib, mode, ranks, threads, policy, shard, tuned, offload, precision, prefetch = k
+for k, r in sorted(best.items(), key=lambda kv: (kv[0][0] != "remat", kv[0][8], kv[0][1] != "alone", kv[0][2], -kv[0][3], str(kv[0][4]), str(kv[0][5]), str(kv[0][7]), not kv[0][9], kv[0][10])):
+    lib, mode, ranks, threads, policy, shard, tuned, offload, precision, prefetch, keep = k
     if lib == "torch":
         run = ("DDP (gloo)" if mode == "ddp" else "alone") + (", OpenMP BLAS + malloc tuned" if tuned else ", as shipped")
         peer = ""
@@ -92,7 +93,8 @@ for k, r in sorted(best.items(), key=lambda kv: (kv[0][0] != "remat", kv[0][8], 
             peer = ""  # (the PyTorch runs are fp32)
         st = {0: "whole", 1: "sharded (ZeRO-1)", 2: "sharded with the gradients (ZeRO-2)",
               3: "sharded with the gradients and parameters (ZeRO-3)"}[shard] + (
-            ", OffloadedAdamW" if offload else "") + (", no prefetch" if shard == 3 and not prefetch else "")
+            ", OffloadedAdamW" if offload else "") + (", no prefetch" if shard == 3 and not prefetch else "") + (
+            ", kept for backward" if keep else "")
     lines.append(f"| {lib} | {run} | {ranks} × {threads} | {pol} | {st} | {r['step_s']:.3f} | "
                  f"{r['step_s'] / remat_alone:.2f} | {peer} | {red} | {state} |")
 lines += ["", f"PyTorch anchors (the faster setting): alone {torch_alone:.3f} s, DDP over gloo {torch_ddp:.3f} s."]
@@ -106,15 +108,16 @@ lines += ["", "Per-rank memory of the model's state in MiB (rank 0; remat: the o
           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 mem_rows = []
 for k, r in best.items():
-    lib, mode, ranks, threads, policy, level, tuned, offload, precision, prefetch = k
+    lib, mode, ranks, threads, policy, level, tuned, offload, precision, prefetch, keep = k
     if lib == "remat" and mode == "dist" and policy == "stored" and not offload:
         bf = precision == "bf16"
         params = r.get("param_held_bytes", r["param_bytes"])
         ppeak = f"{mib(r['param_peak_bytes'])} ({mib(r['param_planned_peak_bytes'])})" if level == 3 else mib(params)
         gpeak = f"{mib(r['grad_peak_bytes'])} ({mib(r['grad_planned_peak_bytes'])})" if level >= 2 else mib(r['grad_held_bytes'])
         total = params + r["grad_held_bytes"] + r["optimizer_state_bytes"]
-        name = f"ZeRO-{level}" + (", bf16" if bf else "") + (", no prefetch" if level == 3 and not prefetch else "")
-        mem_rows.append((0, int(bf), level, ranks, int(prefetch), f"| remat | {name} | {ranks} | {mib(params)} | {ppeak} | "
+        name = f"ZeRO-{level}" + (", bf16" if bf else "") + (", no prefetch" if level == 3 and not prefetch else "") + (
+            ", kept for backward" if keep else "")
+        mem_rows.append((0, int(bf), level, ranks, int(prefetch) - 2 * int(keep), f"| remat | {name} | {ranks} | {mib(params)} | {ppeak} | "
                          f"{mib(r['grad_held_bytes'])} | {gpeak} | {mib(r['optimizer_state_bytes'])} | {mib(total)} | "
                          f"{r['step_s']:.3f} |"))
     if lib == "torch" and "param_bytes" in r and tuned:

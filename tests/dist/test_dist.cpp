@@ -116,10 +116,11 @@ constexpr adamw_options opts{.lr = 1e-2, .weight_decay = 1e-2};
 
 // What each rank keeps of the optimizer state, the gradients and the parameters: 0 everything,
 // 1 ZeRO-1 (the optimizer state sharded), 2 ZeRO-2 (the gradients too), 3 ZeRO-3 (the parameters
-// too).
+// too); 4 is ZeRO-3 with each layer's gathered parameters kept until the training pass ends
+// (options::keep_parameters_for_backward).
 dist::options sharding(int level, std::size_t bucket_bytes = 512) {
   return {.bucket_bytes = bucket_bytes, .shard_optimizer = level >= 1, .shard_gradients = level >= 2,
-          .shard_parameters = level >= 3, .timeout_seconds = 60};
+          .shard_parameters = level >= 3, .keep_parameters_for_backward = level >= 4, .timeout_seconds = 60};
 }
 constexpr std::size_t n_params = model<Net>::parameter_count;
 
@@ -453,6 +454,9 @@ int fail_every_request(int level, bool accumulate, bool arena) {
     batch b = whole_batch(0);
     tr.before(b);
     auto const snap = tr.state();
+    // (ZeRO-3: the pages of the shard and the gather buffers, none kept from the failed pass; the
+    // buffers' end pages, shared with other memory, make this a figure of one run only)
+    std::size_t const pages = tr.dp.parameter_pages().now;
     std::size_t const r0 = tr.alloc.stats().requests;
     if (k && world_rank() == bad) tr.alloc.fail_request(k);
     bool threw = false;
@@ -481,6 +485,7 @@ int fail_every_request(int level, bool accumulate, bool arena) {
     if (threw) {
       ++*thrown;
       CHECK(tr.state() == snap);
+      CHECK(tr.dp.parameter_pages().now == pages);
       tr.target(b);
     }
     tr.after();
@@ -511,19 +516,22 @@ TEST_CASE("an allocation failure on one rank at any request of a step fails ever
       int const bf16 = fail_every_request<CheckpointedNet, mixed<bfloat16, DynamicLossScale>>(0, accumulate, arena);
       int const zero2 = fail_every_request<Net, mixed<bfloat16, DynamicLossScale>>(2, accumulate, arena);
       int const zero3 = fail_every_request<CheckpointedNet, fp32>(3, accumulate, arena);
+      int const zero3_kept = fail_every_request<CheckpointedNet, fp32>(4, accumulate, arena);
       int const zero3_bf16 = fail_every_request<NetWith<Revolve<2, Repeat<3, Block>>>, mixed<bfloat16, DynamicLossScale>>(
           3, accumulate, arena);
       CHECK(stored > 0);
       CHECK(zero3 > 0);
+      CHECK(zero3_kept > 0);
       CHECK(zero3_bf16 > 0);
       CHECK(checkpointed > 0);
       CHECK(bf16 > 0);
       CHECK(zero2 > 0);
       if (world_rank() == 0)
         std::printf("faults under data_parallel, rank %d of %d failing (%s%s): stored %d, Checkpointed and sharded "
-                    "%d, Checkpointed bf16 %d, ZeRO-2 bf16 %d, ZeRO-3 Checkpointed %d, ZeRO-3 Revolve bf16 %d\n",
+                    "%d, Checkpointed bf16 %d, ZeRO-2 bf16 %d, ZeRO-3 Checkpointed %d (kept for backward %d), "
+                    "ZeRO-3 Revolve bf16 %d\n",
                     world_size() - 1, world_size(), accumulate ? "second micro-batch" : "train_step",
-                    arena ? "" : ", no arena", stored, checkpointed, bf16, zero2, zero3, zero3_bf16);
+                    arena ? "" : ", no arena", stored, checkpointed, bf16, zero2, zero3, zero3_kept, zero3_bf16);
     }
 }
 
@@ -583,6 +591,12 @@ TEST_CASE("ranks with different models or options fail at the start on every ran
         dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_parameters = true, .prefetch_parameters = odd});
       },
       "prefetch_parameters true");
+  expect_dist_error(
+      [&] {
+        model<Net> m;
+        dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_parameters = true, .keep_parameters_for_backward = odd});
+      },
+      "keep_parameters_for_backward true");
   // The model is left without a wrapper, and can be wrapped again.
   model<Net> m;
   dist::data_parallel dp(m, MPI_COMM_WORLD);
@@ -1099,10 +1113,21 @@ TEST_CASE("ZeRO-3: with the parameters sharded too, training is ZeRO-2's, bit fo
     CHECK(tw.prefetched == 0);
     CHECK(t3.gathered <= tw.gathered);
     if (world_size() > 1) CHECK(t3.prefetched > 0);
+    // Kept for backward: the same values, and each parameter this rank does not own gathered once
+    // a step (every parameter is in exactly one layer's frame).
+    std::vector<double> lk;
+    dist::traffic tk;
+    std::vector<float> const zero3k = data_parallel_run<Net>(4, opts, sharding(4, bucket), &lk, &tk);
+    CHECK(std::memcmp(zero3k.data(), zero3.data(), zero3.size() * sizeof(float)) == 0);
+    CHECK(lk == l3);
+    std::size_t const mine = n_params * std::size_t(world_rank() + 1) / std::size_t(world_size()) -
+                             n_params * std::size_t(world_rank()) / std::size_t(world_size());
+    CHECK(tk.gathered == (world_size() == 1 ? 0 : (n_params - mine) * sizeof(float)));
+    if (world_size() > 1) CHECK(tk.prefetched > 0);
     if (world_size() > 1 && world_rank() == 0 && bucket == 256)
       std::printf("ZeRO-3, %d ranks: %zu bytes gathered in a step, %zu of them ahead of their frame; %zu without "
-                  "prefetching\n",
-                  world_size(), t3.gathered, t3.prefetched, tw.gathered);
+                  "prefetching; %zu keeping them for backward\n",
+                  world_size(), t3.gathered, t3.prefetched, tw.gathered, tk.gathered);
   }
   std::vector<float> const stored = data_parallel_run<Net>(3, opts, sharding(2));
   auto const check = [&]<class NetT>(NetT*, char const* name) {
@@ -1114,6 +1139,8 @@ TEST_CASE("ZeRO-3: with the parameters sharded too, training is ZeRO-2's, bit fo
     waiting.prefetch_parameters = false;
     std::vector<float> const zero3w = data_parallel_run<NetT>(3, opts, waiting);
     CHECK(std::memcmp(zero3w.data(), zero3.data(), zero3.size() * sizeof(float)) == 0);
+    std::vector<float> const zero3k = data_parallel_run<NetT>(3, opts, sharding(4));
+    CHECK(std::memcmp(zero3k.data(), zero3.data(), zero3.size() * sizeof(float)) == 0);
     return zero3;
   };
   // The storage policies recompute under the same gathers: each layer gathers again as it runs
@@ -1176,11 +1203,14 @@ TEST_CASE("ZeRO-3: accumulation, inference and saving are collective and give Ze
     std::vector<float> y2, y3, p2, p3;
     double l2 = 0, l3 = 0;
     run(precision, 2, y2, l2, p2);
-    run(precision, 3, y3, l3, p3);
-    CHECK(y2 == y3);
-    CHECK(l2 == l3);
-    CHECK(p2 == p3);
-    CHECK(same_on_every_rank(p3));
+    for (int level : {3, 4}) {  // (4: the gathered parameters kept for backward)
+      INFO("level " << level);
+      run(precision, level, y3, l3, p3);
+      CHECK(y2 == y3);
+      CHECK(l2 == l3);
+      CHECK(p2 == p3);
+      CHECK(same_on_every_rank(p3));
+    }
   };
   compare(fp32{}, "fp32");
   compare(mixed<bfloat16, DynamicLossScale>{}, "mixed<bfloat16>");
@@ -1196,12 +1226,13 @@ TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a 
   constexpr std::size_t D = 128;
   using Wide = Residual<Seq<LayerNorm<D>, Linear<D, 256>, GELU, Linear<256, D>>>;
   auto const page = std::size_t(sysconf(_SC_PAGESIZE));
-  auto const check = [&]<class NetT, class P>(NetT*, P, char const* name, bool prefetch = true) {
-    INFO(name << (prefetch ? "" : ", without prefetching") << ", " << world_size() << " ranks");
+  auto const check = [&]<class NetT, class P>(NetT*, P, char const* name, bool prefetch = true, bool keep = false) {
+    INFO(name << (prefetch ? "" : ", without prefetching") << (keep ? ", kept for backward" : "") << ", "
+              << world_size() << " ranks");
     using M = model<NetT, host, P>;
     using C = typename M::compute_type;
     M m(seed{7});
-    dist::options o = sharding(3, std::size_t(64) << 10);
+    dist::options o = sharding(keep ? 4 : 3, std::size_t(64) << 10);
     o.prefetch_parameters = prefetch;
     dist::data_parallel dp(m, MPI_COMM_WORLD, o);
     AdamW opt(m, opts);
@@ -1223,15 +1254,20 @@ TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a 
     };
     auto [params_at_rest, params_whole] = at_rest(std::as_const(m).parameters().data(), sizeof(float));
     auto const [grads_at_rest, grads_whole] = at_rest(std::as_const(m).gradients().data(), sizeof(float));
+    // Kept for backward, a pass ends holding every page of the copy layers read (every parameter
+    // is some layer's): the master weights in fp32, the compute copy in mixed precision.
+    std::size_t kept_peak = params_whole;
     if constexpr (M::mixed_precision) {  // (the compute copy's pages: a rank keeps its shard of them too)
       auto const [compute_at_rest, compute_whole] = at_rest(m.compute_parameters().data(), sizeof(C));
+      kept_peak = params_at_rest + compute_whole;
       params_at_rest += compute_at_rest;
       params_whole += compute_whole;
     }
     // A gather buffer: the largest layer's parameters, in the type layers read, rounded up to
     // pages; one rank gathers nothing.
     std::size_t const largest = (Linear<D, 256>::param_count * sizeof(C) + page - 1) / page * page;
-    std::size_t const gather_buffers = world_size() == 1 ? 0 : (prefetch ? 2 : 1) * largest;
+    // (kept for backward, passes gather into the model's own pages: no buffer)
+    std::size_t const gather_buffers = world_size() == 1 || keep ? 0 : (prefetch ? 2 : 1) * largest;
     CHECK(dp.parameter_pages().now == params_at_rest + gather_buffers);
     for (int t = 0; t < 2; ++t) {
       batch b = whole_batch(t);
@@ -1242,9 +1278,9 @@ TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a 
       CHECK(g.now == grads_at_rest);
       CHECK(g.last_peak == g.planned_peak);
       CHECK(p.now == params_at_rest + gather_buffers);
-      CHECK(p.planned_peak == params_at_rest + gather_buffers);
+      CHECK(p.planned_peak == (keep ? kept_peak : params_at_rest) + gather_buffers);
       if (world_size() == 1) CHECK(p.now == p.whole);
-      if (world_size() > 1) CHECK(p.planned_peak < p.whole);
+      if (world_size() > 1 && !keep) CHECK(p.planned_peak < p.whole);
       // Parameters (and their compute copy), gradients and the optimizer's two moments: 1/P of
       // one process's each, to pages, and the gather buffer.
       std::size_t const per_rank = p.now + g.now + 2 * opt.exp_avg().size() * sizeof(float);
@@ -1264,9 +1300,12 @@ TEST_CASE("ZeRO-3: a rank keeps the pages of its shard of the parameters, and a 
   check(static_cast<Ckpt*>(nullptr), fp32{}, "Checkpointed");
   check(static_cast<Rev*>(nullptr), fp32{}, "Revolve<2>");
   check(static_cast<Ckpt*>(nullptr), fp32{}, "Checkpointed", false);
+  check(static_cast<Ckpt*>(nullptr), fp32{}, "Checkpointed", true, true);
+  check(static_cast<Stored*>(nullptr), fp32{}, "stored", false, true);
   using P = mixed<bfloat16, DynamicLossScale>;
   check(static_cast<Stored*>(nullptr), P{}, "stored, mixed<bfloat16>");
   check(static_cast<Rev*>(nullptr), P{}, "Revolve<2>, mixed<bfloat16>");
+  check(static_cast<Rev*>(nullptr), P{}, "Revolve<2>, mixed<bfloat16>", true, true);
 }
 
 TEST_CASE("ZeRO-3: a model left with its shard of the parameters refuses to run alone", "[dist][zero3][errors]") {
@@ -1374,11 +1413,11 @@ TEST_CASE("ZeRO-3: a pass outside training that fails on one rank fails on every
   // rank left waiting would time out instead, with no quote). The next pass gives what a pass
   // that never failed gives.
   int const bad = world_size() - 1;
-  auto const check = [&]<class NetT, class P>(NetT*, P, char const* name) {
-    INFO(name << ", " << world_size() << " ranks, rank " << bad << " failing");
+  auto const check = [&]<class NetT, class P>(NetT*, P, char const* name, int level = 3) {
+    INFO(name << ", " << world_size() << " ranks, rank " << bad << " failing, level " << level);
     memory::caching_allocator<host> alloc;
     model<NetT, host, P> m(seed{7}, alloc);
-    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(3));
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level));
     AdamW opt(m, opts);
     param_range const r = my_rows(dp.rank(), dp.size());
     batch b = whole_batch(0);
@@ -1435,7 +1474,9 @@ TEST_CASE("ZeRO-3: a pass outside training that fails on one rank fails on every
       }
       return requests;
     };
+    std::size_t const pages = dp.parameter_pages().now;
     int const n = each_request(forward) + each_request(loss) + each_request(training_loss);
+    CHECK(dp.parameter_pages().now == pages);  // (kept for backward: what the failed passes gathered, let go)
     CHECK(forward() == y0);
     CHECK(loss() == l0);
     CHECK(training_loss() == t0);
@@ -1447,6 +1488,9 @@ TEST_CASE("ZeRO-3: a pass outside training that fails on one rank fails on every
   using P = mixed<bfloat16, DynamicLossScale>;
   check(static_cast<Net*>(nullptr), fp32{}, "stored");
   check(static_cast<NetWith<Revolve<2, Repeat<3, Checkpointed<Block>>>>*>(nullptr), fp32{}, "Revolve<2, Checkpointed>");
+  check(static_cast<NetWith<Revolve<2, Repeat<3, Checkpointed<Block>>>>*>(nullptr), fp32{},
+        "Revolve<2, Checkpointed>, kept for backward", 4);
+  check(static_cast<DropNet*>(nullptr), P{}, "with dropout, bf16, kept for backward", 4);
   check(static_cast<NetWith<Repeat<3, Selective<Block>>>*>(nullptr), P{}, "Selective, bf16");
   check(static_cast<DropNet*>(nullptr), P{}, "with dropout, bf16");
   check(static_cast<Linear<In, Out>*>(nullptr), fp32{}, "a model that is one Linear");
@@ -1502,6 +1546,12 @@ TEST_CASE("ZeRO-3 in mixed precision: each rank keeps a shard of the compute cop
     outcome const fp32_zero3 = run(net, fp32{}, 3);
     CHECK(zero3.traffic.gathered * 2 == fp32_zero3.traffic.gathered);
     if (world_size() > 1) CHECK(zero3.traffic.gathered > 0);
+    // Kept for backward: the same training, each 16-bit parameter not this rank's gathered once.
+    outcome const kept = run(net, P{}, 4);
+    CHECK(std::memcmp(kept.params.data(), zero3.params.data(), zero3.params.size() * sizeof(float)) == 0);
+    CHECK(kept.losses == zero3.losses);
+    CHECK(kept.skipped == zero3.skipped);
+    CHECK(kept.traffic.gathered <= zero3.traffic.gathered);
     if (world_rank() == 0)
       std::printf("ZeRO-3 bf16, %s, %d ranks: %llu of 12 steps skipped, final scale %g, %zu bytes gathered in the first\n",
                   name, world_size(), static_cast<unsigned long long>(zero3.skipped), zero3.scale,

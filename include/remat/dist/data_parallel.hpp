@@ -39,7 +39,10 @@
 // their own, so they move while the layer runs and a wait for them never waits for gradients. So a
 // rank holds its shard plus two layers' parameters (one without prefetching), and the memory it
 // gathers into is the same for every layer, taken as the wrapper is built (no page is faulted in
-// again). parameter_pages() says what is held (mincore) and what the plan says. Every pass of the
+// again). With options::keep_parameters_for_backward a pass gathers each layer's parameters
+// once, into the model's own pages, and keeps them until it ends (backward and recomputations read
+// them there): half the gathers, the whole parameters at the pass's peak.
+// parameter_pages() says what is held (mincore) and what the plan says. Every pass of the
 // model is collective then, inference included (model.forward, loss and training_loss are agreed
 // as a training pass is). A rank whose pass fails goes on taking part in the gathers and
 // reductions the others make, following the plan's list of them.
@@ -130,6 +133,12 @@ struct options {
   // walk lists them) start their all-gather into a second buffer, so they move while the layer
   // runs (FSDP's prefetch); a second buffer as large as the first is held for it.
   bool prefetch_parameters = true;
+  // ZeRO-3: a pass keeps each layer's parameters, once gathered (into the model's own memory
+  // pages, with no gather buffer), until the pass ends, so backward and a storage policy's
+  // recomputations gather nothing again (FSDP's reshard_after_forward = false): half the gathers,
+  // for a pass that holds the whole parameters at its peak, as ZeRO-2 does. Between passes a rank
+  // holds its shard only.
+  bool keep_parameters_for_backward = false;
   // A wait for the other ranks longer than this throws dist_error (a rank failed or diverged).
   double timeout_seconds = 300;
 };
@@ -382,6 +391,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     zero3_.pass_peak = 0;
     zero3_.taken = 0;
     release_parameters();  // (ZeRO-3: parameters made whole for a while are let go)
+    release_kept();
     if (overlap_) started_ = true;
   }
   // Starts the buckets whose gradients are final (from `offset` to the end), when the pass reduces.
@@ -418,10 +428,12 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         pages_.last_peak = pages_.pass_peak;
       }
       zero3_.last_peak = std::max(zero3_.pass_peak, held_parameter_bytes());
+      release_kept();
     } catch (...) {
       // Every rank undoes the pass: once the reductions are done with the gradients, the model
       // restores them, and this wrapper is as before the pass.
       if (transport_->busy()) transport_->join("a failed pass's reductions");
+      release_kept();
       pending_ = before_.pending;
       started_ = before_.started;
       next_ = before_.next;
@@ -474,6 +486,12 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         inside_ ? &zero3_.ahead : zero3_.collective >= 0 ? &zero3_.forward_ahead[zero3_.collective] : nullptr;
     std::size_t const index = zero3_.taken;  // (this frame's place among the pass's gathers and reports)
     if (ahead) ++zero3_.taken;
+    if (ahead && o_.keep_parameters_for_backward) {  // (in the model's own pages, until the pass ends)
+      keep(r, false);
+      if (o_.prefetch_parameters && index < ahead->size() && (*ahead)[index].size()) keep((*ahead)[index], true);
+      if (inside_) zero3_.pass_peak = std::max(zero3_.pass_peak, held_parameter_bytes());
+      return nullptr;
+    }
     int const b = bring(r);
     zero3_.reading = b;
     if (o_.prefetch_parameters && ahead && index < ahead->size()) prefetch((*ahead)[index], 1 - b);
@@ -499,6 +517,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       ~end() {
         d->zero3_.collective = -1;
         d->release_parameters();
+        d->release_kept();
       }
     } const after{this};
     if (failed && !timed_out(failed)) take_part(zero3_.forward[zero3_.collective]);
@@ -605,7 +624,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         {n, detail::fnv1a(table), detail::fnv1a(detail::type_name<typename Model::net>()),
          sizeof(T) * 256 + sizeof(typename Model::compute_type), o_.bucket_bytes,
          (o_.shard_optimizer ? 1u : 0u) + (o_.shard_gradients ? 2u : 0u) + (o_.shard_parameters ? 4u : 0u) +
-             (o_.prefetch_parameters ? 8u : 0u),
+             (o_.prefetch_parameters ? 8u : 0u) + (o_.keep_parameters_for_backward ? 16u : 0u),
          std::uint64_t(Model::mixed_precision)},
         "the model signatures' exchange");
     for (int q = 1; q < size(); ++q) {
@@ -627,11 +646,12 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         REMAT_NAMESPACE::detail::raise<dist_error>(
             "data_parallel: expected the same options on every rank, found rank 0 with bucket_bytes ", a[4],
             ", shard_optimizer ", a[5] & 1 ? "true" : "false", ", shard_gradients ", a[5] & 2 ? "true" : "false",
-            ", shard_parameters ", a[5] & 4 ? "true" : "false", " and prefetch_parameters ",
-            a[5] & 8 ? "true" : "false", ", rank ", q, " with bucket_bytes ", b[4],
+            ", shard_parameters ", a[5] & 4 ? "true" : "false", ", prefetch_parameters ",
+            a[5] & 8 ? "true" : "false", " and keep_parameters_for_backward ", a[5] & 16 ? "true" : "false",
+            ", rank ", q, " with bucket_bytes ", b[4],
             ", shard_optimizer ", b[5] & 1 ? "true" : "false", ", shard_gradients ", b[5] & 2 ? "true" : "false",
-            ", shard_parameters ", b[5] & 4 ? "true" : "false", " and prefetch_parameters ",
-            b[5] & 8 ? "true" : "false");
+            ", shard_parameters ", b[5] & 4 ? "true" : "false", ", prefetch_parameters ",
+            b[5] & 8 ? "true" : "false", " and keep_parameters_for_backward ", b[5] & 16 ? "true" : "false");
     }
   }
 
@@ -925,10 +945,50 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       } catch (...) {
         for (gather_slot& slot : zero3_.slots)
           if (slot.in_flight) slot.holds = {};
+        if (zero3_.arriving.size()) std::erase(zero3_.kept, zero3_.arriving);
+        zero3_.arriving = {};
         throw;
       }
     }
     for (gather_slot& slot : zero3_.slots) slot.in_flight = false;
+    zero3_.arriving = {};
+  }
+  // options::keep_parameters_for_backward: parameters r gathered in place, into the model's
+  // compute copy (the master weights in fp32), unless this pass has them already; waited for
+  // unless `ahead` (a prefetch: the next frame's wait).
+  void keep(param_range r, bool ahead) {
+    bool const kept = std::find(zero3_.kept.begin(), zero3_.kept.end(), r) != zero3_.kept.end();
+    if (kept && (ahead || zero3_.arriving != r)) return;
+    if (!kept) {
+      finish_gathers();
+      std::vector<param_range>& parts = zero3_.parts;
+      parts.clear();
+      for (param_range const& s : shards_) {
+        std::size_t const lo = std::clamp(s.begin, r.begin, r.end), hi = std::clamp(s.end, r.begin, r.end);
+        parts.push_back({lo - r.begin, std::max(lo, hi) - r.begin});
+      }
+      gathers_->follow();  // (this rank's part is in place already)
+      gathers_->all_gather(const_cast<C*>(compute_base()) + r.begin, parts);
+      zero3_.kept.push_back(r);
+      zero3_.arriving = r;
+      std::size_t const bytes = (r.size() - parts[std::size_t(rank())].size()) * sizeof(C);
+      traffic_.gathered += bytes;
+      if (ahead) traffic_.prefetched += bytes;
+    }
+    if (!ahead) finish_gathers();
+  }
+  // The parameters a pass kept (keep_parameters_for_backward) are let go: the pages of those this
+  // rank does not own are given back.
+  void release_kept() noexcept {
+    if (zero3_.kept.empty()) return;
+    if (zero3_.arriving.size()) {
+      try {
+        finish_gathers();
+      } catch (...) {
+      }
+    }
+    zero3_.kept.clear();
+    give_back_outside_shard(Model::mixed_precision ? zero3_.compute_pages : zero3_.pages);
   }
 
   // The parameter buffer's pages, the training pass's frames (the model's plan walk), the gather
@@ -951,20 +1011,31 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     for (REMAT_NAMESPACE::detail::pass_event const& e : zero3_.events)
       if (e.what == kind::gather) largest = std::max(largest, e.range.size());
     // (a prefetch's buffer too; both are touched now, so that what they hold is taken as the
-    // wrapper is built, not in the middle of a pass)
-    for (int b = 0; b < (o_.prefetch_parameters ? 2 : 1); ++b) {
+    // wrapper is built, not in the middle of a pass; none when passes gather into the model's pages)
+    int const buffers = o_.keep_parameters_for_backward ? 0 : o_.prefetch_parameters ? 2 : 1;
+    for (int b = 0; b < buffers; ++b) {
       gather_buffer& buffer = zero3_.slots[b].buffer;
       buffer.allocate(largest * sizeof(C), zero3_.pages.page);
       buffer.span = span_of(buffer.data, largest, false);
       if (buffer.data) std::memset(static_cast<void*>(buffer.data), 0, buffer.bytes);
     }
     param_range const s = shard();
-    auto const kept = [&](page_span const& sp) {
+    // A training pass that keeps what it gathers (keep_parameters_for_backward) holds, at its end,
+    // the pages of every frame's parameters too, in the copy layers read.
+    page_span const& read = Model::mixed_precision ? zero3_.compute_pages : zero3_.pages;
+    std::vector<char> gathered(read.count(), 0);  // (by page)
+    if (o_.keep_parameters_for_backward)
+      for (REMAT_NAMESPACE::detail::pass_event const& e : zero3_.events)
+        if (e.what == kind::gather && e.range.size())
+          std::fill(gathered.begin() + std::ptrdiff_t((read.at(e.range.begin) - read.first) / read.page),
+                    gathered.begin() + std::ptrdiff_t((read.at(e.range.end) - 1 - read.first) / read.page + 1), 1);
+    auto const held = [&](page_span const& sp) {
       std::size_t pages = 0;
-      for (std::size_t k = 0; k < sp.count(); ++k) pages += !sp.inside(k) || sp.touches(k, s);
+      for (std::size_t k = 0; k < sp.count(); ++k)
+        pages += !sp.inside(k) || sp.touches(k, s) || (&sp == &read && gathered[k]);
       return pages * sp.page;
     };
-    zero3_.planned_peak = kept(zero3_.pages) + kept(zero3_.compute_pages) + zero3_.slots[0].buffer.span.whole +
+    zero3_.planned_peak = held(zero3_.pages) + held(zero3_.compute_pages) + zero3_.slots[0].buffer.span.whole +
                           zero3_.slots[1].buffer.span.whole;
   }
   // For each of a pass's gathers and reports (its events but the frames' ends, in order), the
@@ -1063,6 +1134,10 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     page_span compute_pages;            // the compute copy's (mixed precision; none otherwise)
     gather_slot slots[2];               // what layers' parameters are gathered into (the second: prefetch)
     int reading = 0;                    // the slot the last frame read
+    // keep_parameters_for_backward: the frames' parameters this pass gathered into the model's
+    // pages, and of them the one whose gather is in flight (empty: none).
+    std::vector<param_range> kept;
+    param_range arriving{};
     bool whole = false;                 // the model's buffer holds every parameter (gathered, broadcast)
     std::vector<param_range> parts;     // (what a gather sends)
     std::vector<REMAT_NAMESPACE::detail::pass_event> events;  // a training pass's, by the plan
