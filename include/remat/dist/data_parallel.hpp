@@ -920,12 +920,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     gather_slot& slot = zero3_.slots[b];
     C* const to = slot.buffer.data;
     slot.holds = {};
-    std::vector<param_range>& parts = zero3_.parts;
-    parts.clear();
-    for (param_range const& s : shards_) {
-      std::size_t const lo = std::clamp(s.begin, r.begin, r.end), hi = std::clamp(s.end, r.begin, r.end);
-      parts.push_back({lo - r.begin, std::max(lo, hi) - r.begin});
-    }
+    std::vector<param_range> const& parts = parts_of(r);
     param_range const own = parts[std::size_t(rank())];
     if (own.size()) std::memcpy(to + own.begin, compute_base() + r.begin + own.begin, own.size() * sizeof(C));
     gathers_->follow();
@@ -936,6 +931,16 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (!inside_) return;
     traffic_.gathered += (r.size() - own.size()) * sizeof(C);
     if (ahead) traffic_.prefetched += (r.size() - own.size()) * sizeof(C);
+  }
+  // Each rank's part of parameters r, from r's start (what a gather of r sends).
+  std::vector<param_range> const& parts_of(param_range r) {
+    std::vector<param_range>& parts = zero3_.parts;
+    parts.clear();
+    for (param_range const& s : shards_) {
+      std::size_t const lo = std::clamp(s.begin, r.begin, r.end), hi = std::clamp(s.end, r.begin, r.end);
+      parts.push_back({lo - r.begin, std::max(lo, hi) - r.begin});
+    }
+    return parts;
   }
   // Waits for the gathers started (a buffer whose wait fails holds nothing).
   void finish_gathers() {
@@ -961,12 +966,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (kept && (ahead || zero3_.arriving != r)) return;
     if (!kept) {
       finish_gathers();
-      std::vector<param_range>& parts = zero3_.parts;
-      parts.clear();
-      for (param_range const& s : shards_) {
-        std::size_t const lo = std::clamp(s.begin, r.begin, r.end), hi = std::clamp(s.end, r.begin, r.end);
-        parts.push_back({lo - r.begin, std::max(lo, hi) - r.begin});
-      }
+      std::vector<param_range> const& parts = parts_of(r);
       gathers_->follow();  // (this rank's part is in place already)
       gathers_->all_gather(const_cast<C*>(compute_base()) + r.begin, parts);
       zero3_.kept.push_back(r);
