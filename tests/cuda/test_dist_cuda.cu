@@ -6,7 +6,11 @@
 //     (a sum over one rank is the identity), to rounding with more;
 //   - every rank holds the same parameters, bit for bit;
 //   - the optimizer's state saved by dist::save and dist::save_shards loads back bit for bit;
-//   - labels out of range on the last rank make every rank throw, and change nothing.
+//   - labels out of range on the last rank make every rank throw, and change nothing;
+//   - ZeRO-2 (shard_gradients: the gradient buffer in granules of virtual memory, mapped as
+//     backward is about to write them and unmapped once reduced) trains as ZeRO-1, bit for bit;
+//     a rank then holds its shard's granules only, the most a step held is the plan's, and the
+//     model's gradients read back whole (the rest zero) once the wrapper is gone.
 // Without a GPU it exits with 77 (skipped). Built by nvcc in CI; run on a GPU by `ctest -L cuda`.
 #include <remat/dist/mpi.hpp>
 #include <remat/remat.hpp>
@@ -73,10 +77,14 @@ bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-void check_parallel(bool shard, std::vector<float> const& want, int steps) {
+// level 0: whole; 1: ZeRO-1 (shard_optimizer); 2: ZeRO-2 (shard_gradients too). Returns the
+// parameters after the steps.
+std::vector<float> check_parallel(int level, std::vector<float> const& want, int steps) {
+  bool const shard = level > 0;
   std::size_t const rows = std::size_t(batch) / std::size_t(ranks), first = rows * std::size_t(rank);
   Model m(seed{5});
-  dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 4096, .shard_optimizer = shard});
+  dist::data_parallel dp(m, MPI_COMM_WORLD,
+                         {.bucket_bytes = 4096, .shard_optimizer = shard, .shard_gradients = level > 1});
   AdamW opt(m, {.lr = 1e-2});
   auto x = on_gpu(inputs(), first, rows, In);
   auto y = on_gpu(labels(), first, rows, 1);
@@ -91,7 +99,7 @@ void check_parallel(bool shard, std::vector<float> const& want, int steps) {
     for (std::size_t i = 0; i < got.size(); ++i)
       worst = std::max(worst, std::fabs(double(got[i]) - double(want[i])) / (1e-3 + std::fabs(double(want[i]))));
     if (rank == 0) std::printf("%s: largest relative difference from the single model %.3g\n",
-                               shard ? "sharded" : "whole", worst);
+                               level == 2 ? "ZeRO-2" : shard ? "sharded" : "whole", worst);
     check(worst < 1e-3, "P ranks: the single model's parameters, to rounding");
   }
   std::vector<float> first_rank = got;
@@ -100,7 +108,8 @@ void check_parallel(bool shard, std::vector<float> const& want, int steps) {
 
   // The optimizer's state gathered to rank 0 (dist::save) and per rank (dist::save_shards), each
   // loaded back into a new optimizer on every rank.
-  std::string const file = std::string("dist_cuda_adamw_") + (shard ? "sharded_" : "whole_") + std::to_string(ranks) +
+  std::string const file = std::string("dist_cuda_adamw_") + (shard ? "sharded_" : "whole_") +
+                           std::to_string(level) + "_" + std::to_string(ranks) +
                            ".safetensors";
   dist::save(dp, opt, file);
   dist::save_shards(dp, opt, file);
@@ -129,6 +138,55 @@ void check_parallel(bool shard, std::vector<float> const& want, int steps) {
   }
   check(threw, "labels out of range on one rank: every rank throws");
   check(same_bits(tensor_to_host(m.parameters()), got), "and the parameters are unchanged");
+  return got;
+}
+
+// ZeRO-2's memory on a model of 12 granules of gradients (2 MiB each): what a rank holds after a
+// step, and the most it held during one, against the plan; the gradients once the wrapper is gone.
+void check_gradient_granules() {
+  using Wide = Seq<Linear<In, 1024>, Repeat<6, Checkpointed<Residual<Linear<1024, 1024>>>>, Linear<1024, Classes>>;
+  using M = model<Wide, gpu>;
+  std::size_t const rows = std::size_t(batch) / std::size_t(ranks), first = rows * std::size_t(rank);
+  M m(seed{9});
+  auto x = on_gpu(inputs(), first, rows, In);
+  auto y = on_gpu(labels(), first, rows, 1);
+  std::vector<float> reduced_shard;
+  param_range s{};
+  {
+    dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_optimizer = true, .shard_gradients = true});
+    AdamW opt(m, {.lr = 1e-3});
+    s = dp.shard();
+    for (int step = 0; step < 2; ++step) {
+      m.zero_grad();
+      dp.accumulate<SoftmaxCrossEntropy>(x, y);
+      dist::gradient_memory const g = dp.gradient_pages();
+      if (rank == 0)
+        std::printf("ZeRO-2 on the GPU, %d ranks: %zu of %zu bytes of gradient granules held, at most %zu (plan %zu)\n",
+                    ranks, g.now, g.whole, g.last_peak, g.planned_peak);
+      check(g.last_peak == g.planned_peak, "ZeRO-2: the most a pass held is the plan's, granule for granule");
+      std::size_t const granule = 2u << 20, shard_bytes = s.size() * sizeof(float);
+      check(g.now <= shard_bytes + 2 * granule, "ZeRO-2: a rank holds the granules of its shard only");
+      if (ranks > 1) check(g.now < g.whole, "ZeRO-2: some granules are given back");
+      {
+        [[maybe_unused]] auto const on_stream = m.stream_scope();
+        opt.step();
+      }
+    }
+    m.zero_grad();
+    dp.accumulate<SoftmaxCrossEntropy>(x, y);
+    dp.finish();
+    std::vector<float> const all = tensor_to_host(std::as_const(m).gradients().row_range(s.begin, s.size()));
+    reduced_shard = all;
+  }
+  // The wrapper is gone: the gradients are the model's own memory again, its shard as reduced.
+  std::vector<float> const after = tensor_to_host(std::as_const(m).gradients());
+  bool zero_elsewhere = true;
+  for (std::size_t i = 0; i < after.size(); ++i)
+    if ((i < s.begin || i >= s.end) && after[i] != 0.0f) zero_elsewhere = false;
+  check(zero_elsewhere, "after the wrapper: the gradients outside the shard read zero");
+  check(same_bits(std::vector<float>(after.begin() + std::ptrdiff_t(s.begin), after.begin() + std::ptrdiff_t(s.end)),
+                  reduced_shard),
+        "after the wrapper: the shard's gradients are as reduced, bit for bit");
 }
 
 }  // namespace
@@ -149,8 +207,11 @@ int main(int argc, char** argv) {
   if (cudaSetDevice(rank % devices) != cudaSuccess) return 1;
   try {
     std::vector<float> const want = reference(3);
-    check_parallel(false, want, 3);
-    check_parallel(true, want, 3);
+    check_parallel(0, want, 3);
+    std::vector<float> const zero1 = check_parallel(1, want, 3);
+    std::vector<float> const zero2 = check_parallel(2, want, 3);
+    check(same_bits(zero1, zero2), "ZeRO-2 trains as ZeRO-1, bit for bit");
+    check_gradient_granules();
   } catch (std::exception const& e) {
     std::printf("rank %d: FAILED with an exception: %s\n", rank, e.what());
     ++failures;

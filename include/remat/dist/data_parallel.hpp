@@ -16,17 +16,21 @@
 // and the parameters are all-gathered. The fp32 master weights stay whole on every rank (the model
 // keeps them for its passes, saving and loading); the optimizer state drops by P.
 //
-// With options::shard_gradients as well (ZeRO stage 2, host models) each rank keeps the gradients
-// of its shard only. The buckets go to their owners as in stage 1; at each of backward's reports
-// the rank waits for the buckets started at earlier reports and gives the memory pages of their
-// non-owned gradients back to the system (madvise; they read as zero when touched again), so a
-// pass holds the rank's shard plus about two reports' span of gradients (rounded out to buckets
-// and pages). The most it holds is planned from the model's plan walk
-// (gradient_pages().planned_peak) and measured from the kernel's page tables (mincore) at every
-// report: the two are equal. The allocator's gradients tag still counts the buffer's whole
-// address range: what is held is gradient_pages().
+// With options::shard_gradients as well (ZeRO stage 2) each rank keeps the gradients of its shard
+// only. The buckets go to their owners as in stage 1; at each of backward's reports the rank
+// waits for the buckets started at earlier reports and gives the memory pages of their non-owned
+// gradients back to the system (madvise; they read as zero when touched again), so a pass holds
+// the rank's shard plus about two reports' span of gradients (rounded out to buckets and pages).
+// Before backward writes a span (down to the plan's next report) the wrapper takes its pages
+// back (commits them). On the GPU that is what makes it work: the model's gradient buffer moves
+// into granules of virtual memory (cuda/granules.hpp: cuMemMap, 2 MiB each on an H100) that are
+// unmapped when given back and mapped (zeroed) when committed; the model's offsets never change.
+// The most a pass holds is planned from the model's plan walk (gradient_pages().planned_peak) and
+// measured at every report, from the kernel's page tables (mincore) or the granules mapped: the
+// two are equal. The allocator's gradients tag still counts a host buffer's whole address range,
+// and none of a GPU model's granules: what is held is gradient_pages().
 //
-// With options::shard_parameters as well (ZeRO stage 3, host models) each rank keeps its shard of
+// With options::shard_parameters as well (ZeRO stage 3; host models so far) each rank keeps its shard of
 // the parameters only: the pages of the model's parameter buffer outside it are given back (in
 // mixed precision, of the fp32 master weights and of their 16-bit compute copy both; a pass casts
 // the shard of the compute copy only, and layers gather the compute copy: half the bytes). Every
@@ -75,6 +79,7 @@
 // (REMAT_HAS_NCCL comes from remat::dist_cuda; NCCL serves sources that nvcc compiles)
 #if defined(REMAT_HAS_NCCL) && REMAT_HAS_NCCL && REMAT_HAS_CUDA
 #define REMAT_DIST_NCCL 1
+#include "../cuda/granules.hpp"
 #include "nccl.hpp"
 #else
 #define REMAT_DIST_NCCL 0
@@ -106,6 +111,13 @@
 #define REMAT_DIST_GRADIENT_PAGES 0
 #endif
 
+// A check for tests (0 unless a test build defines it): the host pages of the gradient buffer a
+// ZeRO-2 wrapper has given back are made inaccessible (mprotect) until it commits them again,
+// as the GPU's unmapped granules are, so that a write the wrapper did not map first faults.
+#ifndef REMAT_DIST_STRICT_PAGES
+#define REMAT_DIST_STRICT_PAGES 0
+#endif
+
 namespace REMAT_NAMESPACE {
 namespace dist {
 
@@ -115,11 +127,12 @@ struct options {
   std::size_t bucket_bytes = std::size_t(4) << 20;
   // ZeRO stage 1: each rank's optimizer keeps the state of 1/P of the parameters.
   bool shard_optimizer = false;
-  // ZeRO stage 2 (implies shard_optimizer; host models): each rank keeps the gradients of its
-  // shard only. Backward's buckets are reduced to their owners as they become final and the
-  // memory pages of the rest are given back as soon as their reduction is done (at most two
-  // reports of backward in flight); every pass is reduced, so a step of gradient accumulation
-  // reduces each micro-batch (reduce::later is taken as reduce::now).
+  // ZeRO stage 2 (implies shard_optimizer): each rank keeps the gradients of its shard only.
+  // Backward's buckets are reduced to their owners as they become final and the memory of the
+  // rest (host pages; on the GPU, granules of virtual memory the gradient buffer moves into) is
+  // given back as soon as their reduction is done (at most two reports of backward in flight);
+  // every pass is reduced, so a step of gradient accumulation reduces each micro-batch
+  // (reduce::later is taken as reduce::now).
   bool shard_gradients = false;
   // ZeRO stage 3 (implies shard_gradients; host models): each rank keeps 1/P of the parameters
   // too (the memory pages of the rest are given back; in mixed precision, 1/P of the master
@@ -229,8 +242,31 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   ~data_parallel() override {
     if (gathers_parameters() && !zero3_.whole) model_.link().set_partial_parameters(true);
     if (model_.link().gradient_sync() == this) model_.link().set_gradient_sync(nullptr);
+    bool const abandoned = (transport_ && transport_->busy()) || (gathers_ && gathers_->busy());
+    if constexpr (!on_gpu)
+      if (!abandoned) try {
+          commit(0, n);  // (REMAT_DIST_STRICT_PAGES: the pages are accessible again)
+        } catch (...) {
+        }
+#if REMAT_DIST_NCCL
+    // ZeRO-2 on the GPU: the gradients move back into memory of the model's allocator (what this
+    // rank does not own reads as zero). If that fails, or a reduction may still write them, the
+    // granules are left alive for the model.
+    if constexpr (on_gpu)
+      if (granules_.count()) {
+        bool moved = false;
+        if (!abandoned) try {
+            [[maybe_unused]] auto const on_stream = model_.stream_scope();
+            commit(0, n);
+            model_.relocate_gradients(nullptr);
+            moved = true;
+          } catch (...) {
+          }
+        if (!moved) (void)new REMAT_NAMESPACE::detail::device_granules(std::move(granules_));
+      }
+#endif
     // Messages abandoned in flight may still use the communicator and its buffers.
-    if ((transport_ && transport_->busy()) || (gathers_ && gathers_->busy())) c_.abandon();
+    if (abandoned) c_.abandon();
     // (a gather abandoned by a timeout may still write into its buffer: MPI keeps it)
     if (c_.timed_out())
       for (gather_slot& b : zero3_.slots) b.buffer.leak();
@@ -253,7 +289,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // The number of gradient messages a step sends (options::bucket_bytes each, or less).
   std::size_t bucket_count() const { return buckets_.size(); }
   // The gradient buffer's memory: its pages, the plan's peak and the last pass's measured one
-  // (options::shard_gradients), and what it holds now (a host model's; all 0 for a GPU model's).
+  // (options::shard_gradients), and what it holds now: a host model's pages; a GPU model's
+  // granules under shard_gradients (all 0 without).
   gradient_memory gradient_pages() const {
     gradient_memory g{pages_.span.whole, pages_.planned_peak, pages_.last_peak, resident_gradient_bytes()};
     if (!o_.shard_gradients) g.planned_peak = g.whole;
@@ -392,6 +429,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     zero3_.taken = 0;
     release_parameters();  // (ZeRO-3: parameters made whole for a while are let go)
     release_kept();
+    if (o_.shard_gradients) commit_first_span();  // (the GPU: mapped before backward writes them)
     if (overlap_) started_ = true;
   }
   // Starts the buckets whose gradients are final (from `offset` to the end), when the pass reduces.
@@ -406,6 +444,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       release_from(in_flight_low_);
     }
     launch_ready(offset);
+    if (o_.shard_gradients) commit_next_span(offset);
     transport_->progress();
     if (gathers_ && gathers_->busy()) gathers_->progress();  // (a prefetch in flight)
   }
@@ -456,7 +495,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (!o_.shard_gradients) return false;
     release_from(0);
     param_range const s = shard();
-    if (s.size()) std::memset(gradient_base() + s.begin, 0, s.size() * sizeof(T));
+    if (s.size()) zero_bytes(gradient_base() + s.begin, s.size() * sizeof(T));
     return true;
   }
   // Before an optimizer's step: starts what is left (passes kept local) and waits for all of it.
@@ -585,10 +624,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (o.shard_parameters) o.shard_gradients = true;
     if (o.shard_gradients) {
       if constexpr (!std::is_same_v<typename Model::device, host>)
-        REMAT_NAMESPACE::detail::raise<argument_error>(
-            "data_parallel: shard_gradients (ZeRO-2) is implemented for host models; a cuda model shards its "
-            "optimizer state (shard_optimizer) only");
-      if (!REMAT_DIST_GRADIENT_PAGES)
+        if (o.shard_parameters)
+          REMAT_NAMESPACE::detail::raise<argument_error>(
+              "data_parallel: shard_parameters (ZeRO-3) is implemented for host models; a cuda model shards its "
+              "gradients and optimizer state (shard_gradients) only");
+      if (std::is_same_v<typename Model::device, host> && !REMAT_DIST_GRADIENT_PAGES)
         REMAT_NAMESPACE::detail::raise<argument_error>(
             "data_parallel: shard_gradients (ZeRO-2) gives back memory pages through Linux's madvise; this system "
             "has none");
@@ -681,32 +721,110 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     in_flight_low_ = buckets_[next_ - 1].begin;
   }
 
-  // ---- ZeRO-2: the pages of the gradient buffer (host memory)
+  // ---- ZeRO-2: the memory of the gradient buffer (host pages; on the GPU, granules)
+  //
+  // pages_.held says which pages (granules) hold memory a pass may write: a page given back is
+  // not held until commit() takes it again, as a pass is about to write it (the next span of
+  // backward, by the plan's reports). On the host, a page given back reads as zero and would come
+  // back by itself when written; on the GPU an unmapped granule is not there, so the wrapper maps
+  // it first (REMAT_DIST_STRICT_PAGES makes the host fault as the GPU would, for the tests).
+
+  static constexpr bool on_gpu = !std::is_same_v<typename Model::device, host>;
 
   T* gradient_base() const { return const_cast<T*>(std::as_const(model_).gradients().data()); }
 
-  // The whole pages of the buffer inside [lo, hi) are given back to the system (they read as
-  // zero when next touched); the elements of [lo, hi) on pages partly outside it are zeroed.
-  void give_back(std::size_t lo, std::size_t hi) const {
+  // Sets `bytes` at `p` in the gradient buffer to zero (on the GPU: on the current stream).
+  static void zero_bytes(void* p, std::size_t bytes) {
+    if (bytes == 0) return;
+#if REMAT_DIST_NCCL
+    if constexpr (on_gpu) {
+      REMAT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_cuda_stream()));
+      return;
+    }
+#endif
+    std::memset(p, 0, bytes);
+  }
+  // Zeroes [a, b) of a page of the gradient buffer, if it is held (a page not held reads as zero).
+  void zero_in_page(char* a, char* b) const {
+    if (a >= b) return;
+    std::size_t const k = std::size_t((reinterpret_cast<std::uintptr_t>(a) - pages_.span.first) / pages_.span.page);
+    if (k < pages_.held.size() && !pages_.held[k]) return;
+    zero_bytes(a, std::size_t(b - a));
+  }
+  // Pages [k, e) of the gradient buffer (all wholly inside it) are given back.
+  void release_pages(std::size_t k, std::size_t e) const {
+    if (k >= e) return;
+#if REMAT_DIST_NCCL
+    if constexpr (on_gpu) granules_.unmap(k, e);
+#endif
+    if constexpr (!on_gpu) {
 #if REMAT_DIST_GRADIENT_PAGES
-    if (lo >= hi) return;
+      char* const pa = reinterpret_cast<char*>(pages_.span.first + k * pages_.span.page);
+      std::size_t const bytes = (e - k) * pages_.span.page;
+      if (madvise(pa, bytes, MADV_DONTNEED) != 0)
+        std::memset(pa, 0, bytes);  // (the memory stays; the values are what matters)
+#if REMAT_DIST_STRICT_PAGES
+      if (mprotect(pa, bytes, PROT_NONE) != 0) std::abort();
+#endif
+#endif
+    }
+    for (std::size_t q = k; q < e; ++q) pages_.held[q] = 0;
+  }
+
+  // The whole pages of the buffer inside [lo, hi) are given back to the system (they read as
+  // zero when next held); the elements of [lo, hi) on pages partly outside it are zeroed.
+  void give_back(std::size_t lo, std::size_t hi) const {
+    if (lo >= hi || pages_.span.page == 0) return;
     auto const page = std::uintptr_t(pages_.span.page);
     char* const a = reinterpret_cast<char*>(gradient_base() + lo);
     char* const b = reinterpret_cast<char*>(gradient_base() + hi);
     char* const pa = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(a) + page - 1) / page * page);
     char* const pb = reinterpret_cast<char*>(reinterpret_cast<std::uintptr_t>(b) / page * page);
-    if (pa >= pb) {
-      std::memset(a, 0, std::size_t(b - a));
-      return;
-    }
-    std::memset(a, 0, std::size_t(pa - a));
-    std::memset(pb, 0, std::size_t(b - pb));
-    if (madvise(pa, std::size_t(pb - pa), MADV_DONTNEED) != 0)
-      std::memset(pa, 0, std::size_t(pb - pa));  // (the memory stays; the values are what matters)
-#else
-    (void)lo;
-    (void)hi;
+    if (pa >= pb) return zero_in_page(a, b);
+    zero_in_page(a, pa);
+    zero_in_page(pb, b);
+    release_pages(std::size_t((reinterpret_cast<std::uintptr_t>(pa) - pages_.span.first) / page),
+                  std::size_t((reinterpret_cast<std::uintptr_t>(pb) - pages_.span.first) / page));
+  }
+  // The pages holding gradients [lo, hi) are held again (zero), before a pass writes them.
+  void commit(std::size_t lo, std::size_t hi) {
+    if (lo >= hi || pages_.span.page == 0) return;
+    param_range const r{lo, hi};
+    for (std::size_t k = 0; k < pages_.held.size(); ++k) {
+      if (pages_.held[k] || !pages_.span.touches(k, r)) continue;
+      std::size_t e = k;
+      while (e < pages_.held.size() && !pages_.held[e] && pages_.span.touches(e, r)) ++e;
+#if REMAT_DIST_NCCL
+      if constexpr (on_gpu) granules_.map(k, e);  // (zeroed)
 #endif
+#if REMAT_DIST_STRICT_PAGES && REMAT_DIST_GRADIENT_PAGES
+      if constexpr (!on_gpu)
+        if (mprotect(reinterpret_cast<void*>(pages_.span.first + k * pages_.span.page), (e - k) * pages_.span.page,
+                     PROT_READ | PROT_WRITE) != 0)
+          std::abort();
+#endif
+      for (std::size_t q = k; q < e; ++q) pages_.held[q] = 1;
+      k = e;
+    }
+  }
+  // A pass starts writing gradients: the pages of backward's first span (by the plan's reports)
+  // are held; all of them when the pass does not follow the plan's reports (no overlap).
+  void commit_first_span() {
+    pages_.report = 0;
+    commit(overlap_ && !pages_.reports.empty() ? pages_.reports.front() : 0, n);
+  }
+  // Backward reported gradients final from `offset` on: the pages of the span it writes next
+  // (down to the plan's next report) are held. A report the plan did not foresee holds all below.
+  void commit_next_span(std::size_t offset) {
+    std::vector<std::size_t> const& r = pages_.reports;
+    std::size_t next = 0;
+    if (pages_.report < r.size() && r[pages_.report] == offset) {
+      ++pages_.report;
+      next = pages_.report < r.size() ? std::min(r[pages_.report], offset) : 0;
+    } else {
+      pages_.report = r.size();  // (off the plan: everything below is held from now on)
+    }
+    commit(next, offset);
   }
   // Gives back what this rank does not own from parameter `from` to the end (reductions done).
   void release_from(std::size_t from) const {
@@ -715,8 +833,14 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     give_back(from, std::max(from, s.begin));
     give_back(std::max(from, s.end), n);
   }
-  // The bytes of the gradient buffer's pages the process holds now (mincore).
-  std::size_t resident_gradient_bytes() const { return resident_bytes(pages_.span, pages_.residency); }
+  // The bytes of the gradient buffer's pages the process holds now (mincore; on the GPU, the
+  // granules mapped).
+  std::size_t resident_gradient_bytes() const {
+#if REMAT_DIST_NCCL
+    if constexpr (on_gpu) return pages_.span.page ? granules_.mapped_bytes() : 0;
+#endif
+    return resident_bytes(pages_.span, pages_.residency);
+  }
 
   // ---- the system's pages of a buffer of host memory (ZeRO-2's gradients, ZeRO-3's parameters)
 
@@ -776,10 +900,25 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // The buffer's pages, and the plan of the most a pass holds at once: backward's reports (where
   // its gradients become final: the model's plan walk) replayed through this wrapper's rules.
   void plan_gradient_pages() {
+#if REMAT_DIST_NCCL
+    if constexpr (on_gpu) {
+      if (!o_.shard_gradients) return;  // (device memory: not pages of ours)
+      // The gradient buffer moves into granules of virtual memory, which come and go as host pages do.
+      granules_ = REMAT_NAMESPACE::detail::device_granules(std::max<std::size_t>(n, 1) * sizeof(T));
+      model_.relocate_gradients(static_cast<T*>(granules_.data()));
+      pages_.span.page = granules_.granule();
+      pages_.span.begin = pages_.span.first = reinterpret_cast<std::uintptr_t>(granules_.data());
+      pages_.span.end = pages_.span.begin + n * sizeof(T);
+      pages_.span.whole = granules_.count() * granules_.granule();
+    }
+#endif
 #if REMAT_DIST_GRADIENT_PAGES
-    if constexpr (!std::is_same_v<typename Model::device, host>) return;  // (device memory: not pages of ours)
-    pages_.span = span_of(gradient_base(), n, o_.shard_gradients);
-    if (!o_.shard_gradients || n == 0) return;
+    if constexpr (!on_gpu) pages_.span = span_of(gradient_base(), n, o_.shard_gradients);
+#endif
+    pages_.held.assign(pages_.span.count(), 1);
+    if (!o_.shard_gradients || n == 0 || pages_.span.page == 0) return;
+    pages_.reports = REMAT_NAMESPACE::detail::gradient_reports<typename Model::net, typename Model::precision>();
+    pages_.reports.push_back(0);  // (the model's own, after backward)
     auto const page = std::uintptr_t(pages_.span.page);
     auto const begin = pages_.span.begin, end = pages_.span.end, first = pages_.span.first;
     std::uintptr_t const last = first + pages_.span.whole;
@@ -798,12 +937,9 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       }
       return count * pages_.span.page;
     };
-    std::vector<std::size_t> reports = REMAT_NAMESPACE::detail::gradient_reports<typename Model::net,
-                                                                                  typename Model::precision>();
-    reports.push_back(0);  // (the model's own, after backward)
     std::size_t released = n, low = n, next = 0, peak = 0;
     bool in_flight = false;
-    for (std::size_t r : reports) {
+    for (std::size_t r : pages_.reports) {
       peak = std::max(peak, held(r, released));
       if (in_flight) released = low;
       in_flight = false;
@@ -813,7 +949,6 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       }
     }
     pages_.planned_peak = peak;
-#endif
   }
 
   // ---- ZeRO-3: the parameter buffer's pages and the gather buffer (host memory)
@@ -1082,11 +1217,19 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   std::size_t in_flight_low_ = 0;  // the first parameter of the last bucket started
   struct {
     page_span span;               // the gradient buffer's pages
+    mutable std::vector<unsigned char> held;  // per page: 1 when it holds memory a pass may write
+    std::vector<std::size_t> reports;         // the offsets of backward's reports, by the plan
+    std::size_t report = 0;       // the next of them in the running pass
     std::size_t planned_peak = 0;
     std::size_t pass_peak = 0;    // measured in the running pass
     std::size_t last_peak = 0;    // measured in the last pass that succeeded
     mutable std::vector<unsigned char> residency;  // (mincore's answer)
   } pages_;
+#if REMAT_DIST_NCCL
+  // ZeRO-2 on the GPU: the memory of the model's gradient buffer, which lives here while this
+  // wrapper does.
+  mutable REMAT_NAMESPACE::detail::device_granules granules_;
+#endif
   bool pending_ = false;    // local gradient contributions not reduced yet
   bool reduced_ = false;    // the gradients hold the ranks' sum (since the last zero_grad)
   bool started_ = false;

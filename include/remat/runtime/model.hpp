@@ -435,6 +435,19 @@ class model {
     return grads_.view().row_range(0, parameter_count);
   }
   tensor_view<T const, Device> gradients() const { return grads_.view().row_range(0, parameter_count); }
+  // For a data-parallel wrapper that keeps a shard of the gradients of a GPU model (ZeRO-2): the
+  // gradient buffer moves to `storage` (room for max(parameter_count, 1) values, owned by the wrapper and
+  // alive until it moves the buffer back), its values copied there; with null it moves back into
+  // memory from the model's allocator. The allocator's gradients tag no longer counts memory
+  // the wrapper holds.
+  void relocate_gradients(T* storage) {
+    [[maybe_unused]] auto const on_stream = stream_.scope();
+    if (storage == grads_.data()) return;
+    tensor<T, Device> moved = storage ? tensor<T, Device>(tensor<T, Device>::borrowed, storage, stored_count(), 1)
+                                      : tensor<T, Device>(index_t(stored_count()), 1, memory::tag::gradients, *alloc_);
+    evaluate(moved, to_expr(std::as_const(grads_)));
+    grads_ = std::move(moved);
+  }
   // The allocator activations, gradients and parameters come from (given at construction).
   allocator_type& allocator() const { return *alloc_; }
   // The host memory Offloaded<S> segments move activations to.
