@@ -8,9 +8,10 @@
 //   - the optimizer's state saved by dist::save and dist::save_shards loads back bit for bit;
 //   - labels out of range on the last rank make every rank throw, and change nothing;
 //   - ZeRO-2 (shard_gradients: the gradient buffer in granules of virtual memory, mapped as
-//     backward is about to write them and unmapped once reduced) trains as ZeRO-1, bit for bit;
-//     a rank then holds its shard's granules only, the most a step held is the plan's, and the
-//     model's gradients read back whole (the rest zero) once the wrapper is gone.
+//     backward is about to write them and given back once reduced) trains as ZeRO-1, and ZeRO-3
+//     (shard_parameters, and keeping what a pass gathers) as ZeRO-2, bit for bit, in fp32 and
+//     bf16; a rank then holds its shard's granules only, the most a step held is the plan's, and
+//     the model's gradients read back whole (the rest zero) once the wrapper is gone.
 // Without a GPU it exits with 77 (skipped). Built by nvcc in CI; run on a GPU by `ctest -L cuda`.
 #include <remat/dist/mpi.hpp>
 #include <remat/remat.hpp>
@@ -77,20 +78,35 @@ bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// level 0: whole; 1: ZeRO-1 (shard_optimizer); 2: ZeRO-2 (shard_gradients too). Returns the
-// parameters after the steps.
+// The options of a sharding level: 0 whole; 1 ZeRO-1 (shard_optimizer); 2 ZeRO-2
+// (shard_gradients too); 3 ZeRO-3 (shard_parameters too); 4 ZeRO-3 keeping what a pass gathers.
+dist::options sharding(int level, std::size_t bucket_bytes) {
+  return {.bucket_bytes = bucket_bytes,
+          .shard_optimizer = level > 0,
+          .shard_gradients = level > 1,
+          .shard_parameters = level > 2,
+          .keep_parameters_for_backward = level > 3};
+}
+
+// Every parameter, on every rank (ZeRO-3: gathered first).
+template <class DP>
+std::vector<float> parameters_of(DP& dp) {
+  dp.gather_parameters();
+  return tensor_to_host(std::as_const(dp.model()).parameters());
+}
+
+// Trains at a sharding level (see sharding) and returns the parameters after the steps.
 std::vector<float> check_parallel(int level, std::vector<float> const& want, int steps) {
   bool const shard = level > 0;
   std::size_t const rows = std::size_t(batch) / std::size_t(ranks), first = rows * std::size_t(rank);
   Model m(seed{5});
-  dist::data_parallel dp(m, MPI_COMM_WORLD,
-                         {.bucket_bytes = 4096, .shard_optimizer = shard, .shard_gradients = level > 1});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level, 4096));
   AdamW opt(m, {.lr = 1e-2});
   auto x = on_gpu(inputs(), first, rows, In);
   auto y = on_gpu(labels(), first, rows, 1);
   for (int s = 0; s < steps; ++s) dp.train_step<SoftmaxCrossEntropy>(x, y, opt);
   check(dp.last_step_traffic().buckets > 1, "the gradients went in more than one bucket");
-  std::vector<float> got = tensor_to_host(m.parameters());
+  std::vector<float> got = parameters_of(dp);
   if (ranks == 1) {
     check(same_bits(got, want), shard ? "sharded, one rank: the single model's parameters, bit for bit"
                                       : "one rank: the single model's parameters, bit for bit");
@@ -99,7 +115,7 @@ std::vector<float> check_parallel(int level, std::vector<float> const& want, int
     for (std::size_t i = 0; i < got.size(); ++i)
       worst = std::max(worst, std::fabs(double(got[i]) - double(want[i])) / (1e-3 + std::fabs(double(want[i]))));
     if (rank == 0) std::printf("%s: largest relative difference from the single model %.3g\n",
-                               level == 2 ? "ZeRO-2" : shard ? "sharded" : "whole", worst);
+                               level == 4 ? "ZeRO-3, kept" : level == 3 ? "ZeRO-3" : level == 2 ? "ZeRO-2" : shard ? "sharded" : "whole", worst);
     check(worst < 1e-3, "P ranks: the single model's parameters, to rounding");
   }
   std::vector<float> first_rank = got;
@@ -137,48 +153,58 @@ std::vector<float> check_parallel(int level, std::vector<float> const& want, int
     if (rank != ranks - 1) check(std::strstr(e.what(), "rank") != nullptr, "the other ranks name the failing rank");
   }
   check(threw, "labels out of range on one rank: every rank throws");
-  check(same_bits(tensor_to_host(m.parameters()), got), "and the parameters are unchanged");
+  check(same_bits(parameters_of(dp), got), "and the parameters are unchanged");
   return got;
 }
 
-// ZeRO-2's memory on a model of 12 granules of gradients (2 MiB each): what a rank holds after a
-// step, and the most it held during one, against the plan; the gradients once the wrapper is gone.
-void check_gradient_granules() {
+// ZeRO-2's and ZeRO-3's memory on a model of 12 granules of fp32 values (2 MiB each): what a rank
+// holds after a step and the most it held during one, against the plan; training as at level 2,
+// bit for bit; the gradients and parameters once the wrapper is gone.
+template <class Precision>
+std::vector<float> check_granules(int level, std::vector<float> const* zero2) {
   using Wide = Seq<Linear<In, 1024>, Repeat<6, Checkpointed<Residual<Linear<1024, 1024>>>>, Linear<1024, Classes>>;
-  using M = model<Wide, gpu>;
+  using M = model<Wide, gpu, Precision>;
   std::size_t const rows = std::size_t(batch) / std::size_t(ranks), first = rows * std::size_t(rank);
   M m(seed{9});
   auto x = on_gpu(inputs(), first, rows, In);
   auto y = on_gpu(labels(), first, rows, 1);
-  std::vector<float> reduced_shard;
+  std::vector<float> reduced_shard, trained;
   param_range s{};
   {
-    dist::data_parallel dp(m, MPI_COMM_WORLD, {.shard_optimizer = true, .shard_gradients = true});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level, std::size_t(4) << 20));
     AdamW opt(m, {.lr = 1e-3});
     s = dp.shard();
-    for (int step = 0; step < 2; ++step) {
+    std::size_t const granule = 2u << 20, shard_bytes = s.size() * sizeof(float);
+    for (int step = 0; step < 3; ++step) {
       m.zero_grad();
-      dp.accumulate<SoftmaxCrossEntropy>(x, y);
-      dist::gradient_memory const g = dp.gradient_pages();
-      if (rank == 0)
-        std::printf("ZeRO-2 on the GPU, %d ranks: %zu of %zu bytes of gradient granules held, at most %zu (plan %zu)\n",
-                    ranks, g.now, g.whole, g.last_peak, g.planned_peak);
-      check(g.last_peak == g.planned_peak, "ZeRO-2: the most a pass held is the plan's, granule for granule");
-      std::size_t const granule = 2u << 20, shard_bytes = s.size() * sizeof(float);
-      check(g.now <= shard_bytes + 2 * granule, "ZeRO-2: a rank holds the granules of its shard only");
-      if (ranks > 1) check(g.now < g.whole, "ZeRO-2: some granules are given back");
+      dp.template accumulate<SoftmaxCrossEntropy>(x, y);
+      dist::gradient_memory const g = dp.gradient_pages(), p = dp.parameter_pages();
+      if (rank == 0 && step == 0)
+        std::printf("level %d on the GPU, %d ranks: gradient granules %zu of %zu bytes held, at most %zu (plan %zu); "
+                    "parameters %zu of %zu, at most %zu (plan %zu)\n",
+                    level, ranks, g.now, g.whole, g.last_peak, g.planned_peak, p.now, p.whole, p.last_peak,
+                    p.planned_peak);
+      check(g.last_peak == g.planned_peak, "the most a pass held of the gradients is the plan's, granule for granule");
+      check(g.now <= shard_bytes + 2 * granule, "a rank holds the gradient granules of its shard only");
+      if (ranks > 1) check(g.now < g.whole, "some gradient granules are given back");
+      if (level > 2 && ranks > 1) {
+        check(p.last_peak == p.planned_peak, "ZeRO-3: the most a pass held of the parameters is the plan's");
+        check(p.now < p.whole, "ZeRO-3: some parameter granules are given back");
+      }
       {
         [[maybe_unused]] auto const on_stream = m.stream_scope();
         opt.step();
       }
     }
+    trained = parameters_of(dp);
     m.zero_grad();
-    dp.accumulate<SoftmaxCrossEntropy>(x, y);
+    dp.template accumulate<SoftmaxCrossEntropy>(x, y);
     dp.finish();
-    std::vector<float> const all = tensor_to_host(std::as_const(m).gradients().row_range(s.begin, s.size()));
-    reduced_shard = all;
+    reduced_shard = tensor_to_host(std::as_const(m).gradients().row_range(s.begin, s.size()));
   }
-  // The wrapper is gone: the gradients are the model's own memory again, its shard as reduced.
+  if (zero2) check(same_bits(trained, *zero2), "ZeRO-3 trains as ZeRO-2, bit for bit");
+  // The wrapper is gone: the gradients are the model's own memory again, its shard as reduced;
+  // the parameters are whole after parameters_of (ZeRO-3's gather).
   std::vector<float> const after = tensor_to_host(std::as_const(m).gradients());
   bool zero_elsewhere = true;
   for (std::size_t i = 0; i < after.size(); ++i)
@@ -187,6 +213,9 @@ void check_gradient_granules() {
   check(same_bits(std::vector<float>(after.begin() + std::ptrdiff_t(s.begin), after.begin() + std::ptrdiff_t(s.end)),
                   reduced_shard),
         "after the wrapper: the shard's gradients are as reduced, bit for bit");
+  if (level > 2 && ranks > 1)
+    check(m.link().partial_parameters(), "after a ZeRO-3 wrapper whose last pass let the parameters go: partial");
+  return trained;
 }
 
 }  // namespace
@@ -211,7 +240,13 @@ int main(int argc, char** argv) {
     std::vector<float> const zero1 = check_parallel(1, want, 3);
     std::vector<float> const zero2 = check_parallel(2, want, 3);
     check(same_bits(zero1, zero2), "ZeRO-2 trains as ZeRO-1, bit for bit");
-    check_gradient_granules();
+    for (int level : {3, 4})
+      check(same_bits(check_parallel(level, want, 3), zero2), "ZeRO-3 trains as ZeRO-2, bit for bit");
+    std::vector<float> const fp32_zero2 = check_granules<fp32>(2, nullptr);
+    for (int level : {3, 4}) check_granules<fp32>(level, &fp32_zero2);
+    using bf16 = mixed<bfloat16, DynamicLossScale>;
+    std::vector<float> const bf16_zero2 = check_granules<bf16>(2, nullptr);
+    for (int level : {3, 4}) check_granules<bf16>(level, &bf16_zero2);
   } catch (std::exception const& e) {
     std::printf("rank %d: FAILED with an exception: %s\n", rank, e.what());
     ++failures;

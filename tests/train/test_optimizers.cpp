@@ -136,3 +136,42 @@ TEST_CASE("gradient accumulation over k micro-batches equals one k-times-larger 
   os.step();
   for (std::size_t i = 0; i < gb.size(); ++i) REQUIRE(small.parameters()[i] == Approx(big.parameters()[i]).margin(1e-6));
 }
+
+TEST_CASE("a model whose buffers moved to the caller's memory trains bit for bit, and moves back intact",
+          "[train][relocate]") {
+  using Net = Seq<Linear<6, 16>, GELU, LayerNorm<16>, Linear<16, 4>>;
+  using P = mixed<bfloat16, DynamicLossScale>;
+  model<Net, host, P> stay{seed{5}}, moved{seed{5}};
+  std::size_t const n = decltype(moved)::parameter_count;
+  std::vector<float> grads(n, -1.0f), master(n, -1.0f);
+  std::vector<bfloat16> compute(n);
+  moved.relocate_gradients(grads.data());
+  moved.relocate_parameters(master.data(), compute.data());
+  // (the values moved with them, and the model reads and writes there from now on)
+  CHECK(moved.parameters().data() == master.data());
+  CHECK(moved.gradients().data() == grads.data());
+  CHECK(moved.compute_parameters().data() == compute.data());
+  CHECK(master == tensor_to_host(stay.parameters()));
+  tensor<float> x(8, 6);
+  tensor<std::int32_t> y(8, 1);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 0.3f);
+  for (std::size_t i = 0; i < 8; ++i) y[i] = std::int32_t(i % 4);
+  AdamW a(stay), b(moved);  // (built after the move: an optimizer keeps where the buffers are)
+  for (int step = 0; step < 3; ++step) {
+    stay.train_step<SoftmaxCrossEntropy>(x, y, a);
+    moved.train_step<SoftmaxCrossEntropy>(x, y, b);
+  }
+  CHECK(master == tensor_to_host(stay.parameters()));
+  CHECK(grads == tensor_to_host(stay.gradients()));
+  // Back into the model's allocator: the same values, elsewhere; the caller's memory is free.
+  moved.relocate_gradients(nullptr);
+  moved.relocate_parameters(nullptr, nullptr);
+  CHECK(moved.parameters().data() != master.data());
+  CHECK(moved.gradients().data() != grads.data());
+  CHECK(moved.compute_parameters().data() != compute.data());
+  std::fill(master.begin(), master.end(), 0.0f);
+  std::fill(grads.begin(), grads.end(), 0.0f);
+  CHECK(tensor_to_host(moved.parameters()) == tensor_to_host(stay.parameters()));
+  CHECK(tensor_to_host(moved.gradients()) == tensor_to_host(stay.gradients()));
+  CHECK(moved.forward(x).to_vector() == stay.forward(x).to_vector());
+}

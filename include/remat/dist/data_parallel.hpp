@@ -243,28 +243,31 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (gathers_parameters() && !zero3_.whole) model_.link().set_partial_parameters(true);
     if (model_.link().gradient_sync() == this) model_.link().set_gradient_sync(nullptr);
     bool const abandoned = (transport_ && transport_->busy()) || (gathers_ && gathers_->busy());
-    if constexpr (!on_gpu)
+#if REMAT_DIST_NCCL
+    // ZeRO-2 and ZeRO-3 on the GPU: the gradients and parameters move back into memory of the
+    // model's allocator (what this rank does not own reads as zero). If that fails, or a
+    // collective may still write them, the granules are left alive for the model.
+    if constexpr (on_gpu) {
+      bool moved = false;
       if (!abandoned) try {
-          commit(0, n);  // (REMAT_DIST_STRICT_PAGES: the pages are accessible again)
+          if (pages_.grads.granules.count()) model_.relocate_gradients(nullptr);
+          if (zero3_.params.granules.count()) model_.relocate_parameters(nullptr, nullptr);
+          moved = true;
         } catch (...) {
         }
-#if REMAT_DIST_NCCL
-    // ZeRO-2 on the GPU: the gradients move back into memory of the model's allocator (what this
-    // rank does not own reads as zero). If that fails, or a reduction may still write them, the
-    // granules are left alive for the model.
-    if constexpr (on_gpu)
-      if (granules_.count()) {
-        bool moved = false;
-        if (!abandoned) try {
-            [[maybe_unused]] auto const on_stream = model_.stream_scope();
-            commit(0, n);
-            model_.relocate_gradients(nullptr);
-            moved = true;
-          } catch (...) {
-          }
-        if (!moved) (void)new REMAT_NAMESPACE::detail::device_granules(std::move(granules_));
-      }
+      if (!moved)
+        for (backed_buffer* b : {&pages_.grads, &zero3_.params, &zero3_.compute})
+          if (b->granules.count()) (void)new REMAT_NAMESPACE::detail::device_granules(std::move(b->granules));
+    }
 #endif
+    if constexpr (!on_gpu)
+      if (!abandoned) try {
+          // (REMAT_DIST_STRICT_PAGES: the pages are writable again, for whatever the memory serves next)
+          commit_in(pages_.grads, {0, n});
+          commit_in(zero3_.params, {0, n});
+          commit_in(zero3_.compute, {0, n});
+        } catch (...) {
+        }
     // Messages abandoned in flight may still use the communicator and its buffers.
     if (abandoned) c_.abandon();
     // (a gather abandoned by a timeout may still write into its buffer: MPI keeps it)
@@ -292,7 +295,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // (options::shard_gradients), and what it holds now: a host model's pages; a GPU model's
   // granules under shard_gradients (all 0 without).
   gradient_memory gradient_pages() const {
-    gradient_memory g{pages_.span.whole, pages_.planned_peak, pages_.last_peak, resident_gradient_bytes()};
+    gradient_memory g{pages_.grads.span.whole, pages_.planned_peak, pages_.last_peak, resident_gradient_bytes()};
     if (!o_.shard_gradients) g.planned_peak = g.whole;
     return g;
   }
@@ -301,17 +304,20 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   void broadcast_parameters() {
     {
       [[maybe_unused]] auto const on_stream = model_.stream_scope();
+      commit_in(zero3_.params, {0, n});  // (ZeRO-3: the pages given back are written)
       transport_->follow();
       transport_->broadcast(model_.parameters().data(), n, 0);
       transport_->join("the parameters' broadcast from rank 0");
     }
     model_.set_passes(c_.broadcast(model_.passes(), 0, "the pass count's broadcast from rank 0"));
     model_.parameters_changed();
-    if constexpr (Model::mixed_precision) {
+    if constexpr (Model::mixed_precision && !on_gpu) {
       // ZeRO-3: every page of the compute copy is touched once (the next pass casts the shard, or
       // on one rank all of it), so that the pages it shares with other memory are held, as the
       // plan counts them, and those of other ranks' shards are given back below whatever they held.
+      // (A GPU model's compute copy lives in granules of the wrapper's, zeroed as they are mapped.)
       if (o_.shard_parameters) {
+        commit_in(zero3_.compute, {0, n});
         tensor_view<C, typename Model::device> const c = model_.compute_parameters();
         std::memset(static_cast<void*>(c.data()), 0, c.size() * sizeof(C));
       }
@@ -325,6 +331,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // Every rank calls it. Without ZeRO-3 the parameters are always whole and nothing is sent.
   void gather_parameters() {
     if (!o_.shard_parameters) return;
+    [[maybe_unused]] auto const on_stream = model_.stream_scope();
+    commit_in(zero3_.params, {0, n});  // (the pages it gathers into: held before they are written)
     transport_->follow();
     transport_->all_gather(parameter_base(), shards_);
     transport_->join("the parameters' all-gather");
@@ -340,7 +348,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // page. In mixed precision the compute copy's pages count too, and the gather buffers hold
   // compute values.
   gradient_memory parameter_pages() const {
-    gradient_memory g{zero3_.pages.whole + zero3_.compute_pages.whole, zero3_.planned_peak, zero3_.last_peak,
+    gradient_memory g{zero3_.params.span.whole + zero3_.compute.span.whole, zero3_.planned_peak, zero3_.last_peak,
                       held_parameter_bytes()};
     if (!gathers_parameters()) g.planned_peak = g.whole;
     return g;
@@ -579,8 +587,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   void release_parameters() noexcept override {
     if (!o_.shard_parameters || !zero3_.whole) return;
     zero3_.whole = false;
-    give_back_outside_shard(zero3_.pages);
-    give_back_outside_shard(zero3_.compute_pages);  // (mixed precision: the 16-bit copy's)
+    give_back_outside_shard(zero3_.params);
+    give_back_outside_shard(zero3_.compute);  // (mixed precision: the 16-bit copy's)
   }
 
   // After an optimizer's step: a sharded optimizer's updated parts go to every rank (ZeRO-3: they
@@ -623,11 +631,6 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
                                                      sizeof(T), "), found ", o.bucket_bytes);
     if (o.shard_parameters) o.shard_gradients = true;
     if (o.shard_gradients) {
-      if constexpr (!std::is_same_v<typename Model::device, host>)
-        if (o.shard_parameters)
-          REMAT_NAMESPACE::detail::raise<argument_error>(
-              "data_parallel: shard_parameters (ZeRO-3) is implemented for host models; a cuda model shards its "
-              "gradients and optimizer state (shard_gradients) only");
       if (std::is_same_v<typename Model::device, host> && !REMAT_DIST_GRADIENT_PAGES)
         REMAT_NAMESPACE::detail::raise<argument_error>(
             "data_parallel: shard_gradients (ZeRO-2) gives back memory pages through Linux's madvise; this system "
@@ -721,127 +724,6 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     in_flight_low_ = buckets_[next_ - 1].begin;
   }
 
-  // ---- ZeRO-2: the memory of the gradient buffer (host pages; on the GPU, granules)
-  //
-  // pages_.held says which pages (granules) hold memory a pass may write: a page given back is
-  // not held until commit() takes it again, as a pass is about to write it (the next span of
-  // backward, by the plan's reports). On the host, a page given back reads as zero and would come
-  // back by itself when written; on the GPU an unmapped granule is not there, so the wrapper maps
-  // it first (REMAT_DIST_STRICT_PAGES makes the host fault as the GPU would, for the tests).
-
-  static constexpr bool on_gpu = !std::is_same_v<typename Model::device, host>;
-
-  T* gradient_base() const { return const_cast<T*>(std::as_const(model_).gradients().data()); }
-
-  // Sets `bytes` at `p` in the gradient buffer to zero (on the GPU: on the current stream).
-  static void zero_bytes(void* p, std::size_t bytes) {
-    if (bytes == 0) return;
-#if REMAT_DIST_NCCL
-    if constexpr (on_gpu) {
-      REMAT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_cuda_stream()));
-      return;
-    }
-#endif
-    std::memset(p, 0, bytes);
-  }
-  // Zeroes [a, b) of a page of the gradient buffer, if it is held (a page not held reads as zero).
-  void zero_in_page(char* a, char* b) const {
-    if (a >= b) return;
-    std::size_t const k = std::size_t((reinterpret_cast<std::uintptr_t>(a) - pages_.span.first) / pages_.span.page);
-    if (k < pages_.held.size() && !pages_.held[k]) return;
-    zero_bytes(a, std::size_t(b - a));
-  }
-  // Pages [k, e) of the gradient buffer (all wholly inside it) are given back.
-  void release_pages(std::size_t k, std::size_t e) const {
-    if (k >= e) return;
-#if REMAT_DIST_NCCL
-    if constexpr (on_gpu) granules_.unmap(k, e);
-#endif
-    if constexpr (!on_gpu) {
-#if REMAT_DIST_GRADIENT_PAGES
-      char* const pa = reinterpret_cast<char*>(pages_.span.first + k * pages_.span.page);
-      std::size_t const bytes = (e - k) * pages_.span.page;
-      if (madvise(pa, bytes, MADV_DONTNEED) != 0)
-        std::memset(pa, 0, bytes);  // (the memory stays; the values are what matters)
-#if REMAT_DIST_STRICT_PAGES
-      if (mprotect(pa, bytes, PROT_NONE) != 0) std::abort();
-#endif
-#endif
-    }
-    for (std::size_t q = k; q < e; ++q) pages_.held[q] = 0;
-  }
-
-  // The whole pages of the buffer inside [lo, hi) are given back to the system (they read as
-  // zero when next held); the elements of [lo, hi) on pages partly outside it are zeroed.
-  void give_back(std::size_t lo, std::size_t hi) const {
-    if (lo >= hi || pages_.span.page == 0) return;
-    auto const page = std::uintptr_t(pages_.span.page);
-    char* const a = reinterpret_cast<char*>(gradient_base() + lo);
-    char* const b = reinterpret_cast<char*>(gradient_base() + hi);
-    char* const pa = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(a) + page - 1) / page * page);
-    char* const pb = reinterpret_cast<char*>(reinterpret_cast<std::uintptr_t>(b) / page * page);
-    if (pa >= pb) return zero_in_page(a, b);
-    zero_in_page(a, pa);
-    zero_in_page(pb, b);
-    release_pages(std::size_t((reinterpret_cast<std::uintptr_t>(pa) - pages_.span.first) / page),
-                  std::size_t((reinterpret_cast<std::uintptr_t>(pb) - pages_.span.first) / page));
-  }
-  // The pages holding gradients [lo, hi) are held again (zero), before a pass writes them.
-  void commit(std::size_t lo, std::size_t hi) {
-    if (lo >= hi || pages_.span.page == 0) return;
-    param_range const r{lo, hi};
-    for (std::size_t k = 0; k < pages_.held.size(); ++k) {
-      if (pages_.held[k] || !pages_.span.touches(k, r)) continue;
-      std::size_t e = k;
-      while (e < pages_.held.size() && !pages_.held[e] && pages_.span.touches(e, r)) ++e;
-#if REMAT_DIST_NCCL
-      if constexpr (on_gpu) granules_.map(k, e);  // (zeroed)
-#endif
-#if REMAT_DIST_STRICT_PAGES && REMAT_DIST_GRADIENT_PAGES
-      if constexpr (!on_gpu)
-        if (mprotect(reinterpret_cast<void*>(pages_.span.first + k * pages_.span.page), (e - k) * pages_.span.page,
-                     PROT_READ | PROT_WRITE) != 0)
-          std::abort();
-#endif
-      for (std::size_t q = k; q < e; ++q) pages_.held[q] = 1;
-      k = e;
-    }
-  }
-  // A pass starts writing gradients: the pages of backward's first span (by the plan's reports)
-  // are held; all of them when the pass does not follow the plan's reports (no overlap).
-  void commit_first_span() {
-    pages_.report = 0;
-    commit(overlap_ && !pages_.reports.empty() ? pages_.reports.front() : 0, n);
-  }
-  // Backward reported gradients final from `offset` on: the pages of the span it writes next
-  // (down to the plan's next report) are held. A report the plan did not foresee holds all below.
-  void commit_next_span(std::size_t offset) {
-    std::vector<std::size_t> const& r = pages_.reports;
-    std::size_t next = 0;
-    if (pages_.report < r.size() && r[pages_.report] == offset) {
-      ++pages_.report;
-      next = pages_.report < r.size() ? std::min(r[pages_.report], offset) : 0;
-    } else {
-      pages_.report = r.size();  // (off the plan: everything below is held from now on)
-    }
-    commit(next, offset);
-  }
-  // Gives back what this rank does not own from parameter `from` to the end (reductions done).
-  void release_from(std::size_t from) const {
-    param_range const s = shard();
-    if (s.size() == 0) return give_back(from, n);
-    give_back(from, std::max(from, s.begin));
-    give_back(std::max(from, s.end), n);
-  }
-  // The bytes of the gradient buffer's pages the process holds now (mincore; on the GPU, the
-  // granules mapped).
-  std::size_t resident_gradient_bytes() const {
-#if REMAT_DIST_NCCL
-    if constexpr (on_gpu) return pages_.span.page ? granules_.mapped_bytes() : 0;
-#endif
-    return resident_bytes(pages_.span, pages_.residency);
-  }
-
   // ---- the system's pages of a buffer of host memory (ZeRO-2's gradients, ZeRO-3's parameters)
 
   struct page_span {
@@ -897,31 +779,192 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
 #endif
   }
 
+  // One of the model's buffers whose memory comes and goes (see zero_in_page and the functions
+  // beside it): its pages (granules), which of them are held, and on the GPU the granules.
+  struct backed_buffer {
+    page_span span;
+    mutable std::vector<unsigned char> held;       // per page: 1 when it holds memory that may be written
+    mutable std::vector<unsigned char> residency;  // (mincore's answer)
+#if REMAT_DIST_NCCL
+    mutable REMAT_NAMESPACE::detail::device_granules granules;  // a GPU model's (its buffer lives there)
+#endif
+  };
+
+  // ---- the memory of the model's buffers: host pages, or (GPU) granules
+  //
+  // A backed_buffer's `held` says which of its pages (granules) hold memory a pass may write: a
+  // page given back is not held until commit_in() takes it again, just before something writes
+  // it (backward the next span of gradients, by the plan's reports; a gather into the model's own
+  // parameters). A page given back reads as zero on both devices. On the host it would also come
+  // back by itself when written; on the GPU it shows a granule of zeros shared by all such
+  // granules (cuda/granules.hpp), which must not be written, so commit_in() maps it first.
+  // REMAT_DIST_STRICT_PAGES makes the host's pages given back read-only, for the tests: a write
+  // the wrapper did not commit first faults, as it would corrupt the GPU's shared granule.
+
+  static constexpr bool on_gpu = !std::is_same_v<typename Model::device, host>;
+
+  // Sets `bytes` at `p` (memory of the model's device) to zero (on the GPU: on the current stream).
+  static void zero_bytes(void* p, std::size_t bytes) {
+    if (bytes == 0) return;
+#if REMAT_DIST_NCCL
+    if constexpr (on_gpu) {
+      REMAT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_cuda_stream()));
+      return;
+    }
+#endif
+    std::memset(p, 0, bytes);
+  }
+  // Copies `bytes` within the model's device (on the GPU: on the current stream).
+  static void copy_bytes(void* to, void const* from, std::size_t bytes) {
+    if (bytes == 0) return;
+#if REMAT_DIST_NCCL
+    if constexpr (on_gpu) {
+      REMAT_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, current_cuda_stream()));
+      return;
+    }
+#endif
+    std::memcpy(to, from, bytes);
+  }
+  // Zeroes [a, e) of one page of b, if it is held (a page given back reads as zero).
+  static void zero_in_page(backed_buffer const& b, char* a, char* e) {
+    if (a >= e) return;
+    std::size_t const k = std::size_t((reinterpret_cast<std::uintptr_t>(a) - b.span.first) / b.span.page);
+    if (k < b.held.size() && !b.held[k]) return;
+    zero_bytes(a, std::size_t(e - a));
+  }
+  // Pages [k, e) of b (all wholly inside it) are given back.
+  static void release_pages(backed_buffer const& b, std::size_t k, std::size_t e) noexcept {
+    if (k >= e) return;
+#if REMAT_DIST_NCCL
+    if constexpr (on_gpu) b.granules.release(k, e);
+#endif
+    if constexpr (!on_gpu) {
+#if REMAT_DIST_GRADIENT_PAGES
+      char* const pa = reinterpret_cast<char*>(b.span.first + k * b.span.page);
+      std::size_t const bytes = (e - k) * b.span.page;
+      if (madvise(pa, bytes, MADV_DONTNEED) != 0)
+        std::memset(pa, 0, bytes);  // (the memory stays; the values are what matters)
+#if REMAT_DIST_STRICT_PAGES
+      if (mprotect(pa, bytes, PROT_READ) != 0) std::abort();
+#endif
+#endif
+    }
+    for (std::size_t q = k; q < e && q < b.held.size(); ++q) b.held[q] = 0;
+  }
+  // The whole pages of b inside its elements [lo, hi) (of type U, from `base`) are given back
+  // (they read as zero); the elements of [lo, hi) on pages partly outside it are zeroed.
+  template <class U>
+  static void give_back_in(backed_buffer const& b, U* base, std::size_t lo, std::size_t hi) {
+    if (lo >= hi || b.span.page == 0) return;
+    auto const page = std::uintptr_t(b.span.page);
+    char* const x = reinterpret_cast<char*>(base + lo);
+    char* const y = reinterpret_cast<char*>(base + hi);
+    char* const px = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(x) + page - 1) / page * page);
+    char* const py = reinterpret_cast<char*>(reinterpret_cast<std::uintptr_t>(y) / page * page);
+    if (px >= py) return zero_in_page(b, x, y);
+    zero_in_page(b, x, px);
+    zero_in_page(b, py, y);
+    release_pages(b, std::size_t((reinterpret_cast<std::uintptr_t>(px) - b.span.first) / page),
+                  std::size_t((reinterpret_cast<std::uintptr_t>(py) - b.span.first) / page));
+  }
+  // The pages of b holding its elements r are held again (zero), before something writes them.
+  static void commit_in(backed_buffer const& b, param_range r) {
+    if (r.size() == 0 || b.span.page == 0) return;
+    for (std::size_t k = 0; k < b.held.size(); ++k) {
+      if (b.held[k] || !b.span.touches(k, r)) continue;
+      std::size_t e = k;
+      while (e < b.held.size() && !b.held[e] && b.span.touches(e, r)) ++e;
+#if REMAT_DIST_NCCL
+      if constexpr (on_gpu) b.granules.map(k, e);  // (zeroed)
+#endif
+#if REMAT_DIST_STRICT_PAGES && REMAT_DIST_GRADIENT_PAGES
+      if constexpr (!on_gpu)
+        if (mprotect(reinterpret_cast<void*>(b.span.first + k * b.span.page), (e - k) * b.span.page,
+                     PROT_READ | PROT_WRITE) != 0)
+          std::abort();
+#endif
+      for (std::size_t q = k; q < e; ++q) b.held[q] = 1;
+      k = e;
+    }
+  }
+  // The bytes of b's pages the process holds now (mincore; on the GPU, its granules of their own).
+  static std::size_t resident(backed_buffer const& b) {
+#if REMAT_DIST_NCCL
+    if constexpr (on_gpu) return b.span.page ? b.granules.mapped_bytes() : 0;
+#endif
+    return resident_bytes(b.span, b.residency);
+  }
+  // b's pages: a host buffer's (`data`), or on the GPU, when `sharded`, granules of virtual memory
+  // that the buffer moves into (the caller relocates the model's buffer to b.granules.data()).
+  template <class U>
+  static void place(backed_buffer& b, U const* data, std::size_t count, bool sharded) {
+#if REMAT_DIST_NCCL
+    if constexpr (on_gpu) {
+      if (!sharded) return;  // (device memory that stays where it is: not pages of ours)
+      b.granules = REMAT_NAMESPACE::detail::device_granules(std::max<std::size_t>(count, 1) * sizeof(U));
+      b.span.page = b.granules.granule();
+      b.span.begin = b.span.first = reinterpret_cast<std::uintptr_t>(b.granules.data());
+      b.span.end = b.span.begin + count * sizeof(U);
+      b.span.whole = b.granules.count() * b.granules.granule();
+      b.span.element = sizeof(U);
+    }
+#endif
+    if constexpr (!on_gpu) b.span = span_of(data, count, sharded);
+    (void)data;
+    b.held.assign(b.span.count(), 1);
+  }
+
+  // ---- ZeRO-2: the gradient buffer's memory
+
+  T* gradient_base() const { return const_cast<T*>(std::as_const(model_).gradients().data()); }
+  void give_back(std::size_t lo, std::size_t hi) const { give_back_in(pages_.grads, gradient_base(), lo, hi); }
+  void commit(std::size_t lo, std::size_t hi) { commit_in(pages_.grads, {lo, hi}); }
+  // A pass starts writing gradients: the pages of backward's first span (by the plan's reports)
+  // are held; all of them when the pass does not follow the plan's reports (no overlap).
+  void commit_first_span() {
+    pages_.report = 0;
+    commit(overlap_ && !pages_.reports.empty() ? pages_.reports.front() : 0, n);
+  }
+  // Backward reported gradients final from `offset` on: the pages of the span it writes next
+  // (down to the plan's next report) are held. A report the plan did not foresee holds all below.
+  void commit_next_span(std::size_t offset) {
+    std::vector<std::size_t> const& r = pages_.reports;
+    std::size_t next = 0;
+    if (pages_.report < r.size() && r[pages_.report] == offset) {
+      ++pages_.report;
+      next = pages_.report < r.size() ? std::min(r[pages_.report], offset) : 0;
+    } else {
+      pages_.report = r.size();  // (off the plan: everything below is held from now on)
+    }
+    commit(next, offset);
+  }
+  // Gives back what this rank does not own from parameter `from` to the end (reductions done).
+  void release_from(std::size_t from) const {
+    param_range const s = shard();
+    if (s.size() == 0) return give_back(from, n);
+    give_back(from, std::max(from, s.begin));
+    give_back(std::max(from, s.end), n);
+  }
+  // The bytes of the gradient buffer's pages the process holds now (mincore; on the GPU, the
+  // granules of their own).
+  std::size_t resident_gradient_bytes() const { return resident(pages_.grads); }
+
   // The buffer's pages, and the plan of the most a pass holds at once: backward's reports (where
   // its gradients become final: the model's plan walk) replayed through this wrapper's rules.
   void plan_gradient_pages() {
+    place(pages_.grads, gradient_base(), n, o_.shard_gradients);
 #if REMAT_DIST_NCCL
-    if constexpr (on_gpu) {
-      if (!o_.shard_gradients) return;  // (device memory: not pages of ours)
-      // The gradient buffer moves into granules of virtual memory, which come and go as host pages do.
-      granules_ = REMAT_NAMESPACE::detail::device_granules(std::max<std::size_t>(n, 1) * sizeof(T));
-      model_.relocate_gradients(static_cast<T*>(granules_.data()));
-      pages_.span.page = granules_.granule();
-      pages_.span.begin = pages_.span.first = reinterpret_cast<std::uintptr_t>(granules_.data());
-      pages_.span.end = pages_.span.begin + n * sizeof(T);
-      pages_.span.whole = granules_.count() * granules_.granule();
-    }
+    // (the GPU: the gradient buffer moves into the granules, which come and go as host pages do)
+    if constexpr (on_gpu)
+      if (o_.shard_gradients) model_.relocate_gradients(static_cast<T*>(pages_.grads.granules.data()));
 #endif
-#if REMAT_DIST_GRADIENT_PAGES
-    if constexpr (!on_gpu) pages_.span = span_of(gradient_base(), n, o_.shard_gradients);
-#endif
-    pages_.held.assign(pages_.span.count(), 1);
-    if (!o_.shard_gradients || n == 0 || pages_.span.page == 0) return;
+    page_span const& span = pages_.grads.span;
+    if (!o_.shard_gradients || n == 0 || span.page == 0) return;
     pages_.reports = REMAT_NAMESPACE::detail::gradient_reports<typename Model::net, typename Model::precision>();
     pages_.reports.push_back(0);  // (the model's own, after backward)
-    auto const page = std::uintptr_t(pages_.span.page);
-    auto const begin = pages_.span.begin, end = pages_.span.end, first = pages_.span.first;
-    std::uintptr_t const last = first + pages_.span.whole;
+    auto const page = std::uintptr_t(span.page);
+    auto const begin = span.begin, end = span.end, first = span.first;
+    std::uintptr_t const last = first + span.whole;
     param_range const s = shard();
     auto const at = [&](std::size_t i) { return begin + i * sizeof(T); };
     // A page is given back when it lies wholly in the buffer, holds nothing of this rank's
@@ -935,7 +978,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         bool const given = inside && shard_free && (p + page <= at(touched) || p >= at(released));
         count += !given;
       }
-      return count * pages_.span.page;
+      return count * span.page;
     };
     std::size_t released = n, low = n, next = 0, peak = 0;
     bool in_flight = false;
@@ -998,19 +1041,24 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
 
   // The pages of a span wholly inside its buffer that hold nothing of this rank's shard are given
   // back to the system.
-  void give_back_outside_shard(page_span const& sp) const noexcept {
+  void give_back_outside_shard(backed_buffer const& b) const noexcept {
     param_range const s = shard();
+    page_span const& sp = b.span;
+#if REMAT_DIST_NCCL
+    // (the GPU: layers issued before may still read them; the zero granule is zeroed on this stream)
+    [[maybe_unused]] auto const on_stream = model_.stream_scope();
+    if constexpr (on_gpu)
+      if (sp.count()) (void)cudaStreamSynchronize(current_cuda_stream());
+#endif
     for (std::size_t k = 0; k < sp.count();) {
-      auto const free_page = [&](std::size_t q) { return sp.inside(q) && !sp.touches(q, s); };
+      auto const free_page = [&](std::size_t q) { return sp.inside(q) && !sp.touches(q, s) && b.held[q]; };
       if (!free_page(k)) {
         ++k;
         continue;
       }
       std::size_t e = k + 1;
       while (e < sp.count() && free_page(e)) ++e;
-#if REMAT_DIST_GRADIENT_PAGES
-      (void)madvise(reinterpret_cast<void*>(sp.first + k * sp.page), (e - k) * sp.page, MADV_DONTNEED);
-#endif
+      release_pages(b, k, e);
       k = e;
     }
   }
@@ -1018,10 +1066,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // The pages of the parameters held now (mincore): the model's buffer's and, with ZeRO-3 on more
   // than one rank, the gather buffer's.
   std::size_t held_parameter_bytes() const {
-    return resident_bytes(zero3_.pages, zero3_.residency) +
-           resident_bytes(zero3_.compute_pages, zero3_.compute_residency) +
-           resident_bytes(zero3_.slots[0].buffer.span, zero3_.buffer_residency) +
-           resident_bytes(zero3_.slots[1].buffer.span, zero3_.buffer_residency);
+    return resident(zero3_.params) + resident(zero3_.compute) + zero3_.slots[0].buffer.resident(zero3_.buffer_residency) +
+           zero3_.slots[1].buffer.resident(zero3_.buffer_residency);
   }
 
   // Parameters r in a gather buffer, to read now: the buffer that holds them (unchanged since,
@@ -1057,7 +1103,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     slot.holds = {};
     std::vector<param_range> const& parts = parts_of(r);
     param_range const own = parts[std::size_t(rank())];
-    if (own.size()) std::memcpy(to + own.begin, compute_base() + r.begin + own.begin, own.size() * sizeof(C));
+    if (own.size()) copy_bytes(to + own.begin, compute_base() + r.begin + own.begin, own.size() * sizeof(C));
     gathers_->follow();
     gathers_->all_gather(to, parts);
     slot.holds = r;
@@ -1101,6 +1147,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (kept && (ahead || zero3_.arriving != r)) return;
     if (!kept) {
       finish_gathers();
+      commit_in(read_copy(), r);  // (the pages it gathers into: held before they are written)
       std::vector<param_range> const& parts = parts_of(r);
       gathers_->follow();  // (this rank's part is in place already)
       gathers_->all_gather(const_cast<C*>(compute_base()) + r.begin, parts);
@@ -1123,17 +1170,28 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
       }
     }
     zero3_.kept.clear();
-    give_back_outside_shard(Model::mixed_precision ? zero3_.compute_pages : zero3_.pages);
+    give_back_outside_shard(read_copy());
   }
+  // The memory of the copy of the parameters layers read (and ZeRO-3 gathers): the compute copy
+  // in mixed precision, the master weights otherwise.
+  backed_buffer const& read_copy() const { return Model::mixed_precision ? zero3_.compute : zero3_.params; }
 
   // The parameter buffer's pages, the training pass's frames (the model's plan walk), the gather
   // buffer (as large as the largest frame's parameters) and the plan of the most held at once:
   // the pages of the model's buffer that touch this rank's shard or lie partly outside the buffer,
   // and the gather buffer's.
   void plan_parameter_pages() {
-    zero3_.pages = span_of(parameter_base(), n, o_.shard_parameters);
-    if constexpr (Model::mixed_precision) zero3_.compute_pages = span_of(compute_base(), n, o_.shard_parameters);
-    if (!gathers_parameters() || n == 0 || !zero3_.pages.page) return;
+    place(zero3_.params, parameter_base(), n, o_.shard_parameters);
+    if constexpr (Model::mixed_precision) place(zero3_.compute, compute_base(), n, o_.shard_parameters);
+#if REMAT_DIST_NCCL
+    // (the GPU: the master weights and the compute copy move into the granules)
+    if constexpr (on_gpu)
+      if (o_.shard_parameters) {
+        C* const compute = Model::mixed_precision ? static_cast<C*>(zero3_.compute.granules.data()) : nullptr;
+        model_.relocate_parameters(static_cast<T*>(zero3_.params.granules.data()), compute);
+      }
+#endif
+    if (!gathers_parameters() || n == 0 || !zero3_.params.span.page) return;
     using kind = REMAT_NAMESPACE::detail::pass_event::kind;
     zero3_.events = REMAT_NAMESPACE::detail::pass_events<typename Model::net, typename Model::precision>();
     zero3_.ahead = gathers_ahead(zero3_.events);
@@ -1150,14 +1208,16 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     int const buffers = o_.keep_parameters_for_backward ? 0 : o_.prefetch_parameters ? 2 : 1;
     for (int b = 0; b < buffers; ++b) {
       gather_buffer& buffer = zero3_.slots[b].buffer;
-      buffer.allocate(largest * sizeof(C), zero3_.pages.page);
-      buffer.span = span_of(buffer.data, largest, false);
-      if (buffer.data) std::memset(static_cast<void*>(buffer.data), 0, buffer.bytes);
+      buffer.allocate(largest * sizeof(C), zero3_.params.span.page);
+      if constexpr (!on_gpu) {
+        buffer.span = span_of(buffer.data, largest, false);
+        if (buffer.data) std::memset(static_cast<void*>(buffer.data), 0, buffer.bytes);
+      }
     }
     param_range const s = shard();
     // A training pass that keeps what it gathers (keep_parameters_for_backward) holds, at its end,
     // the pages of every frame's parameters too, in the copy layers read.
-    page_span const& read = Model::mixed_precision ? zero3_.compute_pages : zero3_.pages;
+    page_span const& read = read_copy().span;
     std::vector<char> gathered(read.count(), 0);  // (by page)
     if (o_.keep_parameters_for_backward)
       for (REMAT_NAMESPACE::detail::pass_event const& e : zero3_.events)
@@ -1170,8 +1230,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         pages += !sp.inside(k) || sp.touches(k, s) || (&sp == &read && gathered[k]);
       return pages * sp.page;
     };
-    zero3_.planned_peak = held(zero3_.pages) + held(zero3_.compute_pages) + zero3_.slots[0].buffer.span.whole +
-                          zero3_.slots[1].buffer.span.whole;
+    zero3_.planned_peak = held(zero3_.params.span) + held(zero3_.compute.span) + zero3_.slots[0].buffer.bytes +
+                          zero3_.slots[1].buffer.bytes;
   }
   // For each of a pass's gathers and reports (its events but the frames' ends, in order), the
   // parameters of the next gather after it (empty: none).
@@ -1216,20 +1276,13 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   std::size_t next_ = 0;    // the next bucket to start
   std::size_t in_flight_low_ = 0;  // the first parameter of the last bucket started
   struct {
-    page_span span;               // the gradient buffer's pages
-    mutable std::vector<unsigned char> held;  // per page: 1 when it holds memory a pass may write
+    backed_buffer grads;          // the gradient buffer's memory
     std::vector<std::size_t> reports;         // the offsets of backward's reports, by the plan
     std::size_t report = 0;       // the next of them in the running pass
     std::size_t planned_peak = 0;
     std::size_t pass_peak = 0;    // measured in the running pass
     std::size_t last_peak = 0;    // measured in the last pass that succeeded
-    mutable std::vector<unsigned char> residency;  // (mincore's answer)
   } pages_;
-#if REMAT_DIST_NCCL
-  // ZeRO-2 on the GPU: the memory of the model's gradient buffer, which lives here while this
-  // wrapper does.
-  mutable REMAT_NAMESPACE::detail::device_granules granules_;
-#endif
   bool pending_ = false;    // local gradient contributions not reduced yet
   bool reduced_ = false;    // the gradients hold the ranks' sum (since the last zero_grad)
   bool started_ = false;
@@ -1239,31 +1292,55 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // wrapper's life.
   struct gather_buffer {
     C* data = nullptr;
-    std::size_t bytes = 0;  // (whole pages)
-    page_span span;         // (its pages, to count them)
+    std::size_t bytes = 0;  // (whole pages, or granules)
+    page_span span;         // (a host buffer's pages, to count them)
+#if REMAT_DIST_NCCL
+    REMAT_NAMESPACE::detail::device_granules device;  // (a GPU model's: all held, zeroed)
+#endif
     gather_buffer() = default;
     gather_buffer(gather_buffer const&) = delete;
     gather_buffer& operator=(gather_buffer const&) = delete;
     ~gather_buffer() {
+      if constexpr (!on_gpu) {
 #if REMAT_DIST_GRADIENT_PAGES
-      if (data) munmap(data, bytes);
+        if (data) munmap(data, bytes);
 #endif
+      }
     }
     void allocate(std::size_t need, std::size_t page) {
-#if REMAT_DIST_GRADIENT_PAGES
-      bytes = (need + page - 1) / page * page;
-      if (!bytes) return;
-      void* const p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED)
-        REMAT_NAMESPACE::detail::raise<out_of_memory>("data_parallel: the gather buffer of ", bytes,
-                                                      " bytes (the largest layer's parameters) could not be mapped");
-      data = static_cast<C*>(p);
-#else
-      (void)need;
-      (void)page;
+      if (need == 0) return;
+#if REMAT_DIST_NCCL
+      if constexpr (on_gpu) {
+        device = REMAT_NAMESPACE::detail::device_granules(need);
+        data = static_cast<C*>(device.data());
+        bytes = device.count() * device.granule();
+        return;
+      }
 #endif
+      if constexpr (!on_gpu) {
+#if REMAT_DIST_GRADIENT_PAGES
+        bytes = (need + page - 1) / page * page;
+        void* const p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+          REMAT_NAMESPACE::detail::raise<out_of_memory>("data_parallel: the gather buffer of ", bytes,
+                                                        " bytes (the largest layer's parameters) could not be mapped");
+        data = static_cast<C*>(p);
+#endif
+      }
+      (void)page;
     }
-    void leak() noexcept { data = nullptr; }  // (MPI may still write into it)
+    // The bytes of it held now (mincore; on the GPU, all of it).
+    std::size_t resident(std::vector<unsigned char>& in) const {
+      if constexpr (on_gpu) return bytes;
+      return resident_bytes(span, in);
+    }
+    void leak() noexcept {  // (NCCL or MPI may still write into it)
+#if REMAT_DIST_NCCL
+      if constexpr (on_gpu)
+        if (data) (void)new REMAT_NAMESPACE::detail::device_granules(std::move(device));
+#endif
+      data = nullptr;
+    }
   };
   // A gather buffer and what it holds.
   struct gather_slot {
@@ -1273,8 +1350,8 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     bool in_flight = false;     // a gather into it started, not waited for yet
   };
   struct {
-    page_span pages;                    // the parameter buffer's pages
-    page_span compute_pages;            // the compute copy's (mixed precision; none otherwise)
+    backed_buffer params;               // the parameter buffer's memory
+    backed_buffer compute;              // the compute copy's (mixed precision; none otherwise)
     gather_slot slots[2];               // what layers' parameters are gathered into (the second: prefetch)
     int reading = 0;                    // the slot the last frame read
     // keep_parameters_for_backward: the frames' parameters this pass gathered into the model's
@@ -1292,7 +1369,7 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
     std::size_t planned_peak = 0;
     std::size_t pass_peak = 0;          // measured in the running training pass
     std::size_t last_peak = 0;          // measured in the last training pass that succeeded
-    mutable std::vector<unsigned char> residency, compute_residency, buffer_residency;  // (mincore's answers)
+    mutable std::vector<unsigned char> buffer_residency;  // (mincore's answer)
   } zero3_;
   traffic traffic_{}, last_{};
   struct pass_start {
@@ -1360,6 +1437,7 @@ void save(data_parallel<Model, Transport>& dp, Opt const& opt, std::string const
 // changes nothing anywhere).
 template <class Model, class Transport>
 void load(data_parallel<Model, Transport>& dp, std::string const& path) {
+  dp.gather_parameters();  // (ZeRO-3: rank 0 writes them all, into memory that holds them)
   dp.agree("dist::load", [&] {
     if (dp.rank() == 0) REMAT_NAMESPACE::detail::load_parameters(dp.model(), path);
   });

@@ -440,13 +440,13 @@ class model {
   // alive until it moves the buffer back), its values copied there; with null it moves back into
   // memory from the model's allocator. The allocator's gradients tag no longer counts memory
   // the wrapper holds.
-  void relocate_gradients(T* storage) {
-    [[maybe_unused]] auto const on_stream = stream_.scope();
-    if (storage == grads_.data()) return;
-    tensor<T, Device> moved = storage ? tensor<T, Device>(tensor<T, Device>::borrowed, storage, stored_count(), 1)
-                                      : tensor<T, Device>(index_t(stored_count()), 1, memory::tag::gradients, *alloc_);
-    evaluate(moved, to_expr(std::as_const(grads_)));
-    grads_ = std::move(moved);
+  void relocate_gradients(T* storage) { relocate(grads_, storage, memory::tag::gradients); }
+  // The same for the parameters of a wrapper that keeps a shard of them (ZeRO-3): the master
+  // weights move to `master` and, in mixed precision, the compute copy to `compute`; with null,
+  // both move back into memory from the model's allocator.
+  void relocate_parameters(T* master, C* compute) {
+    relocate(params_, master, memory::tag::parameters);
+    if constexpr (mixed_precision) relocate(compute_params_, master ? compute : nullptr, memory::tag::parameters);
   }
   // The allocator activations, gradients and parameters come from (given at construction).
   allocator_type& allocator() const { return *alloc_; }
@@ -523,6 +523,19 @@ class model {
 
  private:
   static constexpr std::size_t stored_count() { return parameter_count > 0 ? parameter_count : 1; }
+
+  // Moves buffer t (stored_count() values) to `storage` (memory the caller owns), or back into
+  // memory of the allocator when null; waits for the copy (the old memory may go right after).
+  template <class U>
+  void relocate(tensor<U, Device>& t, U* storage, memory::tag tag) {
+    [[maybe_unused]] auto const on_stream = stream_.scope();
+    if (storage == t.data() || (!storage && t.allocator())) return;
+    tensor<U, Device> moved = storage ? tensor<U, Device>(tensor<U, Device>::borrowed, storage, stored_count(), 1)
+                                      : tensor<U, Device>(index_t(stored_count()), 1, tag, *alloc_);
+    evaluate(moved, to_expr(std::as_const(t)));
+    stream_.synchronize();
+    t = std::move(moved);
+  }
 
   // The loss of y against the target, with scale * its gradient in dy: read later if the loss can.
   template <class Loss, class Y, class Target>
