@@ -6,10 +6,12 @@
 //
 // Built by nvcc in CI (no GPU there); run on a GPU with `ctest -L cuda`. Without a device the
 // runner exits with 77, which ctest reports as skipped.
+#include <remat/cuda/granules.hpp>
 #include <remat/remat.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cfloat>
 #include <cmath>
@@ -826,3 +828,42 @@ TEST_CASE("cuda convolutions in mixed<bfloat16>: every policy bit for bit, gradi
         activation_plan<ConvNet<Repeat<2, Checkpointed<ConvBlock>>>, B>(6).peak_bytes);
 }
 #endif
+
+// The granules data_parallel's ZeRO-2 and ZeRO-3 move a GPU model's buffers into: one process, no
+// NCCL (a machine with one GPU runs no multi-rank NCCL test, so this is where given-back granules
+// are exercised on a GPU at all).
+TEST_CASE("cuda granules: given back they read zero, mapped again they are zeroed, and what is held is counted",
+          "[cuda][granules]") {
+  std::size_t const granule_floats = (std::size_t(2) << 20) / sizeof(float);
+  detail::device_granules g(3 * granule_floats * sizeof(float) + 100);  // (a partial fourth granule)
+  REQUIRE(g.granule() >= std::size_t(2) << 20);  // (the minimum granularity: 2 MiB on recent GPUs)
+  std::size_t const per = g.granule() / sizeof(float), count = g.count();
+  REQUIRE(count >= 2);
+  CHECK(g.mapped_bytes() == count * g.granule());
+  tensor<float, gpu> whole(tensor<float, gpu>::borrowed, static_cast<float*>(g.data()), count * per, 1);
+  std::vector<float> ones(count * per, 1.0f);
+  whole.copy_from(ones);
+  g.release(0, 1);
+  CHECK_FALSE(g.mapped(0));
+  CHECK(g.mapped(1));
+  CHECK(g.mapped_bytes() == (count - 1) * g.granule());
+  std::vector<float> after = whole.to_vector();
+  std::size_t zeros = 0, kept = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) (i < per ? zeros : kept) += after[i] == (i < per ? 0.0f : 1.0f);
+  CHECK(zeros == per);                 // a granule given back reads as zero
+  CHECK(kept == after.size() - per);   // the others keep their values
+  g.release(1, count);                 // all given back: they share one zero granule
+  CHECK(g.mapped_bytes() == 0);
+  CHECK(whole.to_vector() == std::vector<float>(count * per, 0.0f));
+  g.map(1, 2);                         // mapped again: zeroed, and writable
+  CHECK(g.mapped_bytes() == g.granule());
+  tensor<float, gpu> second(tensor<float, gpu>::borrowed, static_cast<float*>(g.data()) + per, per, 1);
+  CHECK(second.to_vector() == std::vector<float>(per, 0.0f));
+  second.copy_from(std::vector<float>(per, 2.0f));
+  g.release(0, 1);                     // (re-zeroes the shared granule; granule 1 keeps its values)
+  std::vector<float> last = whole.to_vector();
+  CHECK(std::count(last.begin(), last.begin() + std::ptrdiff_t(per), 0.0f) == std::ptrdiff_t(per));
+  CHECK(std::count(last.begin() + std::ptrdiff_t(per), last.begin() + std::ptrdiff_t(2 * per), 2.0f) ==
+        std::ptrdiff_t(per));
+  CHECK(std::count(last.begin() + std::ptrdiff_t(2 * per), last.end(), 0.0f) == std::ptrdiff_t((count - 2) * per));
+}

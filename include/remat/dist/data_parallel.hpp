@@ -23,15 +23,16 @@
 // the rank's shard plus about two reports' span of gradients (rounded out to buckets and pages).
 // Before backward writes a span (down to the plan's next report) the wrapper takes its pages
 // back (commits them). On the GPU that is what makes it work: the model's gradient buffer moves
-// into granules of virtual memory (cuda/granules.hpp: cuMemMap, 2 MiB each on an H100) that are
-// unmapped when given back and mapped (zeroed) when committed; the model's offsets never change.
+// into granules of virtual memory (cuda/granules.hpp: cuMemMap, 2 MiB each on an H100) whose
+// memory is given back (they show one shared granule of zeros, so they read as zero) and mapped
+// again (zeroed) when committed; the model's offsets never change.
 // The most a pass holds is planned from the model's plan walk (gradient_pages().planned_peak) and
 // measured at every report, from the kernel's page tables (mincore) or the granules mapped: the
 // two are equal. The allocator's gradients tag still counts a host buffer's whole address range,
 // and none of a GPU model's granules: what is held is gradient_pages().
 //
-// With options::shard_parameters as well (ZeRO stage 3; host models so far) each rank keeps its shard of
-// the parameters only: the pages of the model's parameter buffer outside it are given back (in
+// With options::shard_parameters as well (ZeRO stage 3) each rank keeps its shard of the
+// parameters only: the pages of the model's parameter buffer outside it are given back (in
 // mixed precision, of the fp32 master weights and of their 16-bit compute copy both; a pass casts
 // the shard of the compute copy only, and layers gather the compute copy: half the bytes). Every
 // frame of the walk that runs a layer (graph/walk.hpp's gather_frame: each layer of a Seq, each
@@ -45,11 +46,14 @@
 // gathers into is the same for every layer, taken as the wrapper is built (no page is faulted in
 // again). With options::keep_parameters_for_backward a pass gathers each layer's parameters
 // once, into the model's own pages, and keeps them until it ends (backward and recomputations read
-// them there): half the gathers, the whole parameters at the pass's peak.
-// parameter_pages() says what is held (mincore) and what the plan says. Every pass of the
-// model is collective then, inference included (model.forward, loss and training_loss are agreed
-// as a training pass is). A rank whose pass fails goes on taking part in the gathers and
-// reductions the others make, following the plan's list of them.
+// them there): half the gathers, the whole parameters at the pass's peak. What a gather writes
+// into the model's own memory is committed first, as backward's gradients are; on the GPU the
+// parameters and their compute copy move into granules as the gradients do, and the gather
+// buffers are device memory. parameter_pages() says what is held (mincore, or the granules of
+// their own) and what the plan says. Every pass of the model is collective then, inference
+// included (model.forward, loss and training_loss are agreed as a training pass is). A rank whose
+// pass fails goes on taking part in the gathers and reductions the others make, following the
+// plan's list of them.
 //
 // Bad input on one rank (an id out of range, a batch of the wrong shape) is found before anything
 // changes and every rank throws: the rank with the bad input its own error, the others dist_error
@@ -134,12 +138,12 @@ struct options {
   // every pass is reduced, so a step of gradient accumulation reduces each micro-batch
   // (reduce::later is taken as reduce::now).
   bool shard_gradients = false;
-  // ZeRO stage 3 (implies shard_gradients; host models): each rank keeps 1/P of the parameters
-  // too (the memory pages of the rest are given back; in mixed precision, 1/P of the master
-  // weights and 1/P of their compute copy, which is what is gathered). Every layer's parameters are
-  // all-gathered into a buffer of the wrapper's just before it runs (forward, a storage policy's
-  // recomputation, backward: the frames of graph/walk.hpp's gather_frame), and the layer reads
-  // them there. Every pass of the model is then collective: training through the wrapper, and
+  // ZeRO stage 3 (implies shard_gradients): each rank keeps 1/P of the parameters too (the
+  // memory of the rest is given back: host pages, or on the GPU granules of virtual memory the
+  // parameters move into; in mixed precision, 1/P of the master weights and 1/P of their compute
+  // copy, which is what is gathered). Every layer's parameters are all-gathered into a buffer
+  // of the wrapper's just before it runs (forward, a storage policy's recomputation, backward: the
+  // frames of graph/walk.hpp's gather_frame), and the layer reads them there. Every pass of the model is then collective: training through the wrapper, and
   // model.forward, loss and training_loss, which every rank must call together.
   bool shard_parameters = false;
   // ZeRO-3: as a layer starts, the parameters of the next frame that gathers (the model's plan
@@ -870,10 +874,11 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
   // The pages of b holding its elements r are held again (zero), before something writes them.
   static void commit_in(backed_buffer const& b, param_range r) {
     if (r.size() == 0 || b.span.page == 0) return;
-    for (std::size_t k = 0; k < b.held.size(); ++k) {
-      if (b.held[k] || !b.span.touches(k, r)) continue;
+    std::size_t const last = std::min(b.held.size(), std::size_t((b.span.at(r.end) - 1 - b.span.first) / b.span.page) + 1);
+    for (std::size_t k = std::size_t((b.span.at(r.begin) - b.span.first) / b.span.page); k < last; ++k) {
+      if (b.held[k]) continue;
       std::size_t e = k;
-      while (e < b.held.size() && !b.held[e] && b.span.touches(e, r)) ++e;
+      while (e < last && !b.held[e]) ++e;
 #if REMAT_DIST_NCCL
       if constexpr (on_gpu) b.granules.map(k, e);  // (zeroed)
 #endif
