@@ -115,9 +115,10 @@
 #define REMAT_DIST_GRADIENT_PAGES 0
 #endif
 
-// A check for tests (0 unless a test build defines it): the host pages of the gradient buffer a
-// ZeRO-2 wrapper has given back are made inaccessible (mprotect) until it commits them again,
-// as the GPU's unmapped granules are, so that a write the wrapper did not map first faults.
+// A check for tests (0 unless a test build defines it): the host pages a ZeRO-2 or ZeRO-3 wrapper
+// has given back (gradients, weights, compute copy) are made read-only (mprotect) until it commits
+// them again, so that a write it did not commit first faults; on the GPU such a write would land
+// in the granule of zeros that every granule given back shares.
 #ifndef REMAT_DIST_STRICT_PAGES
 #define REMAT_DIST_STRICT_PAGES 0
 #endif
