@@ -275,8 +275,9 @@ class data_parallel final : public REMAT_NAMESPACE::detail::gradient_sync {
         }
     // Messages abandoned in flight may still use the communicator and its buffers.
     if (abandoned) c_.abandon();
-    // (a gather abandoned by a timeout may still write into its buffer: MPI keeps it)
-    if (c_.timed_out())
+    // (a gather abandoned in flight or by a timeout may still write into its buffer: it is kept;
+    // the slots go before the transport, which on the GPU waits for its stream only as it goes)
+    if (c_.timed_out() || abandoned)
       for (gather_slot& b : zero3_.slots) b.buffer.leak();
   }
 
