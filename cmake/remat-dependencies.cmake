@@ -1,5 +1,7 @@
 # Finds what a program that uses remat needs and defines the imported targets
-# remat::cccl (Thrust/CUB headers), remat::blas (a CBLAS), OpenMP::OpenMP_CXX (if found).
+# remat::cccl (Thrust/CUB headers), remat::blas (a CBLAS) and, empty where what they stand for is
+# absent, remat::openmp, remat::onednn, remat::mpi, remat::cudart and remat::nccl; REMAT_HAS_OPENMP
+# and REMAT_HAS_MPI say which were found.
 # Shared by the build tree and the installed package config, so both detect the same way.
 include_guard(GLOBAL)
 include(CMakeFindDependencyMacro OPTIONAL)
@@ -36,10 +38,40 @@ if(NOT TARGET remat::cccl)
   endif()
 endif()
 
-# --- OpenMP: Thrust's OpenMP system runs host kernels on every core; without it, serially.
-if(NOT TARGET OpenMP::OpenMP_CXX)
-  find_package(OpenMP QUIET COMPONENTS CXX)
+# --- OpenMP (optional): Thrust's OpenMP system runs host kernels on every core; without it they run
+# serially. remat::openmp always exists (empty without OpenMP), so a remat installed where OpenMP
+# was found still configures for a compiler whose OpenMP runtime is absent (Debian's clang-N
+# without libomp-N-dev): found or not is decided where remat is consumed. nvcc-compiled sources get
+# the flag for their host code too (OffloadedAdamW's update, host references: without it they ran
+# on one thread; the step took 5 s on an H100's host for 537 M parameters, PyTorch's 0.44 s).
+if(NOT TARGET remat::openmp)
+  add_library(remat::openmp INTERFACE IMPORTED)
+  if(NOT OpenMP_CXX_FOUND)
+    find_package(OpenMP QUIET COMPONENTS CXX)
+  endif()
+  if(OpenMP_CXX_FOUND AND TARGET OpenMP::OpenMP_CXX)
+    set_target_properties(remat::openmp PROPERTIES INTERFACE_LINK_LIBRARIES OpenMP::OpenMP_CXX)
+    if(NOT MSVC)
+      set_target_properties(remat::openmp PROPERTIES
+        INTERFACE_COMPILE_OPTIONS "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${OpenMP_CXX_FLAGS}>")
+    endif()
+    set_property(GLOBAL PROPERTY REMAT_HAS_OPENMP TRUE)
+    if(NOT remat_FIND_QUIETLY)
+      message(STATUS "remat: OpenMP ${OpenMP_CXX_VERSION} runs host kernels on every core")
+    endif()
+  else()
+    set_property(GLOBAL PROPERTY REMAT_HAS_OPENMP FALSE)
+    if(NOT remat_FIND_QUIETLY)
+      string(REGEX MATCH "^[0-9]+" _remat_cxx_major "${CMAKE_CXX_COMPILER_VERSION}")
+      if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+        set(_remat_omp_hint " (Debian: apt-get install libomp-${_remat_cxx_major}-dev)")
+      endif()
+      message(STATUS "remat: no OpenMP for ${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}; "
+                     "host kernels run on one thread${_remat_omp_hint}")
+    endif()
+  endif()
 endif()
+get_property(REMAT_HAS_OPENMP GLOBAL PROPERTY REMAT_HAS_OPENMP)
 
 # --- BLAS with the CBLAS interface (OpenBLAS preferred).
 if(NOT TARGET remat::blas)
@@ -97,23 +129,31 @@ endif()
 
 # --- MPI (optional): remat::dist, data-parallel training over an MPI communicator. remat::mpi
 # always exists (empty without MPI, and then <remat/dist/mpi.hpp> says what to install), so the
-# exported remat::dist target links the same way everywhere.
+# exported remat::dist target links the same way everywhere. Whether an MPI was found is
+# REMAT_HAS_MPI (a variable here, a global property for add_subdirectory's parents); never
+# `TARGET MPI::MPI_CXX`, which CMake 3.25's FindMPI creates, empty, even when it finds no MPI.
 if(NOT TARGET remat::mpi)
   add_library(remat::mpi INTERFACE IMPORTED)
-  if(NOT TARGET MPI::MPI_CXX)
+  if(NOT MPI_CXX_FOUND)
     # MPI's C interface from C++ (remat uses no C++ bindings; a CXX-only project has no C to find).
     set(MPI_CXX_SKIP_MPICXX ON)
     find_package(MPI QUIET COMPONENTS CXX)
   endif()
-  if(TARGET MPI::MPI_CXX)
+  if(MPI_CXX_FOUND AND TARGET MPI::MPI_CXX)
     set_target_properties(remat::mpi PROPERTIES INTERFACE_LINK_LIBRARIES MPI::MPI_CXX)
+    set_property(GLOBAL PROPERTY REMAT_HAS_MPI TRUE)
     if(NOT remat_FIND_QUIETLY)
       message(STATUS "remat: MPI ${MPI_CXX_VERSION} for remat::dist (${MPIEXEC_EXECUTABLE})")
     endif()
-  elseif(NOT remat_FIND_QUIETLY)
-    message(STATUS "remat: no MPI (libopenmpi-dev); remat::dist is not usable")
+  else()
+    set_property(GLOBAL PROPERTY REMAT_HAS_MPI FALSE)
+    if(NOT remat_FIND_QUIETLY)
+      message(STATUS "remat: no MPI: remat::dist, digits --mpi and the data-parallel tests are left out "
+                     "(Debian: apt-get install libopenmpi-dev openmpi-bin)")
+    endif()
   endif()
 endif()
+get_property(REMAT_HAS_MPI GLOBAL PROPERTY REMAT_HAS_MPI)
 
 # find_package(CUDAToolkit ARGS...), working around CMake before 3.30 with CUDA 12.9 and later:
 # those toolkits ship no nvToolsExt library, and older FindCUDAToolkit modules (Debian 12's CMake
@@ -142,7 +182,7 @@ if(NOT TARGET remat::cudart)
     endif()
     remat_find_cuda_toolkit(QUIET)
   endif()
-  if(TARGET CUDA::cudart AND TARGET CUDA::cublasLt)
+  if(CUDAToolkit_FOUND AND TARGET CUDA::cudart AND TARGET CUDA::cublasLt)
     set_target_properties(remat::cudart PROPERTIES INTERFACE_LINK_LIBRARIES "CUDA::cudart;CUDA::cublasLt")
     if(NOT remat_FIND_QUIETLY)
       message(STATUS "remat: CUDA ${CUDAToolkit_VERSION} runtime and cuBLASLt for remat::cuda")

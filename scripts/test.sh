@@ -32,7 +32,7 @@ bash scripts/setup.sh tests
 step() { printf '\n=== [%4d s] %s\n' "$SECONDS" "$*"; }
 
 step "build and test (default preset)"
-cmake --preset default >/dev/null
+cmake --preset default -DREMAT_REQUIRE_OPTIONAL=ON >/dev/null
 cmake --build --preset default -j"$jobs"
 ctest --preset default -j"$jobs"
 

@@ -275,7 +275,10 @@ int main(int argc, char** argv) {
   }
 #else
   if (o.mpi) {
-    std::fprintf(stderr, "digits: --mpi needs a build with MPI (install libopenmpi-dev and reconfigure)\n");
+    std::fprintf(stderr,
+                 "digits: this build has no MPI, so no --mpi. To get it: apt-get install libopenmpi-dev "
+                 "openmpi-bin (or scripts/setup.sh tests), then scripts/demo.sh again (it reconfigures),\n"
+                 "and run: mpirun -np 2 build/demo/examples/digits --mpi\n");
     return 1;
   }
 #endif
