@@ -10,7 +10,8 @@
 #      what it would not run (the header self-containment check, charlm),
 #   3. installs remat into a temporary prefix and builds and runs tests/consumer/main.cpp the four
 #      ways a project takes remat in: find_package(remat CONFIG) from the install (and its
-#      remat::dist program under mpirun -np 2), add_subdirectory of this checkout (with clang-16,
+#      remat::dist program under mpirun -np 2; and again with clang 16, whose OpenMP runtime is not
+#      installed: remat falls back to serial host kernels), add_subdirectory of this checkout (with clang-16,
 #      the oldest clang remat supports), FetchContent from a source archive, and a plain Makefile
 #      through pkg-config; and checks that the package's version file refuses other minor versions,
 #   4. compiles and runs every C++ block of README.md (scripts/readme_blocks.py), and builds the API
@@ -62,6 +63,18 @@ if [ -x "$prefix/consumer/consumer_dist" ]; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
     timeout 120 mpirun -np 2 "$prefix/consumer/consumer_dist"
 fi
+# The same installed package from a compiler whose OpenMP runtime is absent (clang 16 without
+# libomp-16-dev): remat::openmp stays empty, the host kernels run serially, and configure says so.
+cmake -S tests/consumer -B "$prefix/consumer-no-openmp" -DCMAKE_PREFIX_PATH="$prefix/install" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++-16 >"$prefix/no-openmp.log"
+if ! grep -q "remat: no OpenMP for Clang" "$prefix/no-openmp.log"; then
+  cat "$prefix/no-openmp.log" >&2
+  echo "expected clang++-16 without libomp-16-dev to configure remat without OpenMP, and say so" >&2
+  exit 1
+fi
+grep "remat: no OpenMP" "$prefix/no-openmp.log"
+cmake --build "$prefix/consumer-no-openmp" --target consumer -j"$jobs"
+"$prefix/consumer-no-openmp/consumer"
 # Semantic versioning: before 1.0 another minor version is another interface.
 version="$(sed -n 's/^project(remat VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)"
 major_minor="${version%.*}"
