@@ -8,7 +8,7 @@
 #
 # Two cores: one process uses both through OpenMP threads; two ranks get one core (one thread)
 # each. Scaling here measures what splitting the batch across processes costs and saves against
-# threads, not what more machines give (see the README's multi-node section).
+# threads, not what more machines give (see docs/distributed.md, "Scaling, here and on a cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${1:-build/default/bench/bench_dist}"

@@ -52,7 +52,7 @@ sed -n 's/^json: //p' "$raw" > bench/results/float-math-host.jsonl
 } > bench/results/budget-host.md
 sed -n 's/^json: //p' "$raw" > bench/results/budget-host.jsonl
 /usr/bin/python3 bench/plot_budget.py bench/results/budget-host.jsonl bench/results/budget-host.png
-# The README's memory timeline: charlm's second step with every block checkpointed (three steps
+# The memory timeline of docs/memory.md: charlm's second step with every block checkpointed (three steps
 # are far from charlm's loss bar, so its exit status is not this script's concern).
 cmake --build --preset default --target charlm -j"$(nproc)"
 ./build/default/examples/charlm --checkpoint --steps 3 --memory-trace bench/results/memory-trace-charlm.json \

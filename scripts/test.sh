@@ -14,8 +14,9 @@
 #      installed: remat falls back to serial host kernels), add_subdirectory of this checkout (with clang-16,
 #      the oldest clang remat supports), FetchContent from a source archive, and a plain Makefile
 #      through pkg-config; and checks that the package's version file refuses other minor versions,
-#   4. compiles and runs every C++ block of README.md (scripts/readme_blocks.py), and builds the API
-#      reference (scripts/docs.sh: Doxygen; any warning fails: docs/undocumented.txt is empty),
+#   4. compiles and runs every C++ block of README.md and of the guide's pages (docs/*.md), checks
+#      every link between them and their lengths (scripts/check_docs.py), and builds the guide and
+#      the API reference as one site (scripts/docs.sh: Doxygen; any warning fails),
 #      and fuzzes the file readers for a minute after replaying tests/fuzz/regressions (scripts/fuzz.sh),
 #   5. when nvcc is here, compiles and links the CUDA backend for sm_90 (every public header, the
 #      CUDA test suite, the GPU example and benchmark; the cuda preset itself builds sm_90 and
@@ -104,10 +105,10 @@ mkdir -p "$prefix/make"
 PKG_CONFIG_PATH="$prefix/install/lib/pkgconfig" make -s -f tests/consumer/via_pkg_config/Makefile OUT="$prefix/make"
 "$prefix/make/consumer"
 
-step "every C++ block of README.md compiles, and those that run print what the README says"
-python3 scripts/readme_blocks.py --build "$prefix/readme"
+step "the README and the guide (docs/*.md): every C++ block compiles and runs, every link resolves, every page within its length"
+python3 scripts/check_docs.py --build "$prefix/docs"
 
-step "the API reference: Doxygen, no warning (docs/undocumented.txt lists none)"
+step "the guide and the API reference as one site: Doxygen, no warning (docs/undocumented.txt lists none)"
 bash scripts/docs.sh
 
 step "fuzz the file readers: the regression corpus, then 60 s from the seed corpus (scripts/fuzz.sh)"

@@ -121,8 +121,8 @@ TEST_CASE("plan: the plan equals the measured peak for every policy, depth and b
 
 TEST_CASE("plan: a pass's own activation peak equals the plan when the caller's tensors share the allocator",
           "[plan]") {
-  // The README's case: the batch lives on the model's allocator, under the activations tag, so the
-  // allocator's peak holds it too; last_pass().activation_peak is the pass's own.
+  // docs/memory.md's case: the batch lives on the model's allocator, under the activations tag, so
+  // the allocator's peak holds it too; last_pass().activation_peak is the pass's own.
   using N = Net<Repeat<3, Checkpointed<Block>>>;
   memory::caching_allocator<host> alloc;
   model<N> m(seed{5}, alloc);

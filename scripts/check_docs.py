@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Compiles (and runs) every C++ block of README.md, so the README cannot drift from the library.
+"""Checks the README and every page of the guide (docs/*.md), so that they cannot drift from the
+library: every C++ block compiles (and runs), every link between pages and to files of the
+repository resolves (a #fragment to a heading of the page it names), and no page outgrows its
+length (README.md 250 lines, a guide page 400).
 
 Each ```cpp block is preceded by an HTML comment that says how to check it (readers do not see it):
 
@@ -13,16 +16,18 @@ followed, optionally, by lines `before: <C++>` (namespace-scope code placed befo
 types and data the surrounding text assumes), `setup: <C++>` (statements run first in main) and
 `after: <C++>` (code after the block, in its scope: checks that use what it declares).
 Every block gets `#include <remat/remat.hpp>` and `using namespace remat;` first, as the README's
-first example has them.
+first program has them.
 
 A plain ``` block preceded by `<!-- check: output of TARGET ARGS... -->` is a program's output:
 TARGET (a remat example, built in build/default) runs and every line of the block must appear in
 its output, in order; a line `varies: REGEX` in the comment marks what may differ between machines
-(say so in the prose): text matching it in the README matches that REGEX in the output. A block without a comment is an error, so a new block cannot slip through unchecked.
+(say so in the prose): text matching it on the page matches that REGEX in the output. A block
+without a comment is an error, so a new block cannot slip through unchecked.
 
-  scripts/readme_blocks.py --build DIR [--readme README.md] [--jobs N] [--keep-going]
+  scripts/check_docs.py --build DIR [--jobs N] [PAGE.md ...]   (default: README.md and docs/*.md)
 """
 import argparse
+import glob
 import os
 import re
 import shutil
@@ -63,6 +68,60 @@ def blocks(readme):
     return out
 
 
+MAX_LINES = {"README.md": 250}
+GUIDE_MAX_LINES = 400
+
+
+def slug(heading):
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`|\*\*|\[|\]\([^)]*\)", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path):
+    seen, out, fence = {}, set(), False
+    for line in open(path, encoding="utf-8"):
+        if line.startswith("```"):
+            fence = not fence
+        m = None if fence else re.match(r"^#{1,6} (.*)$", line.rstrip("\n"))
+        if m:
+            a = slug(m.group(1))
+            n = seen.get(a, 0)
+            seen[a] = n + 1
+            out.add(a if n == 0 else f"{a}-{n}")
+    return out
+
+
+def check_links(page):
+    """Every relative link of a page (outside code) names a file of the repository, and a
+    #fragment a heading of the Markdown page it points to. Returns the problems."""
+    problems, fence = [], False
+    here = os.path.dirname(page)
+    for number, line in enumerate(open(page, encoding="utf-8"), 1):
+        if line.startswith("```"):
+            fence = not fence
+        if fence:
+            continue
+        for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"`[^`]*`", "", line)):
+            if re.match(r"^[a-z]+:", target):
+                continue  # a web address: not checked here (CI reaches no network)
+            path, _, fragment = target.partition("#")
+            full = os.path.normpath(os.path.join(here, path)) if path else page
+            where = f"{os.path.relpath(page, ROOT)}:{number}: link {target}"
+            if not os.path.exists(full):
+                problems.append(f"{where}: no such file")
+            elif fragment and full.endswith(".md") and fragment not in anchors(full):
+                problems.append(f"{where}: no heading with that anchor in {os.path.relpath(full, ROOT)}")
+    return problems
+
+
+def check_length(page):
+    rel = os.path.relpath(page, ROOT)
+    limit = MAX_LINES.get(rel, GUIDE_MAX_LINES)
+    n = sum(1 for _ in open(page, encoding="utf-8"))
+    return [f"{rel}: {n} lines, more than {limit}: move a part to a guide page"] if n > limit else []
+
+
 def wrap(kind, code, before, setup, after):
     head = "#include <remat/remat.hpp>\nusing namespace remat;\n"
     if kind in ("program", "nvcc", "mpi"):  # the block's own includes; `before` after its using-directive
@@ -91,13 +150,14 @@ def line_pattern(line, varies):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+    ap.add_argument("pages", nargs="*", help="Markdown pages (default: README.md and docs/*.md)")
     ap.add_argument("--build", required=True, help="a directory for the generated project")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--examples", default=os.path.join(ROOT, "build", "default", "examples"))
     args = ap.parse_args()
+    pages = [os.path.abspath(p) for p in args.pages] or (
+        [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))))
 
-    found = blocks(args.readme)
     os.makedirs(args.build, exist_ok=True)
     src = os.path.join(args.build, "src")
     shutil.rmtree(src, ignore_errors=True)
@@ -105,39 +165,44 @@ def main():
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 
     targets, outputs, problems = [], [], []
-    for line, lang, directive, code in found:
-        if not directive or not directive[0].startswith("check:"):
-            problems.append(f"README.md:{line}: a ```{lang} block without a <!-- check: ... --> comment")
-            continue
-        kind = directive[0][len("check:") :].strip()
-        before = [d[len("before:") :].strip() for d in directive[1:] if d.startswith("before:")]
-        setup = [d[len("setup:") :].strip() for d in directive[1:] if d.startswith("setup:")]
-        after = [d[len("after:") :].strip() for d in directive[1:] if d.startswith("after:")]
-        varies = "|".join(d[len("varies:") :].strip() for d in directive[1:] if d.startswith("varies:"))
-        if kind.startswith("output of "):
-            outputs.append((line, kind[len("output of ") :].split(), code, varies))
-            continue
-        if kind not in ("program", "main", "namespace", "nvcc", "mpi"):
-            problems.append(f"README.md:{line}: unknown check '{kind}'")
-            continue
-        if kind == "nvcc" and not nvcc:
-            print(f"README.md:{line}: skipped (no nvcc here)")
-            continue
-        name = f"readme_{line}"
-        ext = ".cu" if kind == "nvcc" else ".cpp"
-        with open(os.path.join(src, name + ext), "w", encoding="utf-8") as f:
-            f.write(f"// README.md, the block at line {line} ({kind})\n#line 1\n" + wrap(kind, code, before, setup, after))
-        targets.append((line, kind, name, ext))
+    for page in pages:
+        rel = os.path.relpath(page, ROOT)
+        problems += check_links(page) + check_length(page)
+        stem = re.sub(r"\W", "_", os.path.splitext(rel)[0]).lower()
+        for line, lang, directive, code in blocks(page):
+            at = f"{rel}:{line}"
+            if not directive or not directive[0].startswith("check:"):
+                problems.append(f"{at}: a ```{lang} block without a <!-- check: ... --> comment")
+                continue
+            kind = directive[0][len("check:") :].strip()
+            before = [d[len("before:") :].strip() for d in directive[1:] if d.startswith("before:")]
+            setup = [d[len("setup:") :].strip() for d in directive[1:] if d.startswith("setup:")]
+            after = [d[len("after:") :].strip() for d in directive[1:] if d.startswith("after:")]
+            varies = "|".join(d[len("varies:") :].strip() for d in directive[1:] if d.startswith("varies:"))
+            if kind.startswith("output of "):
+                outputs.append((at, kind[len("output of ") :].split(), code, varies))
+                continue
+            if kind not in ("program", "main", "namespace", "nvcc", "mpi"):
+                problems.append(f"{at}: unknown check '{kind}'")
+                continue
+            if kind == "nvcc" and not nvcc:
+                print(f"{at}: skipped (no nvcc here)")
+                continue
+            name = f"{stem}_{line}"
+            ext = ".cu" if kind == "nvcc" else ".cpp"
+            with open(os.path.join(src, name + ext), "w", encoding="utf-8") as f:
+                f.write(f"// {rel}, the block at line {line} ({kind})\n#line 1\n" + wrap(kind, code, before, setup, after))
+            targets.append((at, kind, name, ext))
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
 
     # One CMake project with an executable per block, against this checkout (add_subdirectory).
-    cm = ["cmake_minimum_required(VERSION 3.25)", "project(remat_readme LANGUAGES CXX)"]
+    cm = ["cmake_minimum_required(VERSION 3.25)", "project(remat_docs LANGUAGES CXX)"]
     if any(k == "nvcc" for _, k, _, _ in targets):
         cm += ["enable_language(CUDA)", "set(CMAKE_CUDA_ARCHITECTURES 90)"]
     cm += [f'add_subdirectory("{ROOT}" remat)']
-    for line, kind, name, ext in targets:
+    for at, kind, name, ext in targets:
         lib = {"nvcc": "remat::cuda", "mpi": "remat::dist"}.get(kind, "remat::remat")
         cm.append(f"add_executable({name} src/{name}{ext})")
         cm.append(f"target_link_libraries({name} PRIVATE {lib})")
@@ -156,57 +221,58 @@ def main():
     failed = build.returncode != 0
 
     def run(t):
-        line, kind, name, _ = t
+        at, kind, name, _ = t
         exe = os.path.join(args.build, "build", name)
         if kind == "nvcc" or not os.path.exists(exe):
-            return line, kind, None
+            return t, None
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
         command = [exe]
         if kind == "mpi":  # two ranks (OpenMPI asks root to confirm)
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
             command = ["mpirun", "-np", "2", exe]
         r = subprocess.run(command, cwd=args.build, capture_output=True, text=True, env=env, timeout=600)
-        return line, kind, r
+        return t, r
 
-    for line, kind, r in map(run, targets):
+    for (at, kind, name, _), r in map(run, targets):
         if r is None:
-            built = os.path.exists(os.path.join(args.build, "build", f"readme_{line}"))
-            print(f"README.md:{line}: {kind}: {'compiled' if built or kind == 'nvcc' else 'DID NOT COMPILE'}")
+            built = os.path.exists(os.path.join(args.build, "build", name))
+            print(f"{at}: {kind}: {'compiled' if built or kind == 'nvcc' else 'DID NOT COMPILE'}")
             failed |= not built and kind != "nvcc"
             continue
-        ok = r.returncode == 0
-        print(f"README.md:{line}: {kind}: compiled, ran: exit {r.returncode}")
-        if not ok:
+        print(f"{at}: {kind}: compiled, ran: exit {r.returncode}")
+        if r.returncode != 0:
             failed = True
             sys.stdout.write(r.stdout[-4000:] + r.stderr[-4000:])
 
-    for line, command, expected, varies in outputs:
+    for at, command, expected, varies in outputs:
         exe = os.path.join(args.examples, command[0])
         if not os.path.exists(exe):
-            print(f"README.md:{line}: {exe} is not built", file=sys.stderr)
+            print(f"{at}: {exe} is not built", file=sys.stderr)
             failed = True
             continue
         r = subprocess.run([exe] + command[1:], capture_output=True, text=True, timeout=1200,
                            env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2")))
         got = r.stdout.split("\n")
-        at, missing = 0, []
+        i, missing = 0, []
         for want in expected.split("\n"):
             if not want.strip():
                 continue
             pat = re.compile(line_pattern(want.rstrip(), varies))
-            while at < len(got) and not pat.match(got[at].rstrip()):
-                at += 1
-            if at == len(got):
+            while i < len(got) and not pat.match(got[i].rstrip()):
+                i += 1
+            if i == len(got):
                 missing.append(want)
-                at = 0
+                i = 0
             else:
-                at += 1
+                i += 1
         if missing or r.returncode != 0:
             failed = True
-            print(f"README.md:{line}: the output of {' '.join(command)} (exit {r.returncode}) lacks, in order:",
+            print(f"{at}: the output of {' '.join(command)} (exit {r.returncode}) lacks, in order:",
                   *missing, "it printed:", r.stdout, sep="\n")
         else:
-            print(f"README.md:{line}: output of {' '.join(command)}: every line as the README shows it")
+            print(f"{at}: output of {' '.join(command)}: every line as the page shows it")
+    print(f"{len(pages)} pages: every link resolves, every length within its limit; "
+          f"{len(targets)} C++ blocks, {len(outputs)} program outputs checked")
     return 1 if failed else 0
 
 
