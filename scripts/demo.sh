@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh demo
-cmake --preset demo >/dev/null
+# Configure, showing remat's own lines: what it found, and what it leaves out without (MPI, say).
+cmake --preset demo | sed -n 's/^-- remat/remat/p'
 cmake --build --preset demo --target digits -j"$(nproc)"
 cd build/demo/examples
 ./digits "$@"

@@ -6,7 +6,8 @@
 # root has Debian's base system only, and scripts/setup.sh installs the rest inside it. Two things
 # come from outside, read-only or as a cache: the CUDA toolkit (not a Debian package) where this
 # machine has one at /usr/local/cuda, and downloaded .deb files (REMAT_DEB_CACHE, default
-# /var/cache/remat-fresh), so a second run does not download them again.
+# /var/cache/remat-fresh: linked into the root before the run and back after it, so that runs side
+# by side do not share apt's lock), so a second run does not download them again.
 #
 #   scripts/fresh_machine.sh                      scripts/demo.sh, then scripts/test.sh (CI)
 #   scripts/fresh_machine.sh -- bash scripts/demo.sh --epochs 5
@@ -90,6 +91,11 @@ git clone -q --no-local --no-hardlinks "$repo" "$root/root/remat"
 git -C "$root/root/remat" checkout -q "$(git rev-parse HEAD)"
 say "root ready in $((SECONDS - start)) s; running: $*"
 
+# The .deb cache: hard links where the cache and the root share a file system, copies otherwise.
+share_debs() { find "$1" -maxdepth 1 -name '*.deb' -exec cp -n -l -t "$2" {} + 2>/dev/null ||
+                 find "$1" -maxdepth 1 -name '*.deb' -exec cp -n -t "$2" {} +; }
+share_debs "$cache/apt" "$root/var/cache/apt/archives"
+
 cuda=""
 if [ -x /usr/local/cuda/bin/nvcc ]; then cuda="$(readlink -f /usr/local/cuda)"; fi
 # The environment of a new login, plus CI's flag and the OpenBLAS settings this machine needs
@@ -101,11 +107,10 @@ done
 
 status=0
 unshare --mount --pid --fork --kill-child --propagation private /usr/bin/env \
-  ROOT="$root" CACHE="$cache/apt" CUDA="$cuda" bash -euc '
+  ROOT="$root" CUDA="$cuda" bash -euc '
   mount -t proc proc "$ROOT/proc"
   mount -t sysfs -o ro sys "$ROOT/sys"
   mount --rbind /dev "$ROOT/dev"
-  mount --bind "$CACHE" "$ROOT/var/cache/apt/archives"
   if [ -n "$CUDA" ]; then
     mkdir -p "$ROOT/usr/local/cuda"
     mount --rbind "$CUDA" "$ROOT/usr/local/cuda"
@@ -116,4 +121,5 @@ unshare --mount --pid --fork --kill-child --propagation private /usr/bin/env \
   shift
   exec chroot "$ROOT" /usr/bin/env -i "${envs[@]}" bash -c "cd /root/remat && exec \"\$@\"" bash "$@"
 ' bash "${envs[@]}" -- "$@" || status=$?
+share_debs "$root/var/cache/apt/archives" "$cache/apt" || true
 exit "$status"
