@@ -3,7 +3,7 @@
 // epoch (loss, training accuracy, the allocator's peak), the test accuracy, the memory summary,
 // and saves the weights as safetensors.
 //
-//   digits [--epochs N] [--data digits.csv] [--out digits.safetensors] [--seed S]
+//   digits [--help] [--epochs N] [--data digits.csv] [--out digits.safetensors] [--seed S]
 //          [--precision fp32|bf16|half] [--against-fp32]
 //          [--mpi [--shard] [--shard-gradients] [--shard-parameters]]
 //          [--memory-trace FILE]
@@ -242,6 +242,21 @@ int main(int argc, char** argv) {
   bool against = false;
   for (int i = 1; i < argc; ++i) {
     bool const has_value = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::printf(
+          "digits: trains a residual MLP on the UCI handwritten digits and prints its test accuracy\n"
+          "  --epochs N            epochs of training (default %d)\n"
+          "  --seed S              the weights' and the shuffling's seed (default 1)\n"
+          "  --precision P         fp32 (default), bf16 (mixed<bfloat16>) or half (mixed<half>, dynamic scale)\n"
+          "  --against-fp32        with bf16 or half: train fp32 too, fail if more than two points below it\n"
+          "  --data FILE           the digits as CSV (default: the copy unpacked beside the program)\n"
+          "  --out FILE            where the weights go, as safetensors (default digits.safetensors)\n"
+          "  --memory-trace FILE   record the second step's memory timeline (Chrome trace format)\n"
+          "  --mpi                 data parallel under mpirun (a build with MPI), with --shard (ZeRO-1),\n"
+          "                        --shard-gradients (ZeRO-2) or --shard-parameters (ZeRO-3)\n",
+          o.epochs);
+      return 0;
+    }
     if (!std::strcmp(argv[i], "--against-fp32")) against = true;
     else if (has_value && !std::strcmp(argv[i], "--epochs")) o.epochs = std::atoi(argv[++i]);
     else if (has_value && !std::strcmp(argv[i], "--data")) o.data = argv[++i];
