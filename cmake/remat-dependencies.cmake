@@ -38,6 +38,15 @@ if(NOT TARGET remat::cccl)
   endif()
 endif()
 
+# Records whether an optional dependency was found (as a global property, which the parents of an
+# add_subdirectory can read too) and says so in one status line.
+function(remat_optional property found said)
+  set_property(GLOBAL PROPERTY ${property} ${found})
+  if(NOT remat_FIND_QUIETLY)
+    message(STATUS "remat: ${said}")
+  endif()
+endfunction()
+
 # --- OpenMP (optional): Thrust's OpenMP system runs host kernels on every core; without it they run
 # serially. remat::openmp always exists (empty without OpenMP), so a remat installed where OpenMP
 # was found still configures for a compiler whose OpenMP runtime is absent (Debian's clang-N
@@ -55,20 +64,15 @@ if(NOT TARGET remat::openmp)
       set_target_properties(remat::openmp PROPERTIES
         INTERFACE_COMPILE_OPTIONS "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${OpenMP_CXX_FLAGS}>")
     endif()
-    set_property(GLOBAL PROPERTY REMAT_HAS_OPENMP TRUE)
-    if(NOT remat_FIND_QUIETLY)
-      message(STATUS "remat: OpenMP ${OpenMP_CXX_VERSION} runs host kernels on every core")
-    endif()
+    remat_optional(REMAT_HAS_OPENMP TRUE "OpenMP ${OpenMP_CXX_VERSION} runs host kernels on every core")
   else()
-    set_property(GLOBAL PROPERTY REMAT_HAS_OPENMP FALSE)
-    if(NOT remat_FIND_QUIETLY)
+    set(_remat_omp_hint "")
+    if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
       string(REGEX MATCH "^[0-9]+" _remat_cxx_major "${CMAKE_CXX_COMPILER_VERSION}")
-      if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-        set(_remat_omp_hint " (Debian: apt-get install libomp-${_remat_cxx_major}-dev)")
-      endif()
-      message(STATUS "remat: no OpenMP for ${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}; "
-                     "host kernels run on one thread${_remat_omp_hint}")
+      set(_remat_omp_hint " (Debian: apt-get install libomp-${_remat_cxx_major}-dev)")
     endif()
+    remat_optional(REMAT_HAS_OPENMP FALSE "no OpenMP for ${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}; \
+host kernels run on one thread${_remat_omp_hint}")
   endif()
 endif()
 get_property(REMAT_HAS_OPENMP GLOBAL PROPERTY REMAT_HAS_OPENMP)
@@ -141,16 +145,10 @@ if(NOT TARGET remat::mpi)
   endif()
   if(MPI_CXX_FOUND AND TARGET MPI::MPI_CXX)
     set_target_properties(remat::mpi PROPERTIES INTERFACE_LINK_LIBRARIES MPI::MPI_CXX)
-    set_property(GLOBAL PROPERTY REMAT_HAS_MPI TRUE)
-    if(NOT remat_FIND_QUIETLY)
-      message(STATUS "remat: MPI ${MPI_CXX_VERSION} for remat::dist (${MPIEXEC_EXECUTABLE})")
-    endif()
+    remat_optional(REMAT_HAS_MPI TRUE "MPI ${MPI_CXX_VERSION} for remat::dist (${MPIEXEC_EXECUTABLE})")
   else()
-    set_property(GLOBAL PROPERTY REMAT_HAS_MPI FALSE)
-    if(NOT remat_FIND_QUIETLY)
-      message(STATUS "remat: no MPI: remat::dist, digits --mpi and the data-parallel tests are left out "
-                     "(Debian: apt-get install libopenmpi-dev openmpi-bin)")
-    endif()
+    remat_optional(REMAT_HAS_MPI FALSE "no MPI: remat::dist, digits --mpi and the data-parallel tests are \
+left out (Debian: apt-get install libopenmpi-dev openmpi-bin)")
   endif()
 endif()
 get_property(REMAT_HAS_MPI GLOBAL PROPERTY REMAT_HAS_MPI)
