@@ -96,8 +96,13 @@ share_debs() { find "$1" -maxdepth 1 -name '*.deb' -exec cp -n -l -t "$2" {} + 2
                  find "$1" -maxdepth 1 -name '*.deb' -exec cp -n -t "$2" {} +; }
 share_debs "$cache/apt" "$root/var/cache/apt/archives"
 
+# The CUDA toolkit as its installer leaves it: at /usr/local/cuda, its libraries known to the
+# dynamic linker (an nvcc-built program finds libcudart through ld.so.conf.d, not an rpath).
 cuda=""
-if [ -x /usr/local/cuda/bin/nvcc ]; then cuda="$(readlink -f /usr/local/cuda)"; fi
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  cuda="$(readlink -f /usr/local/cuda)"
+  printf '/usr/local/cuda/lib64\n' >"$root/etc/ld.so.conf.d/zz-cuda.conf"
+fi
 # The environment of a new login, plus CI's flag and the OpenBLAS settings this machine needs
 # (older OpenBLAS builds compute wrong results on some processors without them).
 envs=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb LANG=C.UTF-8)
@@ -115,6 +120,7 @@ unshare --mount --pid --fork --kill-child --propagation private /usr/bin/env \
     mkdir -p "$ROOT/usr/local/cuda"
     mount --rbind "$CUDA" "$ROOT/usr/local/cuda"
     mount -o remount,bind,ro "$ROOT/usr/local/cuda"
+    chroot "$ROOT" /sbin/ldconfig
   fi
   envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
