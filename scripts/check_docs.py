@@ -106,9 +106,11 @@ def check_links(page):
             if re.match(r"^[a-z]+:", target):
                 continue  # a web address: not checked here (CI reaches no network)
             path, _, fragment = target.partition("#")
-            full = os.path.normpath(os.path.join(here, path)) if path else page
+            full = os.path.normpath(os.path.join(here, path))
             where = f"{os.path.relpath(page, ROOT)}:{number}: link {target}"
-            if not os.path.exists(full):
+            if not path:  # Doxygen's site (scripts/docs.sh) resolves no bare #fragment
+                problems.append(f"{where}: name the page too ({os.path.basename(page)}#{fragment})")
+            elif not os.path.exists(full):
                 problems.append(f"{where}: no such file")
             elif fragment and full.endswith(".md") and fragment not in anchors(full):
                 problems.append(f"{where}: no heading with that anchor in {os.path.relpath(full, ROOT)}")
