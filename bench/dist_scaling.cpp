@@ -21,7 +21,7 @@
 // and rank 0's memory: parameters and gradients held at rest and at the pass's peak (pages the
 // process holds, measured; and the plan's peak) and optimizer state. bench/dist_scaling.sh runs the configurations and writes
 // the table.
-#include <remat/dist/mpi.hpp>
+#include <remat/parallel/mpi.hpp>
 #include <remat/remat.hpp>
 
 #include <omp.h>

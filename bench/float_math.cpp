@@ -1,10 +1,10 @@
-// The evidence behind remat's own float exp, erf and tanh (expr/float_math.hpp): time on 16M
+// The evidence behind remat's own float exp, erf and tanh (numeric/float_math.hpp): time on 16M
 // floats in one thread, against glibc's scalar libm, SLEEF's AVX-512 functions (u10: 1-ulp
 // versions) and glibc's libmvec (what GCC calls under -ffast-math), and whether each vector
 // version gives the bits of its own scalar version on every input (what keeps a fused pass, its
 // op-by-op evaluation and a recomputation bit for bit whatever the thread count or the tail).
 // Built when SLEEF (Debian: libsleef-dev) is found; run by scripts/bench.sh.
-#include <remat/expr/float_math.hpp>
+#include <remat/numeric/float_math.hpp>
 #include <remat/kernels/pointwise.hpp>
 
 #include <immintrin.h>
@@ -71,13 +71,13 @@ void row(char const* name, std::vector<float> const& x, Remat remat_f, float (*r
               name, n, t_glibc, t_mvec, d_mvec, t_sleef, d_sleef, t_remat, d_remat);
 }
 
-float remat_exp(float x) { return remat::expr::float_math::exp(x); }
-float remat_erf(float x) { return remat::expr::float_math::erf(x); }
-float remat_tanh(float x) { return remat::expr::float_math::tanh(x); }
+float remat_exp(float x) { return remat::float_math::exp(x); }
+float remat_erf(float x) { return remat::float_math::erf(x); }
+float remat_tanh(float x) { return remat::float_math::tanh(x); }
 // (functors, so the loop inlines and vectorises them)
-auto const exp_f = [](float v) { return remat::expr::float_math::exp(v); };
-auto const erf_f = [](float v) { return remat::expr::float_math::erf(v); };
-auto const tanh_f = [](float v) { return remat::expr::float_math::tanh(v); };
+auto const exp_f = [](float v) { return remat::float_math::exp(v); };
+auto const erf_f = [](float v) { return remat::float_math::erf(v); };
+auto const tanh_f = [](float v) { return remat::float_math::tanh(v); };
 
 }  // namespace
 

@@ -132,7 +132,7 @@ if(NOT TARGET remat::onednn)
 endif()
 
 # --- MPI (optional): remat::dist, data-parallel training over an MPI communicator. remat::mpi
-# always exists (empty without MPI, and then <remat/dist/mpi.hpp> says what to install), so the
+# always exists (empty without MPI, and then <remat/parallel/mpi.hpp> says what to install), so the
 # exported remat::dist target links the same way everywhere. Whether an MPI was found is
 # REMAT_HAS_MPI (a variable here, a global property for add_subdirectory's parents); never
 # `TARGET MPI::MPI_CXX`, which CMake 3.25's FindMPI creates, empty, even when it finds no MPI.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# How the coefficients of include/remat/expr/float_math.hpp were made: near-minimax polynomials
+# How the coefficients of include/remat/numeric/float_math.hpp were made: near-minimax polynomials
 # (weighted least squares with Lawson's reweighting towards the minimax error) in 40-digit
 # arithmetic with mpmath, printed as hex doubles; the header rounds them to float. The
 # exhaustive test (tests/expr/test_float_math.cpp) is what checks the result, not this script.

@@ -25,7 +25,7 @@
 //   mpirun -np 2 build/default/examples/digits --mpi --shard
 #include <remat/remat.hpp>
 #ifdef REMAT_DIGITS_MPI
-#include <remat/dist/mpi.hpp>
+#include <remat/parallel/mpi.hpp>
 #endif
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // Built against an installed remat::dist and run under mpirun: two ranks, each on half of a batch,
 // train a small model data-parallel; they must end with the same parameters and a lower loss.
-#include <remat/dist/mpi.hpp>
+#include <remat/parallel/mpi.hpp>
 #include <remat/remat.hpp>
 
 #include <cmath>

@@ -13,7 +13,7 @@
 //     bf16; a rank then holds its shard's granules only, the most a step held is the plan's, and
 //     the model's gradients read back whole (the rest zero) once the wrapper is gone.
 // Without a GPU it exits with 77 (skipped). Built by nvcc in CI; run on a GPU by `ctest -L cuda`.
-#include <remat/dist/mpi.hpp>
+#include <remat/parallel/mpi.hpp>
 #include <remat/remat.hpp>
 
 #include <cmath>

@@ -3,7 +3,7 @@
 // ends with an error instead of hanging. (A pass that fails inside remat, out of memory say, is
 // agreed instead: every rank throws and may go on; test_dist.cpp tests that.) Run under mpirun;
 // ctest matches the output.
-#include <remat/dist/mpi.hpp>
+#include <remat/parallel/mpi.hpp>
 #include <remat/remat.hpp>
 
 #include <cstdio>

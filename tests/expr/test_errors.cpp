@@ -1,4 +1,5 @@
 #include <remat/expr/expr.hpp>
+#include <remat/kernels/evaluate.hpp>
 #include <remat/tensor/tensor.hpp>
 
 #include <catch2/catch.hpp>

@@ -1,11 +1,12 @@
-// remat's float exp, erf and tanh (expr/float_math.hpp) against double-precision libm, whose
+// remat's float exp, erf and tanh (numeric/float_math.hpp) against double-precision libm, whose
 // results are within a fraction of a float ulp of the true values: every float input (the
 // exhaustive cases, labelled long), or a sample of 2^20 of them spread over every exponent (the
 // quick cases, also run under the sanitizers). Also: the vectorised pass (kernels::transform, the
 // widest clone this processor runs) gives the bits of a scalar call, for every input of the quick
 // cases and every 7th input of the exhaustive ones.
 #include <remat/expr/expr.hpp>
-#include <remat/expr/float_math.hpp>
+#include <remat/kernels/evaluate.hpp>
+#include <remat/numeric/float_math.hpp>
 #include <remat/tensor/tensor.hpp>
 
 #include <catch2/catch.hpp>
@@ -137,17 +138,17 @@ report check(F f, float (*scalar)(float), Ref ref, saturation sat, std::uint64_t
 }
 
 struct exp_f {
-  float operator()(float x) const { return expr::float_math::exp(x); }
+  float operator()(float x) const { return float_math::exp(x); }
 };
 struct erf_f {
-  float operator()(float x) const { return expr::float_math::erf(x); }
+  float operator()(float x) const { return float_math::erf(x); }
 };
 struct tanh_f {
-  float operator()(float x) const { return expr::float_math::tanh(x); }
+  float operator()(float x) const { return float_math::tanh(x); }
 };
-float exp_scalar(float x) { return expr::float_math::exp(x); }
-float erf_scalar(float x) { return expr::float_math::erf(x); }
-float tanh_scalar(float x) { return expr::float_math::tanh(x); }
+float exp_scalar(float x) { return float_math::exp(x); }
+float erf_scalar(float x) { return float_math::erf(x); }
+float tanh_scalar(float x) { return float_math::tanh(x); }
 double exp_ref(double x) { return std::exp(x); }
 double erf_ref(double x) { return std::erf(x); }
 double tanh_ref(double x) { return std::tanh(x); }
@@ -184,7 +185,7 @@ TEST_CASE("float_math: exp, erf and tanh on 2^20 inputs over every exponent, wit
 }
 
 TEST_CASE("float_math: special values", "[expr][math]") {
-  namespace fm = expr::float_math;
+  namespace fm = float_math;
   float const inf = INFINITY, nan = NAN;
   CHECK(fm::exp(inf) == inf);
   CHECK(fm::exp(-inf) == 0.0f);

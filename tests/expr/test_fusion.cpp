@@ -2,6 +2,7 @@
 // expression evaluated one op at a time through fp32 temporaries: fusing saves memory traffic and
 // never changes results. The op-by-op evaluator below walks any expression's type.
 #include <remat/expr/expr.hpp>
+#include <remat/kernels/evaluate.hpp>
 #include <remat/tensor/tensor.hpp>
 
 #include <catch2/catch.hpp>

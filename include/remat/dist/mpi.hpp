@@ -1,11 +1,6 @@
-// remat::dist: data-parallel training across processes (target remat::dist; remat::dist_cuda for
-// models on the GPU). Include this header: it brings
-//
-//   dist::environment, dist::communicator    the MPI side (dist/communicator.hpp)
-//   dist::data_parallel<Model, Transport>     the wrapper (dist/data_parallel.hpp)
-//   dist::mpi_transport, dist::nccl_transport  how gradients and parameters travel: MPI for host
-//                                             models, NCCL for cuda models (with remat::dist_cuda)
-//   dist::save, dist::load                    files from and to rank 0
+// Deprecated: the data-parallel headers moved to remat/parallel/ after remat 0.2 (a folder named
+// dist/ is build output to many tools and .gitignore templates). Include <remat/parallel/mpi.hpp>;
+// this forwarding header is kept for one minor version. The namespace stays remat::dist.
 #pragma once
 
-#include "data_parallel.hpp"
+#include "../parallel/mpi.hpp"

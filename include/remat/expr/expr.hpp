@@ -1,8 +1,7 @@
-// The expression vocabulary in one include, also exported to remat:: so that tensors and views
+// The expression vocabulary in one include (running expressions: kernels/evaluate.hpp), also exported to remat:: so that tensors and views
 // find the operators by argument-dependent lookup.
 #pragma once
 
-#include "evaluate.hpp"
 #include "grad.hpp"
 #include "ops.hpp"
 
@@ -12,7 +11,6 @@ namespace REMAT_NAMESPACE {
 using expr::abs;
 using expr::broadcast_rows;
 using expr::erf;
-using expr::evaluate;
 using expr::exp;
 using expr::gelu;
 using expr::gelu_tanh;
@@ -20,9 +18,6 @@ using expr::grad;
 using expr::leaf;
 using expr::log;
 using expr::max;
-using expr::max_of;
-using expr::max_of_pending;
-using expr::mean;
 using expr::min;
 using expr::pow;
 using expr::relu;
@@ -32,10 +27,6 @@ using expr::sign;
 using expr::silu;
 using expr::sqrt;
 using expr::step;
-using expr::sum;
-using expr::sum_pending;
-using expr::sum_squares;
-using expr::sum_squares_pending;
 using expr::tanh;
 using expr::to_expr;
 

@@ -3,7 +3,7 @@
 // written as expressions of primitives, so their derivatives come from the primitives' rules.
 #pragma once
 
-#include "math.hpp"
+#include "../numeric/math.hpp"
 #include "node.hpp"
 
 #include <type_traits>

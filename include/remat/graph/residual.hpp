@@ -1,7 +1,7 @@
 // Residual<S>: y = x + S(x). S must keep the width (a compile error names S and both widths).
 #pragma once
 
-#include "../expr/expr.hpp"
+#include "../kernels/evaluate.hpp"
 #include "walk.hpp"
 
 #include <cstddef>

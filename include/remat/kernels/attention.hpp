@@ -5,7 +5,7 @@
 // the row is zero. A task per row on the host, a warp per row on the GPU.
 #pragma once
 
-#include "../expr/math.hpp"
+#include "../numeric/math.hpp"
 #include "detail/cuda_rows.hpp"
 #include "rows.hpp"
 
@@ -31,10 +31,10 @@ __global__ void __launch_bounds__(row_threads)
     for (std::size_t c = lane; c <= last; c += 32) m = z[c] * scale > m ? z[c] * scale : m;
     m = warp_reduce(m, max_op{});
     V s = 0;
-    for (std::size_t c = lane; c <= last; c += 32) s += expr::math::exp(z[c] * scale - m);
+    for (std::size_t c = lane; c <= last; c += 32) s += math::exp(z[c] * scale - m);
     V const inv = V(1) / warp_reduce(s, plus_op{});
     for (std::size_t c = lane; c < seq; c += 32)  // (each lane rewrites only what it read)
-      p[c] = from_compute<T>(c <= last ? expr::math::exp(z[c] * scale - m) * inv : V(0));
+      p[c] = from_compute<T>(c <= last ? math::exp(z[c] * scale - m) * inv : V(0));
   }
 }
 
@@ -80,14 +80,14 @@ void causal_softmax(D, V const* scores, T* probs, std::size_t count, std::size_t
     V const m = detail::row_max<V>(n, [&](std::size_t c) { return z[c] * k; });
     if constexpr (std::is_same_v<T, V>) {  // one exp per element: kept in the output, then scaled
       // (a plain loop: it vectorises as a point-wise pass does)
-      for (std::size_t c = 0; c < n; ++c) p[c] = expr::math::exp(z[c] * k - m);
+      for (std::size_t c = 0; c < n; ++c) p[c] = math::exp(z[c] * k - m);
       V const sum = detail::row_sum<V>(n, [&](std::size_t c) { return p[c]; });
       V const inv = V(1) / sum;
       for (std::size_t c = 0; c < n; ++c) p[c] *= inv;
     } else {  // (a 16-bit output cannot hold the unscaled values exactly: exp again)
-      V const sum = detail::row_sum<V>(n, [&](std::size_t c) { return expr::math::exp(z[c] * k - m); });
+      V const sum = detail::row_sum<V>(n, [&](std::size_t c) { return math::exp(z[c] * k - m); });
       V const inv = V(1) / sum;
-      for (std::size_t c = 0; c < n; ++c) p[c] = from_compute<T>(expr::math::exp(z[c] * k - m) * inv);
+      for (std::size_t c = 0; c < n; ++c) p[c] = from_compute<T>(math::exp(z[c] * k - m) * inv);
     }
     for (std::size_t c = n; c < seq; ++c) p[c] = from_compute<T>(V(0));
   });
@@ -167,7 +167,7 @@ void panel_softmax(D, panel_geometry g, V* scores, T* probs, V* stats, V scale, 
     T* p = probs + at;
     V const k = scale;
     V const mx = detail::row_max<V>(n, [&](std::size_t c) { return z[c] * k; });
-    for (std::size_t c = 0; c < n; ++c) z[c] = expr::math::exp(z[c] * k - mx);
+    for (std::size_t c = 0; c < n; ++c) z[c] = math::exp(z[c] * k - mx);
     V const inv = V(1) / detail::row_sum<V>(n, [&](std::size_t c) { return z[c]; });
     stats[2 * row] = mx;
     stats[2 * row + 1] = inv;
@@ -196,7 +196,7 @@ void panel_softmax_backward(D, panel_geometry g, V* scores, V const* dpd, V cons
     T* pd = dropped + at;
     T* ds = dscores + at;
     V const k = scale, mx = stats[2 * row], inv = stats[2 * row + 1];
-    for (std::size_t c = 0; c < n; ++c) z[c] = expr::math::exp(z[c] * k - mx) * inv;
+    for (std::size_t c = 0; c < n; ++c) z[c] = math::exp(z[c] * k - mx) * inv;
     V const dot = detail::row_sum<V>(n, [&](std::size_t c) { return d[c] * mask(stream + c) * z[c]; });
     for (std::size_t c = 0; c < n; ++c) {
       V const p = z[c], f = mask(stream + c);

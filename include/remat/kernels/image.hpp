@@ -12,7 +12,7 @@
 // correct, not tuned (a block per channel is the next step).
 #pragma once
 
-#include "../expr/math.hpp"
+#include "../numeric/math.hpp"
 #include "../numeric/compute.hpp"
 #include "rows.hpp"
 
@@ -65,7 +65,7 @@ void batch_norm_forward_training(D, planes const& p, T const* x, T const* gamma,
       return d * d;
     });
     V const v = q / count;
-    V const r = V(1) / expr::math::sqrt(v + V(eps));
+    V const r = V(1) / math::sqrt(v + V(eps));
     V const a = r * V(gamma[c]), b = V(beta[c]) - m * a;
     for (std::size_t n = 0; n < p.batch; ++n) {
       std::size_t const base = n * p.image() + c * p.plane;
@@ -84,7 +84,7 @@ void batch_norm_forward_inference(D, planes const& p, T const* x, T const* gamma
   using V = compute_type_t<T>;
   for_each_index(D{}, p.batch * p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t k) {
     std::size_t const c = k % p.channels;
-    V const a = V(gamma[c]) / expr::math::sqrt(V(running_var[c]) + V(eps)), b = V(beta[c]) - V(running_mean[c]) * a;
+    V const a = V(gamma[c]) / math::sqrt(V(running_var[c]) + V(eps)), b = V(beta[c]) - V(running_mean[c]) * a;
     T const* xr = x + k * p.plane;
     T* yr = y + k * p.plane;
     for (std::size_t i = 0; i < p.plane; ++i) yr[i] = T(V(xr[i]) * a + b);
@@ -144,7 +144,7 @@ void group_norm_forward(D, planes const& p, std::size_t groups, T const* x, T co
       V const d = V(xg[i]) - m;
       return d * d;
     });
-    V const r = V(1) / expr::math::sqrt(q / V(span) + V(eps));
+    V const r = V(1) / math::sqrt(q / V(span) + V(eps));
     T* yg = y + n * p.image() + g * span;
     for (std::size_t j = 0; j < per; ++j) {
       std::size_t const c = g * per + j;

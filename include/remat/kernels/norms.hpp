@@ -5,7 +5,7 @@
 // gradients of 16-bit activations).
 #pragma once
 
-#include "../expr/math.hpp"
+#include "../numeric/math.hpp"
 #include "detail/cuda_rows.hpp"
 #include "rows.hpp"
 
@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(row_threads)
       V const d = to_compute<V>(xr[i]) - mean;
       q += d * d;
     }
-    V const rstd = V(1) / expr::math::sqrt(block_sum(q) / V(w) + eps);
+    V const rstd = V(1) / math::sqrt(block_sum(q) / V(w) + eps);
     T* yr = y + r * w;
     for (std::size_t i = threadIdx.x; i < w; i += row_threads)
       yr[i] = from_compute<T>((to_compute<V>(xr[i]) - mean) * rstd * to_compute<V>(gamma[i]) + to_compute<V>(beta[i]));
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(row_threads)
       V const v = to_compute<V>(xr[i]);
       q += v * v;
     }
-    V const rstd = V(1) / expr::math::sqrt(block_sum(q) / V(w) + eps);
+    V const rstd = V(1) / math::sqrt(block_sum(q) / V(w) + eps);
     T* yr = y + r * w;
     for (std::size_t i = threadIdx.x; i < w; i += row_threads)
       yr[i] = from_compute<T>(to_compute<V>(xr[i]) * rstd * to_compute<V>(gamma[i]));
@@ -124,7 +124,7 @@ void layer_norm_forward(D, T const* x, T const* gamma, T const* beta, std::size_
       V const d = to_compute<V>(xr[i]) - mean;
       return d * d;
     });
-    V const rstd = V(1) / expr::math::sqrt(q / V(w) + V(eps));
+    V const rstd = V(1) / math::sqrt(q / V(w) + V(eps));
     T* yr = y + r * w;
     for (std::size_t i = 0; i < w; ++i)
       yr[i] = from_compute<T>((to_compute<V>(xr[i]) - mean) * rstd * to_compute<V>(gamma[i]) + to_compute<V>(beta[i]));
@@ -209,7 +209,7 @@ void rms_norm_forward(D, T const* x, T const* gamma, std::size_t rows, std::size
       V const v = to_compute<V>(xr[i]);
       return v * v;
     });
-    V const rstd = V(1) / expr::math::sqrt(q / V(w) + V(eps));
+    V const rstd = V(1) / math::sqrt(q / V(w) + V(eps));
     T* yr = y + r * w;
     for (std::size_t i = 0; i < w; ++i) yr[i] = from_compute<T>(to_compute<V>(xr[i]) * rstd * to_compute<V>(gamma[i]));
     if (rstd_out) rstd_out[r] = rstd;

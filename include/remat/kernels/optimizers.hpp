@@ -6,7 +6,7 @@
 // is, and gives the norm for clipping.
 #pragma once
 
-#include "../expr/math.hpp"
+#include "../numeric/math.hpp"
 #include "../numeric/compute.hpp"
 #include "rows.hpp"
 
@@ -81,7 +81,7 @@ struct adamw_step {
     V mi = to_compute<V>(m[i]);
     mi = mi + b1 * (gi - mi);
     V const vi = to_compute<V>(v[i]) * b2 + c2 * gi * gi;
-    V const denom = expr::math::sqrt(vi) / bc2 + eps;
+    V const denom = math::sqrt(vi) / bc2 + eps;
     pi = pi + neg_step * mi / denom;
     p[i] = from_compute<T>(pi);
     m[i] = from_compute<T>(mi);

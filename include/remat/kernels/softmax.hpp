@@ -4,7 +4,7 @@
 // a thread block per row on the GPU.
 #pragma once
 
-#include "../expr/math.hpp"
+#include "../numeric/math.hpp"
 #include "detail/cuda_rows.hpp"
 #include "rows.hpp"
 
@@ -29,14 +29,14 @@ __global__ void __launch_bounds__(row_threads)
     for (std::size_t c = threadIdx.x; c < classes; c += row_threads) m = to_compute<V>(z[c]) > m ? to_compute<V>(z[c]) : m;
     m = block_reduce(m, max_op{});
     V s = 0;
-    for (std::size_t c = threadIdx.x; c < classes; c += row_threads) s += expr::math::exp(to_compute<V>(z[c]) - m);
+    for (std::size_t c = threadIdx.x; c < classes; c += row_threads) s += math::exp(to_compute<V>(z[c]) - m);
     s = block_sum(s);
     std::size_t const y = std::size_t(labels[r]);
-    if (threadIdx.x == 0) row_loss[r] = expr::math::log(s) - (to_compute<V>(z[y]) - m);
+    if (threadIdx.x == 0) row_loss[r] = math::log(s) - (to_compute<V>(z[y]) - m);
     if (dlogits) {
       T* d = dlogits + r * classes;
       for (std::size_t c = threadIdx.x; c < classes; c += row_threads) {
-        V const p = expr::math::exp(to_compute<V>(z[c]) - m) / s;
+        V const p = math::exp(to_compute<V>(z[c]) - m) / s;
         d[c] = from_compute<T>((p - (c == y ? V(1) : V(0))) * scale);
       }
     }
@@ -62,14 +62,14 @@ void softmax_cross_entropy(D, T const* logits, std::int32_t const* labels, std::
   for_each_index(D{}, rows, rows * classes, [=] REMAT_LAMBDA(std::size_t r) {
     T const* z = logits + r * classes;
     V const m = detail::row_max<V>(classes, [&](std::size_t c) { return to_compute<V>(z[c]); });
-    V const s = detail::row_sum<V>(classes, [&](std::size_t c) { return expr::math::exp(to_compute<V>(z[c]) - m); });
-    V const log_s = expr::math::log(s);
+    V const s = detail::row_sum<V>(classes, [&](std::size_t c) { return math::exp(to_compute<V>(z[c]) - m); });
+    V const log_s = math::log(s);
     std::size_t const y = std::size_t(labels[r]);
     row_loss[r] = log_s - (to_compute<V>(z[y]) - m);
     if (dlogits) {
       T* d = dlogits + r * classes;
       for (std::size_t c = 0; c < classes; ++c) {
-        V const p = expr::math::exp(to_compute<V>(z[c]) - m) / s;
+        V const p = math::exp(to_compute<V>(z[c]) - m) / s;
         d[c] = from_compute<T>((p - (c == y ? V(1) : V(0))) * V(scale));
       }
     }

@@ -4,7 +4,7 @@
 // it from the offset the forward saved.
 #pragma once
 
-#include "../expr/expr.hpp"
+#include "../kernels/evaluate.hpp"
 #include "../numeric/philox.hpp"
 #include "layer.hpp"
 

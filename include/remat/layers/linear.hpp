@@ -2,7 +2,7 @@
 // the BLAS; the bias (and a following point-wise layer, when the graph has one) is one fused pass.
 #pragma once
 
-#include "../expr/expr.hpp"
+#include "../kernels/evaluate.hpp"
 #include "../kernels/gemm.hpp"
 #include "../kernels/rows.hpp"
 #include "layer.hpp"

@@ -11,7 +11,7 @@
 // (plan/step.hpp) counts it at the point of the step where the loss runs.
 #pragma once
 
-#include "../expr/expr.hpp"
+#include "../kernels/evaluate.hpp"
 #include "../kernels/reduce.hpp"
 #include "../kernels/softmax.hpp"
 #include "common.hpp"

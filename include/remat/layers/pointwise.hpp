@@ -8,7 +8,7 @@
 // (derivative_from_output: ReLU), which saves a tensor where the next layer keeps y anyway.
 #pragma once
 
-#include "../expr/expr.hpp"
+#include "../kernels/evaluate.hpp"
 #include "layer.hpp"
 
 namespace REMAT_NAMESPACE {

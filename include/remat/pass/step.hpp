@@ -5,7 +5,7 @@
 // into (the fp32 master gradients in mixed precision).
 #pragma once
 
-#include "../expr/expr.hpp"
+#include "../kernels/evaluate.hpp"
 #include "../memory/allocator.hpp"
 #include "../memory/offload.hpp"
 #include "../tensor/tensor.hpp"

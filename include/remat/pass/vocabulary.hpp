@@ -33,6 +33,10 @@
 
 namespace REMAT_NAMESPACE {
 
+// Whether a training pass computes the gradient with respect to its input (accumulate's `dx`;
+// the activation plan: plan/activation.hpp).
+enum class input_gradient : bool { none = false, wanted = true };
+
 // One matrix-product output that a selective policy keeps, and whether its recomputation needs it.
 template <class A>
 struct captured_product {

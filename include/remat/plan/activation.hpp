@@ -1,7 +1,7 @@
 // remat::activation_plan<Net, Precision>(batch): the peak bytes of activations during a training
 // step of model<Net, Device, Precision>, known at compile time.
 //
-// It runs the model's training pass (runtime/training_pass.hpp, the code model::accumulate runs)
+// It runs the model's training pass (graph/training_pass.hpp, the code model::accumulate runs)
 // on a planning::state, which makes, shares and drops the same tensors in the same order and adds up what
 // the caching allocator would count: each tensor rounded up to 256 bytes. Everything a step
 // allocates as activations is in it: what the forward keeps, the output and
@@ -14,7 +14,7 @@
 
 #include "../graph/walk.hpp"
 #include "../numeric/precision.hpp"
-#include "../runtime/training_pass.hpp"
+#include "../graph/training_pass.hpp"
 #include "state.hpp"
 
 #include <cstddef>
@@ -33,6 +33,7 @@ struct activation_plan_result {
   std::size_t offloaded_bytes = 0;
 };
 
+// (input_gradient: pass/vocabulary.hpp.)
 // `features` is the input width, needed only when the graph's own is not fixed (a point-wise
 // first layer). For a sequence model, `batch` counts sequences of `sequence` positions each (see
 // sequence_plan).
@@ -40,7 +41,6 @@ struct activation_plan_result {
 // The plan is that of a training step (train_step, or accumulate without an input gradient): the
 // layer that takes the input computes no gradient for it. `input_gradient::wanted` plans
 // accumulate asked for one (its `dx`).
-enum class input_gradient : bool { none = false, wanted = true };
 
 namespace detail {
 

@@ -7,7 +7,7 @@
 
 #include "../memory/allocator.hpp"
 #include "../pass/vocabulary.hpp"
-#include "../train/gradient_sync.hpp"
+#include "../pass/gradient_sync.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -27,45 +27,14 @@
 #pragma once
 
 #include "../layers/loss.hpp"
-#include "../train/optimizers.hpp"
 #include "activation.hpp"
 #include "arena.hpp"
+#include "optimizer_state.hpp"
 
 #include <cstddef>
 #include <string>
 
 namespace REMAT_NAMESPACE {
-
-// What a whole-step plan needs beyond the batch.
-struct step_options {
-  std::size_t features = 0;                  // the input width when the graph's is not fixed (0: Net::in_width)
-  std::size_t sequence = 1;                  // positions per sequence (a sequence model's batch counts sequences)
-  input_gradient dx = input_gradient::none;  // accumulate asked for the input's gradient
-  // Data parallelism (remat::dist::data_parallel): the number of ranks and this rank's index;
-  // with shard_optimizer (ZeRO-1) the optimizer keeps the state of this rank's 1/ranks only.
-  std::size_t ranks = 1;         // data-parallel ranks (1: training alone)
-  std::size_t rank = 0;          // this rank's index, in [0, ranks)
-  bool shard_optimizer = false;  // ZeRO-1: this rank's optimizer keeps 1/ranks of the state
-  bool momentum = true;  // SGD only: a momentum buffer (SGD with momentum 0 keeps no state)
-  // Also lay out the step's arena (fills `arena` and `reserved`). A constant expression over a
-  // model of hundreds of activations can pass a compiler's evaluation limits with it (nvcc's
-  // front end first): there, leave it out and plan the arena at run time.
-  bool arena = true;
-};
-
-// How many parameter-sized buffers of state an optimizer keeps. A user's optimizer specialises it.
-template <template <class, class, class> class Optimizer>
-struct optimizer_state_buffers;
-// AdamW keeps two: the first and second moments.
-template <>
-struct optimizer_state_buffers<AdamW> {
-  static constexpr std::size_t count(step_options const&) { return 2; }  // exp_avg and exp_avg_sq
-};
-// SGD keeps its momentum buffer, if it has momentum.
-template <>
-struct optimizer_state_buffers<SGD> {
-  static constexpr std::size_t count(step_options const& o) { return o.momentum ? 1 : 0; }  // the momentum buffer
-};
 
 // A whole training step's memory, per tag of the allocator, as plan_step computes it at compile
 // time (in bytes, rounded as the allocator rounds): what the allocator's peaks measure.
@@ -125,6 +94,9 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   std::size_t const p = o.ranks > 0 ? o.ranks : 1;
   std::size_t const shard =
       o.shard_optimizer ? Net::param_count * (o.rank + 1) / p - Net::param_count * o.rank / p : Net::param_count;
+  static_assert(requires { optimizer_state_buffers<Optimizer>::count(o); },
+                "remat::memory_plan: the optimizer's state is unknown here: include <remat/train/optimizers.hpp> "
+                "(AdamW, SGD), or specialise remat::optimizer_state_buffers for your own optimizer");
   r.optimizer_state = optimizer_state_buffers<Optimizer>::count(o) * rounded(shard * sizeof(T));
   std::size_t const features = o.features ? o.features : Net::in_width;
   std::size_t const rows = batch * o.sequence;

@@ -9,9 +9,9 @@
 #include "../pass/step.hpp"
 #include "../plan/activation.hpp"
 #include "../plan/arena.hpp"
-#include "../train/gradient_sync.hpp"
+#include "../pass/gradient_sync.hpp"
 #include "../train/loss_scale.hpp"
-#include "training_pass.hpp"
+#include "../graph/training_pass.hpp"
 
 #include <cmath>
 #include <cstdio>

@@ -9,12 +9,13 @@
 // the weights is written in the same pass as the fp32 master weights.
 #pragma once
 
-#include "../expr/expr.hpp"
+#include "../kernels/evaluate.hpp"
 #include "../kernels/optimizers.hpp"
 #include "../memory/allocator.hpp"
 #include "../memory/offload.hpp"
 #include "../tensor/tensor.hpp"
-#include "gradient_sync.hpp"
+#include "../pass/gradient_sync.hpp"
+#include "../plan/optimizer_state.hpp"
 #include "loss_scale.hpp"
 
 #include <algorithm>
@@ -250,6 +251,12 @@ class AdamW : public detail::optimizer_base<T, D, C> {
   tensor<T, D> m_, v_;
   adamw_options o_;
   std::uint64_t t_ = 0;
+};
+
+// AdamW keeps two: the first and second moments.
+template <>
+struct optimizer_state_buffers<AdamW> {
+  static constexpr std::size_t count(step_options const&) { return 2; }  // exp_avg and exp_avg_sq
 };
 
 // AdamW opt(model): the model's master type, device and compute type.
@@ -524,6 +531,12 @@ class SGD : public detail::optimizer_base<T, D, C> {
   tensor<T, D> buf_;
   sgd_options o_;
   std::uint64_t t_ = 0;
+};
+
+// SGD keeps its momentum buffer, if it has momentum.
+template <>
+struct optimizer_state_buffers<SGD> {
+  static constexpr std::size_t count(step_options const& o) { return o.momentum ? 1 : 0; }  // the momentum buffer
 };
 
 // SGD opt(model): the model's master type, device and compute type.

@@ -3,9 +3,9 @@
 // before touching any memory.
 #pragma once
 
-#include "../kernels/pointwise.hpp"
-#include "../kernels/reduce.hpp"
-#include "ops.hpp"
+#include "../expr/expr.hpp"
+#include "pointwise.hpp"
+#include "reduce.hpp"
 
 #include <limits>
 #include <type_traits>
@@ -156,5 +156,15 @@ auto max_of_pending(E const& e) {
 }
 
 }  // namespace expr
+
+// Also under remat::, beside the expression vocabulary (expr/expr.hpp).
+using expr::evaluate;
+using expr::max_of;
+using expr::max_of_pending;
+using expr::mean;
+using expr::sum;
+using expr::sum_pending;
+using expr::sum_squares;
+using expr::sum_squares_pending;
 
 }  // namespace REMAT_NAMESPACE

@@ -4,7 +4,7 @@
 // backward runs.
 #pragma once
 
-#include "../train/gradient_sync.hpp"
+#include "../pass/gradient_sync.hpp"
 #include "communicator.hpp"
 
 #include <algorithm>

@@ -14,7 +14,6 @@
 #include <cstdint>
 
 namespace REMAT_NAMESPACE {
-namespace expr {
 namespace float_math {
 
 REMAT_HOST_DEVICE float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }  // the float with these bits
@@ -82,5 +81,4 @@ REMAT_HOST_DEVICE float tanh(float x) {
 }
 
 }  // namespace float_math
-}  // namespace expr
 }  // namespace REMAT_NAMESPACE

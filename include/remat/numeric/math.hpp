@@ -10,7 +10,6 @@
 #include <cmath>
 
 namespace REMAT_NAMESPACE {
-namespace expr {
 namespace math {
 
 // e^x in float (on the host, remat's own float_math::exp).
@@ -66,5 +65,4 @@ REMAT_HOST_DEVICE double rsqrt(double x) {
 }
 
 }  // namespace math
-}  // namespace expr
 }  // namespace REMAT_NAMESPACE

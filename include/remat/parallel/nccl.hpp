@@ -1,7 +1,7 @@
 // The bulk data of data_parallel for models on the GPU: gradients, parameters and the sharded
-// all-gather of a cuda model move through NCCL, while the communicator (dist/communicator.hpp)
+// all-gather of a cuda model move through NCCL, while the communicator (parallel/communicator.hpp)
 // still carries the small host messages over MPI (agreement on errors, the signatures, the
-// gradient norm). Included by <remat/dist/mpi.hpp> when REMAT_HAS_NCCL is 1 (the
+// gradient norm). Included by <remat/parallel/mpi.hpp> when REMAT_HAS_NCCL is 1 (the
 // remat::dist_cuda target); each rank uses the CUDA device current when its model was built
 // (cudaSetDevice(local rank) first).
 //
@@ -15,12 +15,12 @@
 #include "../cuda/runtime.hpp"
 #include "../error.hpp"
 #include "../numeric/small_float.hpp"
-#include "../train/gradient_sync.hpp"
+#include "../pass/gradient_sync.hpp"
 #include "communicator.hpp"
 
 #if REMAT_HAS_CUDA
 #if !__has_include(<nccl.h>)
-#error "<remat/dist/nccl.hpp> needs NCCL (nccl.h): install it or point CUDAToolkit_ROOT at a toolkit that has it"
+#error "<remat/parallel/nccl.hpp> needs NCCL (nccl.h): install it or point CUDAToolkit_ROOT at a toolkit that has it"
 #endif
 #include <nccl.h>
 

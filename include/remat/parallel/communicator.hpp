@@ -2,7 +2,7 @@
 // rank aborted when an exception leaves its scope), and dist::communicator, remat's own duplicate
 // of a caller's communicator that carries the small messages (agreement on errors, signatures,
 // sums, gathers of host vectors) with every wait bounded by a timeout. The bulk data (gradients,
-// parameters) goes through a transport (dist/mpi_transport.hpp, dist/nccl.hpp).
+// parameters) goes through a transport (parallel/mpi_transport.hpp, parallel/nccl.hpp).
 #pragma once
 
 #include "../error.hpp"
@@ -16,7 +16,7 @@
 #define MPICH_SKIP_MPICXX 1
 #endif
 #if !__has_include(<mpi.h>)
-#error "<remat/dist/mpi.hpp> needs MPI: install an MPI (Debian: libopenmpi-dev) and link remat::dist"
+#error "<remat/parallel/mpi.hpp> needs MPI: install an MPI (Debian: libopenmpi-dev) and link remat::dist"
 #endif
 #include <mpi.h>
 

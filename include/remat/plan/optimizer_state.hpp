@@ -1,0 +1,40 @@
+// What an optimizer tells the whole-step plan (plan/step.hpp): the options a plan takes beyond the
+// batch, and how many parameter-sized buffers of state the optimizer keeps. Each optimizer
+// specialises optimizer_state_buffers beside its own definition (train/), so a new optimizer is
+// planned without touching plan/.
+#pragma once
+
+#include "../config.hpp"
+#include "../pass/vocabulary.hpp"
+
+#include <cstddef>
+
+namespace REMAT_NAMESPACE {
+
+// What a whole-step plan needs beyond the batch.
+struct step_options {
+  std::size_t features = 0;                  // the input width when the graph's is not fixed (0: Net::in_width)
+  std::size_t sequence = 1;                  // positions per sequence (a sequence model's batch counts sequences)
+  input_gradient dx = input_gradient::none;  // accumulate asked for the input's gradient
+  // Data parallelism (remat::dist::data_parallel): the number of ranks and this rank's index;
+  // with shard_optimizer (ZeRO-1) the optimizer keeps the state of this rank's 1/ranks only.
+  std::size_t ranks = 1;         // data-parallel ranks (1: training alone)
+  std::size_t rank = 0;          // this rank's index, in [0, ranks)
+  bool shard_optimizer = false;  // ZeRO-1: this rank's optimizer keeps 1/ranks of the state
+  bool momentum = true;  // SGD only: a momentum buffer (SGD with momentum 0 keeps no state)
+  // Also lay out the step's arena (fills `arena` and `reserved`). A constant expression over a
+  // model of hundreds of activations can pass a compiler's evaluation limits with it (nvcc's
+  // front end first): there, leave it out and plan the arena at run time.
+  bool arena = true;
+};
+
+// How many parameter-sized buffers of state an optimizer keeps. A user's optimizer specialises it.
+template <template <class, class, class> class Optimizer>
+struct optimizer_state_buffers;
+
+// The default optimizer of memory_plan (its definition and its specialisation of
+// optimizer_state_buffers: train/optimizers.hpp).
+template <class T, class D, class C>
+class AdamW;
+
+}  // namespace REMAT_NAMESPACE
