@@ -13,6 +13,7 @@
 #include "expr/ops.hpp"
 #include "graph/graph.hpp"
 #include "io/memory_trace.hpp"
+#include "io/checkpoint.hpp"
 #include "io/safetensors.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/conv.hpp"

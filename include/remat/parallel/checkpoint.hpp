@@ -6,7 +6,7 @@
 #pragma once
 
 #include "../error.hpp"
-#include "../io/safetensors.hpp"
+#include "../io/checkpoint.hpp"
 #include "data_parallel.hpp"
 
 #include <algorithm>
@@ -37,15 +37,6 @@ void save(data_parallel<Model, Transport>& dp, std::string const& path,
 
 namespace detail {
 
-// The optimizers whose state is AdamW's (moments exp_avg and exp_avg_sq, the step count, the loss
-// scale) and saves in its format: AdamW on either device, and OffloadedAdamW.
-template <class Opt>
-inline constexpr bool adamw_family = false;
-template <class T, class D, class C>
-inline constexpr bool adamw_family<AdamW<T, D, C>> = true;
-template <class M>
-inline constexpr bool adamw_family<OffloadedAdamW<M>> = true;
-
 // Throws argument_error naming `who` unless the optimizer is over this rank's shard.
 template <class Model, class Transport, class Opt>
 void require_shard(data_parallel<Model, Transport> const& dp, Opt const& opt, char const* who) {
@@ -57,19 +48,20 @@ void require_shard(data_parallel<Model, Transport> const& dp, Opt const& opt, ch
 
 }  // namespace detail
 
-// Saves an AdamW state (AdamW on either device, or OffloadedAdamW) from rank 0 in the format of
-// remat::save(AdamW), so a sharded run's file loads into an unsharded optimizer and the other way
-// round: the shards' moments are gathered. Every rank calls it; an error on rank 0 is thrown on
-// every rank.
+// Saves an optimizer's state (AdamW on either device, OffloadedAdamW, SGD) from rank 0 in the
+// format of remat::save(opt), so a sharded run's file loads into an unsharded optimizer and the
+// other way round: the shards' state tensors are gathered. Every rank calls it; an error on rank 0
+// is thrown on every rank.
 template <class Model, class Transport, class Opt>
-  requires detail::adamw_family<Opt>
+  requires REMAT_NAMESPACE::detail::stateful_optimizer<Opt>
 void save(data_parallel<Model, Transport>& dp, Opt const& opt, std::string const& path,
           std::map<std::string, std::string> metadata = {}) {
-  using T = typename Model::value_type;
-  std::vector<T> const m = dp.gather_shards(tensor_to_host(opt.exp_avg().view()));
-  std::vector<T> const v = dp.gather_shards(tensor_to_host(opt.exp_avg_sq().view()));
+  auto values = REMAT_NAMESPACE::detail::state_to_host(opt);
+  auto const states = const_cast<Opt&>(opt).state_tensors();  // (read only)
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (states[i].tensor) values[i] = dp.gather_shards(values[i]);  // (the same tensors on every rank)
   dp.agree("dist::save", [&] {
-    if (dp.rank() == 0) REMAT_NAMESPACE::detail::save_adamw(m, v, opt, path, std::move(metadata));
+    if (dp.rank() == 0) REMAT_NAMESPACE::detail::write_state(values, opt, path, std::move(metadata));
   });
 }
 
@@ -84,19 +76,19 @@ void load(data_parallel<Model, Transport>& dp, std::string const& path) {
   dp.broadcast_parameters();
 }
 
-// Loads an AdamW-format state saved by either save() (AdamW or OffloadedAdamW, whole or sharded,
-// on any number of ranks) on every rank, each keeping its shard: every rank reads and checks the
+// Loads a state saved by either save() (AdamW's format from AdamW or OffloadedAdamW; SGD's;
+// whole or sharded, on any number of ranks) on every rank, each keeping its shard: every rank reads and checks the
 // file before any applies it, so an error on any rank is thrown on every rank and changes no
 // optimizer.
 template <class Model, class Transport, class Opt>
-  requires detail::adamw_family<Opt>
+  requires REMAT_NAMESPACE::detail::stateful_optimizer<Opt>
 void load(data_parallel<Model, Transport>& dp, Opt& opt, std::string const& path) {
-  std::optional<decltype(REMAT_NAMESPACE::detail::read_adamw(opt, path, 0, 0))> read;
+  std::optional<decltype(REMAT_NAMESPACE::detail::read_state(opt, path, 0, 0))> read;
   dp.agree("dist::load", [&] {
     detail::require_shard(dp, opt, "dist::load");
-    read = REMAT_NAMESPACE::detail::read_adamw(opt, path, Model::parameter_count, dp.shard().begin);
+    read = REMAT_NAMESPACE::detail::read_state(opt, path, Model::parameter_count, dp.shard().begin);
   });
-  REMAT_NAMESPACE::detail::apply_adamw(opt, *read);
+  REMAT_NAMESPACE::detail::apply_state(opt, *read);
 }
 
 // ---- per-rank files of a sharded optimizer (each rank writes and reads its own shard)
@@ -129,14 +121,14 @@ inline std::string other_shard_files(std::string const& path, int rank) {
 
 }  // namespace detail
 
-// Saves this rank's part of an optimizer's state (AdamW or OffloadedAdamW) to a file of its own,
-// shard_file(path, rank, ranks), with no gather to rank 0: the moments of the rank's shard, the
+// Saves this rank's part of an optimizer's state (AdamW, OffloadedAdamW, SGD) to a file of its own,
+// shard_file(path, rank, ranks), with no gather to rank 0: the state tensors of the rank's shard, the
 // step count and loss scale, and the shard's place (rank, ranks, first and last parameter, the
 // model's parameter count). Every rank calls it; an error on any rank is thrown on every rank.
 // load_shards reads the files back on the same number of ranks; dist::save writes one file that
 // loads on any number.
 template <class Model, class Transport, class Opt>
-  requires detail::adamw_family<Opt>
+  requires REMAT_NAMESPACE::detail::stateful_optimizer<Opt>
 void save_shards(data_parallel<Model, Transport>& dp, Opt const& opt, std::string const& path,
                  std::map<std::string, std::string> metadata = {}) {
   param_range const r = dp.shard();
@@ -147,8 +139,8 @@ void save_shards(data_parallel<Model, Transport>& dp, Opt const& opt, std::strin
   metadata["remat.shard.parameters"] = std::to_string(Model::parameter_count);
   dp.agree("dist::save_shards", [&] {
     detail::require_shard(dp, opt, "dist::save_shards");
-    REMAT_NAMESPACE::detail::save_adamw(tensor_to_host(opt.exp_avg().view()), tensor_to_host(opt.exp_avg_sq().view()),
-                                        opt, shard_file(path, dp.rank(), dp.size()), std::move(metadata));
+    REMAT_NAMESPACE::detail::write_state(REMAT_NAMESPACE::detail::state_to_host(opt), opt,
+                                         shard_file(path, dp.rank(), dp.size()), std::move(metadata));
   });
 }
 
@@ -158,11 +150,11 @@ void save_shards(data_parallel<Model, Transport>& dp, Opt const& opt, std::strin
 // or model, or a corrupt one throws io_error on its rank and dist_error on the others, and
 // changes no optimizer.
 template <class Model, class Transport, class Opt>
-  requires detail::adamw_family<Opt>
+  requires REMAT_NAMESPACE::detail::stateful_optimizer<Opt>
 void load_shards(data_parallel<Model, Transport>& dp, Opt& opt, std::string const& path) {
   param_range const r = dp.shard();
   std::string const file = shard_file(path, dp.rank(), dp.size());
-  std::optional<decltype(REMAT_NAMESPACE::detail::read_adamw(opt, file, 0, 0))> read;
+  std::optional<decltype(REMAT_NAMESPACE::detail::read_state(opt, file, 0, 0))> read;
   dp.agree("dist::load_shards", [&] {
     if (!std::filesystem::exists(file))
       REMAT_NAMESPACE::detail::raise<io_error>("dist::load_shards: expected '", file, "' (rank ", dp.rank(), " of ",
@@ -183,9 +175,9 @@ void load_shards(data_parallel<Model, Transport>& dp, Opt& opt, std::string cons
     expect("remat.shard.parameters", std::to_string(Model::parameter_count), "a model of parameter count");
     expect("remat.shard.begin", std::to_string(r.begin), "a shard starting at parameter");
     expect("remat.shard.end", std::to_string(r.end), "a shard ending before parameter");
-    read = REMAT_NAMESPACE::detail::read_adamw(opt, f, file, r.size(), 0);
+    read = REMAT_NAMESPACE::detail::read_state(opt, f, file, r.size(), 0);
   });
-  REMAT_NAMESPACE::detail::apply_adamw(opt, *read);
+  REMAT_NAMESPACE::detail::apply_state(opt, *read);
 }
 
 }  // namespace dist

@@ -61,7 +61,7 @@ class loss_scaler {
     tracker_ = 0;
   }
 
-  // Restores a saved state (see io/safetensors.hpp).
+  // Restores a saved state (see io/checkpoint.hpp).
   void set_state(double scale, std::uint64_t tracker, std::uint64_t skipped) {
     if (!(scale > 0) || !std::isfinite(scale))
       detail::raise<argument_error>("loss_scaler: expected a finite positive scale, found ", scale);
