@@ -23,83 +23,73 @@ template <class T, class V>
 __global__ void __launch_bounds__(row_threads)
     layer_norm_forward_rows(T const* x, T const* gamma, T const* beta, std::size_t rows, std::size_t w, V eps, T* y,
                             V* mean_out, V* rstd_out) {
-  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](std::size_t r) {
     T const* xr = x + r * w;
-    V s = 0;
-    for (std::size_t i = threadIdx.x; i < w; i += row_threads) s += to_compute<V>(xr[i]);
-    V const mean = block_sum(s) / V(w);
-    V q = 0;
-    for (std::size_t i = threadIdx.x; i < w; i += row_threads) {
+    V const mean = block_row_sum<V>(w, [&](std::size_t i) { return to_compute<V>(xr[i]); }) / V(w);
+    V const q = block_row_sum<V>(w, [&](std::size_t i) {
       V const d = to_compute<V>(xr[i]) - mean;
-      q += d * d;
-    }
-    V const rstd = V(1) / math::sqrt(block_sum(q) / V(w) + eps);
+      return d * d;
+    });
+    V const rstd = V(1) / math::sqrt(q / V(w) + eps);
     T* yr = y + r * w;
-    for (std::size_t i = threadIdx.x; i < w; i += row_threads)
+    for_block_row(w, [&](std::size_t i) {
       yr[i] = from_compute<T>((to_compute<V>(xr[i]) - mean) * rstd * to_compute<V>(gamma[i]) + to_compute<V>(beta[i]));
+    });
     if (threadIdx.x == 0) {
       if (mean_out) mean_out[r] = mean;
       if (rstd_out) rstd_out[r] = rstd;
     }
-  }
+  });
 }
 
 template <class T, class V>
 __global__ void __launch_bounds__(row_threads)
     layer_norm_backward_rows(T const* x, T const* gamma, V const* mean, V const* rstd, T const* dy, std::size_t rows,
                              std::size_t w, T* dx) {
-  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](std::size_t r) {
     T const* xr = x + r * w;
     T const* dyr = dy + r * w;
     V const m = mean[r], s = rstd[r];
-    V sg = 0, sgx = 0;
-    for (std::size_t i = threadIdx.x; i < w; i += row_threads) {
-      V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
-      sg += g;
-      sgx += g * ((to_compute<V>(xr[i]) - m) * s);
-    }
-    V const mg = block_sum(sg) / V(w), mgx = block_sum(sgx) / V(w);
+    auto const g = [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]); };
+    V const mg = block_row_sum<V>(w, g) / V(w);
+    V const mgx = block_row_sum<V>(w, [&](std::size_t i) { return g(i) * ((to_compute<V>(xr[i]) - m) * s); }) / V(w);
     T* dxr = dx + r * w;
-    for (std::size_t i = threadIdx.x; i < w; i += row_threads) {
-      V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
-      dxr[i] = from_compute<T>(s * (g - mg - (to_compute<V>(xr[i]) - m) * s * mgx));
-    }
-  }
+    for_block_row(w, [&](std::size_t i) { dxr[i] = from_compute<T>(s * (g(i) - mg - (to_compute<V>(xr[i]) - m) * s * mgx)); });
+  });
 }
 
 template <class T, class V>
 __global__ void __launch_bounds__(row_threads)
     rms_norm_forward_rows(T const* x, T const* gamma, std::size_t rows, std::size_t w, V eps, T* y, V* rstd_out) {
-  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](std::size_t r) {
     T const* xr = x + r * w;
-    V q = 0;
-    for (std::size_t i = threadIdx.x; i < w; i += row_threads) {
+    V const q = block_row_sum<V>(w, [&](std::size_t i) {
       V const v = to_compute<V>(xr[i]);
-      q += v * v;
-    }
-    V const rstd = V(1) / math::sqrt(block_sum(q) / V(w) + eps);
+      return v * v;
+    });
+    V const rstd = V(1) / math::sqrt(q / V(w) + eps);
     T* yr = y + r * w;
-    for (std::size_t i = threadIdx.x; i < w; i += row_threads)
-      yr[i] = from_compute<T>(to_compute<V>(xr[i]) * rstd * to_compute<V>(gamma[i]));
+    for_block_row(w, [&](std::size_t i) { yr[i] = from_compute<T>(to_compute<V>(xr[i]) * rstd * to_compute<V>(gamma[i])); });
     if (threadIdx.x == 0 && rstd_out) rstd_out[r] = rstd;
-  }
+  });
 }
 
 template <class T, class V>
 __global__ void __launch_bounds__(row_threads)
     rms_norm_backward_rows(T const* x, T const* gamma, V const* rstd, T const* dy, std::size_t rows, std::size_t w,
                            T* dx) {
-  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](std::size_t r) {
     T const* xr = x + r * w;
     T const* dyr = dy + r * w;
-    V sgx = 0;
-    for (std::size_t i = threadIdx.x; i < w; i += row_threads)
-      sgx += to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * to_compute<V>(xr[i]);
-    V const s = rstd[r], k = s * s * s * block_sum(sgx) / V(w);
+    V const sgx = block_row_sum<V>(w, [&](std::size_t i) {
+      return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * to_compute<V>(xr[i]);
+    });
+    V const s = rstd[r], k = s * s * s * sgx / V(w);
     T* dxr = dx + r * w;
-    for (std::size_t i = threadIdx.x; i < w; i += row_threads)
+    for_block_row(w, [&](std::size_t i) {
       dxr[i] = from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k);
-  }
+    });
+  });
 }
 
 }  // namespace detail

@@ -23,24 +23,21 @@ template <class T, class V>
 __global__ void __launch_bounds__(row_threads)
     softmax_cross_entropy_rows(T const* logits, std::int32_t const* labels, std::size_t rows, std::size_t classes,
                                V scale, V* row_loss, T* dlogits) {
-  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  for_block_rows(rows, [&](std::size_t r) {
     T const* z = logits + r * classes;
-    V m = to_compute<V>(z[0]);
-    for (std::size_t c = threadIdx.x; c < classes; c += row_threads) m = to_compute<V>(z[c]) > m ? to_compute<V>(z[c]) : m;
-    m = block_reduce(m, max_op{});
-    V s = 0;
-    for (std::size_t c = threadIdx.x; c < classes; c += row_threads) s += math::exp(to_compute<V>(z[c]) - m);
-    s = block_sum(s);
+    auto const zc = [&](std::size_t c) { return to_compute<V>(z[c]); };
+    V const m = block_row_max<V>(classes, zc(0), zc);
+    V const s = block_row_sum<V>(classes, [&](std::size_t c) { return math::exp(zc(c) - m); });
     std::size_t const y = std::size_t(labels[r]);
-    if (threadIdx.x == 0) row_loss[r] = math::log(s) - (to_compute<V>(z[y]) - m);
+    if (threadIdx.x == 0) row_loss[r] = math::log(s) - (zc(y) - m);
     if (dlogits) {
       T* d = dlogits + r * classes;
-      for (std::size_t c = threadIdx.x; c < classes; c += row_threads) {
-        V const p = math::exp(to_compute<V>(z[c]) - m) / s;
+      for_block_row(classes, [&](std::size_t c) {
+        V const p = math::exp(zc(c) - m) / s;
         d[c] = from_compute<T>((p - (c == y ? V(1) : V(0))) * scale);
-      }
+      });
     }
-  }
+  });
 }
 
 }  // namespace detail

@@ -26,27 +26,75 @@
 
 namespace REMAT_NAMESPACE {
 
-template <std::size_t W, std::size_t H, rate_param P = 0.0>
-struct AttentionCore {
+namespace detail {
+
+// What AttentionCore and BlockedAttentionCore share: the function (q, k and v of each position
+// in, the heads' outputs side by side out, causal, scaled by 1 / sqrt(head_width), dropout P on
+// the attention weights in training), no parameters, where the per-head matrices lie, the scale
+// in the compute type, the dropout mask of a pass's stream, and buffers of rows in the compute
+// type beside the same in the activation type.
+template <std::size_t W, std::size_t H, rate_param P>
+struct attention_function {
   static_assert(W > 0 && H > 0 && W % H == 0,
-                "remat::AttentionCore<W, H>: the width W must be a positive multiple of the head count H");
-  static_assert(P >= 0.0 && P < 1.0, "remat::AttentionCore<W, H, P>: the dropout probability P must be in [0, 1)");
+                "remat::AttentionCore<W, H> (or BlockedAttentionCore): the width W must be a positive multiple of "
+                "the head count H");
+  static_assert(P >= 0.0 && P < 1.0,
+                "remat::AttentionCore<W, H, P> (or BlockedAttentionCore): the dropout probability P must be in [0, 1)");
   static constexpr std::size_t in_width = 3 * W;    // q, k and v of each position, W each
   static constexpr std::size_t out_width = W;       // the heads' outputs, side by side
   static constexpr std::size_t param_count = 0;     // none (the projections are Linear layers)
   static constexpr std::size_t heads = H;           // attention heads
-  // Features per head.
-  static constexpr std::size_t head_width = W / H;
+  static constexpr std::size_t head_width = W / H;  // features per head
   static constexpr double dropout = P;              // on the attention weights, in training
   static constexpr bool sequence_layer = true;  // rows are positions of sequences (s.sequence_length())
-  static constexpr bool attention_core = true;  // RecomputeAttention checkpoints it
-
-  static constexpr std::size_t causal_tile = 64;  // positions per tile of the causal products
 
   static std::vector<param_desc> params() { return {}; }  // none
   // (Nothing to initialise.)
   template <class T>
   static void init(T*, std::size_t, std::uint64_t) {}
+
+  template <class S>
+  static constexpr bool same_storage = std::is_same_v<typename S::value_type, compute_type_t<typename S::value_type>>;
+  // n rows of `cols` values in the compute type, and the activation-type tensor computed from them
+  // (the same tensor when the two types agree, as in fp32).
+  template <class S>
+  static constexpr std::pair<typename S::act_type, typename S::act_type> compute_and_result(S& s, std::size_t n,
+                                                                                          std::size_t cols) {
+    typename S::act_type c = s.make(n, stat_columns<typename S::value_type>(cols));
+    if constexpr (same_storage<S>)
+      return {c, c};
+    else
+      return {c, s.make(n, cols)};
+  }
+  template <class S>
+  static compute_type_t<typename S::value_type> scale() {
+    return compute_type_t<typename S::value_type>(1.0 / std::sqrt(double(head_width)));
+  }
+  // The dropout mask of the stream drawn at `offset`, for the softmax kernels.
+  template <class S>
+  static auto mask_of(S& s, std::uint64_t offset) {
+    return kernels::mask_values<compute_type_t<typename S::value_type>, expr::dropout_mask>{
+        Dropout<P>::mask(s.random(offset))};
+  }
+  // Where the per-head matrices lie, matrix i being head i % H of sequence i / H: seq x head_width
+  // blocks of the (batch * seq) x 3W input or its gradient (q, k or v by the column offset added
+  // to the pointer), and of the (batch * seq) x W output or its gradient.
+  static constexpr kernels::matrix_layout qkv_blocks(std::size_t seq) {
+    return {index_t(seq), index_t(head_width), index_t(3 * W), {index_t(seq * 3 * W), index_t(head_width)}};
+  }
+  static constexpr kernels::matrix_layout out_blocks(std::size_t seq) {
+    return {index_t(seq), index_t(head_width), index_t(W), {index_t(seq * W), index_t(head_width)}};
+  }
+};
+
+}  // namespace detail
+
+template <std::size_t W, std::size_t H, rate_param P = 0.0>
+struct AttentionCore : detail::attention_function<W, H, P> {
+  using base = detail::attention_function<W, H, P>;
+  using base::out_blocks, base::qkv_blocks, base::compute_and_result, base::head_width;
+  static constexpr bool attention_core = true;  // RecomputeAttention checkpoints it
+  static constexpr std::size_t causal_tile = 64;  // positions per tile of the causal products
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
@@ -62,7 +110,7 @@ struct AttentionCore {
                               kernels::rhs(q + W, qkv_blocks(seq)).window(0, 0, r0 + rb, hw).transposed(),
                               kernels::result(stat_data(scores->data()), square_blocks(seq)).window(r0, 0, rb, r0 + rb));
       });
-      kernels::causal_softmax(device<S>{}, stat_data(scores->data()), probs->data(), count, seq, scale<S>());
+      kernels::causal_softmax(device<S>{}, stat_data(scores->data()), probs->data(), count, seq, base::template scale<S>());
     }
     scores.reset();
     A dropped = probs;  // the probabilities after dropout
@@ -123,12 +171,11 @@ struct AttentionCore {
                               kernels::result(stat_data(dpd->data()), square_blocks(seq)).window(r0, 0, rb, r0 + rb));
       });
       if (drops) {
-        expr::dropout_mask const m = Dropout<P>::mask(s.random(offset));
         kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
-                                         seq, scale<S>(), kernels::mask_values<V, expr::dropout_mask>{m});
+                                         seq, base::template scale<S>(), base::mask_of(s, offset));
       } else {
         kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
-                                         seq, scale<S>(), kernels::no_mask<V>{});
+                                         seq, base::template scale<S>(), kernels::no_mask<V>{});
       }
     }
     probs.reset();
@@ -163,33 +210,7 @@ struct AttentionCore {
     for (std::size_t r0 = 0; r0 < seq; r0 += causal_tile)
       f(index_t(r0), index_t(seq - r0 < causal_tile ? seq - r0 : causal_tile));
   }
-  template <class S>
-  static constexpr bool same_storage = std::is_same_v<typename S::value_type, compute_type_t<typename S::value_type>>;
-  // n rows of seq values in the compute type, and the activation-type tensor computed from them
-  // (the same tensor when the two types agree, as in fp32).
-  template <class S>
-  static constexpr std::pair<typename S::act_type, typename S::act_type> compute_and_result(S& s, std::size_t n,
-                                                                                          std::size_t seq) {
-    typename S::act_type c = s.make(n, stat_columns<typename S::value_type>(seq));
-    if constexpr (same_storage<S>)
-      return {c, c};
-    else
-      return {c, s.make(n, seq)};
-  }
-  template <class S>
-  static compute_type_t<typename S::value_type> scale() {
-    return compute_type_t<typename S::value_type>(1.0 / std::sqrt(double(head_width)));
-  }
-  // Where the per-head matrices lie, matrix i being head i % H of sequence i / H: seq x head_width
-  // blocks of the (batch * seq) x 3W input or its gradient (q, k or v by the column offset added
-  // to the pointer); of the (batch * seq) x W output or its gradient; and seq x seq squares of the
-  // scores, probabilities or their gradients (batch x H x seq x seq).
-  static constexpr kernels::matrix_layout qkv_blocks(std::size_t seq) {
-    return {index_t(seq), index_t(head_width), index_t(3 * W), {index_t(seq * 3 * W), index_t(head_width)}};
-  }
-  static constexpr kernels::matrix_layout out_blocks(std::size_t seq) {
-    return {index_t(seq), index_t(head_width), index_t(W), {index_t(seq * W), index_t(head_width)}};
-  }
+  // seq x seq squares of the scores, probabilities or their gradients (batch x H x seq x seq).
   static constexpr kernels::matrix_layout square_blocks(std::size_t seq) {
     return {index_t(seq), index_t(seq), index_t(seq), {index_t(H * seq * seq), index_t(seq * seq)}};
   }
@@ -220,26 +241,10 @@ struct AttentionCore {
 // rescale, as FlashAttention's key tiles do: one product per panel instead of one per key tile,
 // which a CPU's BLAS runs far better than many 64 x 64 ones.)
 template <std::size_t W, std::size_t H, rate_param P = 0.0>
-struct BlockedAttentionCore {
-  static_assert(W > 0 && H > 0 && W % H == 0,
-                "remat::BlockedAttentionCore<W, H>: the width W must be a positive multiple of the head count H");
-  static_assert(P >= 0.0 && P < 1.0,
-                "remat::BlockedAttentionCore<W, H, P>: the dropout probability P must be in [0, 1)");
-  static constexpr std::size_t in_width = 3 * W;    // q, k and v of each position, W each
-  static constexpr std::size_t out_width = W;       // the heads' outputs, side by side
-  static constexpr std::size_t param_count = 0;     // none (the projections are Linear layers)
-  static constexpr std::size_t heads = H;           // attention heads
-  // Features per head.
-  static constexpr std::size_t head_width = W / H;
-  static constexpr double dropout = P;              // on the attention weights, in training
-  static constexpr bool sequence_layer = true;      // rows are positions of sequences
-
+struct BlockedAttentionCore : detail::attention_function<W, H, P> {
+  using base = detail::attention_function<W, H, P>;
+  using base::out_blocks, base::qkv_blocks, base::head_width, base::mask_of;
   static constexpr std::size_t panel_rows = 64;  // queries per panel
-
-  static std::vector<param_desc> params() { return {}; }  // none
-  // (Nothing to initialise.)
-  template <class T>
-  static void init(T*, std::size_t, std::uint64_t) {}
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
@@ -267,10 +272,10 @@ struct BlockedAttentionCore {
                                   kernels::rhs(q + W, qkv_blocks(seq)).window(0, 0, keys, hw).transposed(),
                                   kernels::result(sc, panel_blocks(seq)).window(0, 0, rb, keys));
             if (drops)
-              kernels::panel_softmax(device<S>{}, g, sc, pr, stat_data(stats->data()), scale<S>(),
-                                     mask_of<S>(s, offset));
+              kernels::panel_softmax(device<S>{}, g, sc, pr, stat_data(stats->data()), base::template scale<S>(),
+                                     base::mask_of(s, offset));
             else
-              kernels::panel_softmax(device<S>{}, g, sc, pr, stat_data(stats->data()), scale<S>(),
+              kernels::panel_softmax(device<S>{}, g, sc, pr, stat_data(stats->data()), base::template scale<S>(),
                                      kernels::no_mask<V>{});
             kernels::gemm_batched(device<S>{}, {mc, H}, kernels::lhs(pr, panel_blocks(seq)).window(0, 0, rb, keys),
                                   kernels::rhs(q + 2 * W, qkv_blocks(seq)).window(0, 0, keys, hw),
@@ -298,7 +303,7 @@ struct BlockedAttentionCore {
     std::uint64_t const offset = drops ? s.restore_counter() : 0;
     A dx = s.make(rows, 3 * W);
     // dK and dV add up over the panels: in dx itself, or in fp32 beside it when dx is 16-bit.
-    A dkv = same_storage<S> ? A{} : s.make(rows, stat_columns<T>(2 * W));
+    A dkv = base::template same_storage<S> ? A{} : s.make(rows, stat_columns<T>(2 * W));
     {
       auto [scores, dropped] = panels(s, count, seq);
       auto [dpd, dscores] = panels(s, count, seq);
@@ -315,7 +320,7 @@ struct BlockedAttentionCore {
           T* pd = dropped->data() + at;
           T* ds = dscores->data() + at;
           auto const kv_result = [&](index_t keys, index_t column) {  // rows 0 .. keys of dK (0) or dV (W)
-            if constexpr (same_storage<S>)
+            if constexpr (base::template same_storage<S>)
               return kernels::result(dq + W + column, qkv_blocks(seq)).window(0, 0, keys, hw);
             else
               return kernels::result(stat_data(dkv->data()) + kv_blocks(seq).stride.at(m0, H) + column,
@@ -334,10 +339,10 @@ struct BlockedAttentionCore {
                                   kernels::rhs(xd + 2 * W, qkv_blocks(seq)).window(0, 0, keys, hw).transposed(),
                                   kernels::result(dp, panel_blocks(seq)).window(0, 0, rb, keys));
             if (drops)
-              kernels::panel_softmax_backward(device<S>{}, g, sc, dp, stat_data(stats->data()), pd, ds, scale<S>(),
-                                              mask_of<S>(s, offset));
+              kernels::panel_softmax_backward(device<S>{}, g, sc, dp, stat_data(stats->data()), pd, ds, base::template scale<S>(),
+                                              base::mask_of(s, offset));
             else
-              kernels::panel_softmax_backward(device<S>{}, g, sc, dp, stat_data(stats->data()), pd, ds, scale<S>(),
+              kernels::panel_softmax_backward(device<S>{}, g, sc, dp, stat_data(stats->data()), pd, ds, base::template scale<S>(),
                                               kernels::no_mask<V>{});
             // dV += dropout(P)^T dY, dQ = dS K, dK += dS^T Q (the 1/sqrt(d) is in dS)
             kernels::gemm_batched(device<S>{}, {mc, H},
@@ -353,7 +358,7 @@ struct BlockedAttentionCore {
           });
         };
         for_sequence_heads<S>(count, seq, run);
-        if constexpr (!same_storage<S>) {  // dK and dV rounded into dx once
+        if constexpr (!base::template same_storage<S>) {  // dK and dV rounded into dx once
           V const* from = stat_data(dkv->data());
           T* to = dx->data();
           kernels::for_each_index(device<S>{}, rows * 2 * W, rows * 2 * W, [=] REMAT_LAMBDA(std::size_t i) {
@@ -408,31 +413,11 @@ struct BlockedAttentionCore {
   template <class S>
   static constexpr std::pair<typename S::act_type, typename S::act_type> panels(S& s, std::size_t count,
                                                                               std::size_t seq) {
-    std::size_t const n = count * panel_height(seq);
-    typename S::act_type c = s.make(n, stat_columns<typename S::value_type>(seq));
-    if constexpr (same_storage<S>)
-      return {c, c};
-    else
-      return {c, s.make(n, seq)};
+    return base::compute_and_result(s, count * panel_height(seq), seq);
   }
-  template <class S>
-  static auto mask_of(S& s, std::uint64_t offset) {
-    return kernels::mask_values<compute_type_t<typename S::value_type>, expr::dropout_mask>{
-        Dropout<P>::mask(s.random(offset))};
-  }
-  template <class S>
-  static compute_type_t<typename S::value_type> scale() {
-    return compute_type_t<typename S::value_type>(1.0 / std::sqrt(double(head_width)));
-  }
-  // Per-head matrices (i = sequence * H + head): seq x head_width blocks of the input (q, k or v by
-  // the column offset added), of the output, and of the fp32 dK | dV buffer; panels of panel_rows x
-  // seq (row stride seq) one after another.
-  static constexpr kernels::matrix_layout qkv_blocks(std::size_t seq) {
-    return {index_t(seq), index_t(head_width), index_t(3 * W), {index_t(seq * 3 * W), index_t(head_width)}};
-  }
-  static constexpr kernels::matrix_layout out_blocks(std::size_t seq) {
-    return {index_t(seq), index_t(head_width), index_t(W), {index_t(seq * W), index_t(head_width)}};
-  }
+  // Per-head matrices (i = sequence * H + head), beside the input's and the output's: seq x
+  // head_width blocks of the fp32 dK | dV buffer; panels of panel_rows x seq (row stride seq) one
+  // after another.
   static constexpr kernels::matrix_layout kv_blocks(std::size_t seq) {
     return {index_t(seq), index_t(head_width), index_t(2 * W), {index_t(seq * 2 * W), index_t(head_width)}};
   }

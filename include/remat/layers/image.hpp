@@ -18,6 +18,7 @@
 #include "../kernels/image.hpp"
 #include "conv.hpp"
 #include "layer.hpp"
+#include "norm_affine.hpp"
 
 #include <cstddef>
 
@@ -27,7 +28,7 @@ namespace REMAT_NAMESPACE {
 // channel normalised over the batch and the plane in training, by the running statistics in
 // inference.
 template <std::size_t Channels, std::size_t Height, std::size_t Width>
-struct BatchNorm2d {
+struct BatchNorm2d : detail::norm_affine<Channels, true> {  // (weight and bias, one per channel each; eps 1e-5)
   static_assert(Channels > 0 && Height > 0 && Width > 0, "remat::BatchNorm2d: the image must not be empty");
   // The image in: Channels x Height x Width.
   static constexpr image_shape in_image{Channels, Height, Width};
@@ -37,27 +38,16 @@ struct BatchNorm2d {
   static constexpr std::size_t in_width = in_image.size();
   // Values per row out: the same.
   static constexpr std::size_t out_width = in_width;
-  // weight and bias, one per channel each.
-  static constexpr std::size_t param_count = 2 * Channels;
+  using detail::norm_affine<Channels, true>::eps;
   // running_mean and running_var, one per channel each.
   static constexpr std::size_t buffer_count = 2 * Channels;
-  // Added to the variance (PyTorch's default).
-  static constexpr double eps = 1e-5;
   // The running statistics' update: r = (1 - momentum) r + momentum * batch's (PyTorch's
   // default; the variance unbiased).
   static constexpr double momentum = 0.1;
 
-  // "weight" and "bias", PyTorch's names and shapes.
-  static std::vector<param_desc> params() { return {{"weight", 0, {Channels}}, {"bias", Channels, {Channels}}}; }
   // "running_mean" and "running_var", PyTorch's names and shapes.
   static std::vector<param_desc> buffers() {
     return {{"running_mean", 0, {Channels}}, {"running_var", Channels, {Channels}}};
-  }
-  // weight 1, bias 0 (PyTorch's).
-  template <class T>
-  static void init(T* p, std::size_t, std::uint64_t) {
-    init::fill(p, Channels, 1.0);
-    init::fill(p + Channels, Channels, 0.0);
   }
   // running_mean 0, running_var 1 (PyTorch's).
   template <class T>
@@ -132,7 +122,7 @@ struct BatchNorm2d {
 // groups, each group normalised over its channels and the plane. No running state; the same in
 // training and inference, and independent of the batch.
 template <std::size_t Groups, std::size_t Channels, std::size_t Height, std::size_t Width>
-struct GroupNorm {
+struct GroupNorm : detail::norm_affine<Channels, true> {  // (weight and bias, one per channel each; eps 1e-5)
   static_assert(Groups > 0 && Channels % Groups == 0,
                 "remat::GroupNorm<Groups, Channels, H, W>: the channels must divide into the groups");
   static_assert(Height > 0 && Width > 0, "remat::GroupNorm: the image must not be empty");
@@ -144,19 +134,7 @@ struct GroupNorm {
   static constexpr std::size_t in_width = in_image.size();
   // Values per row out: the same.
   static constexpr std::size_t out_width = in_width;
-  // weight and bias, one per channel each.
-  static constexpr std::size_t param_count = 2 * Channels;
-  // Added to the variance (PyTorch's default).
-  static constexpr double eps = 1e-5;
-
-  // "weight" and "bias", PyTorch's names and shapes.
-  static std::vector<param_desc> params() { return {{"weight", 0, {Channels}}, {"bias", Channels, {Channels}}}; }
-  // weight 1, bias 0 (PyTorch's).
-  template <class T>
-  static void init(T* p, std::size_t, std::uint64_t) {
-    init::fill(p, Channels, 1.0);
-    init::fill(p + Channels, Channels, 0.0);
-  }
+  using detail::norm_affine<Channels, true>::eps;
 
   // A batch of `rows` images as the kernels see it: rows x Channels planes of Height x Width.
   static constexpr kernels::planes planes(std::size_t rows) { return {rows, Channels, Height * Width}; }

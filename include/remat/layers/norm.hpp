@@ -4,31 +4,20 @@
 
 #include "../kernels/norms.hpp"
 #include "layer.hpp"
+#include "norm_affine.hpp"
 
 namespace REMAT_NAMESPACE {
 
 // LayerNorm<W>: y = (x - mean) / sqrt(var + eps) * weight + bias over each row of W features
 // (torch.nn.LayerNorm(W)); keeps x and each row's mean and 1/std for backward.
 template <std::size_t W>
-struct LayerNorm {
+struct LayerNorm : detail::norm_affine<W, true> {  // (weight and bias, W each; eps 1e-5)
   static_assert(W > 0, "remat::LayerNorm<W>: the width must be positive");
+  using detail::norm_affine<W, true>::eps;
   // Features per row in.
   static constexpr std::size_t in_width = W;
   // Features per row out (the same).
   static constexpr std::size_t out_width = W;
-  // weight and bias, W each.
-  static constexpr std::size_t param_count = 2 * W;
-  // Added to the variance (PyTorch's default).
-  static constexpr double eps = 1e-5;
-
-  // "weight" and "bias", PyTorch's names and shapes.
-  static std::vector<param_desc> params() { return {{"weight", 0, {W}}, {"bias", W, {W}}}; }
-  // weight 1, bias 0 (PyTorch's).
-  template <class T>
-  static void init(T* p, std::size_t, std::uint64_t) {
-    init::fill(p, W, 1.0);
-    init::fill(p + W, W, 0.0);
-  }
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
@@ -74,24 +63,13 @@ struct LayerNorm {
 // RMSNorm<W>: y = x / sqrt(mean(x^2) + eps) * weight over each row of W features
 // (torch.nn.RMSNorm(W, eps=1e-5)); keeps x and each row's 1/rms for backward.
 template <std::size_t W>
-struct RMSNorm {
+struct RMSNorm : detail::norm_affine<W, false> {  // (a weight of W values; eps 1e-5, added to the mean square)
   static_assert(W > 0, "remat::RMSNorm<W>: the width must be positive");
+  using detail::norm_affine<W, false>::eps;
   // Features per row in.
   static constexpr std::size_t in_width = W;
   // Features per row out (the same).
   static constexpr std::size_t out_width = W;
-  // weight, W values.
-  static constexpr std::size_t param_count = W;
-  // Added to the mean square.
-  static constexpr double eps = 1e-5;
-
-  // "weight", PyTorch's name and shape.
-  static std::vector<param_desc> params() { return {{"weight", 0, {W}}}; }
-  // weight 1 (PyTorch's).
-  template <class T>
-  static void init(T* p, std::size_t, std::uint64_t) {
-    init::fill(p, W, 1.0);
-  }
 
   // Normalises each row (see above); keeps what backward reads when the pass keeps.
   template <class S>

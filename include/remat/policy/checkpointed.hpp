@@ -55,10 +55,9 @@ struct Checkpointed : wraps<S> {
   // Runs S, keeping only S's input and its dropout offset (all of S's own when nothing is kept).
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
-    static_assert(layer_pass_contract<S, St>::ok);
-    if (!s.keeps()) return S::forward(s, p, std::move(x));
-    return detail::checkpoint_forward(s, std::move(x),
-                                      [&](typename St::act_type in) { return S::forward(s, p, std::move(in)); });
+    return Checkpointed::forward_keeping(s, p, std::move(x), [&](typename St::act_type in) {
+      return detail::checkpoint_forward(s, std::move(in), Checkpointed::run_of(s, p));
+    });
   }
 
   // Runs S's forward again from its input (same masks), up to the last product S's backward
@@ -66,9 +65,8 @@ struct Checkpointed : wraps<S> {
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {
-    detail::checkpoint_recompute(s, [&](typename St::act_type in) { return S::forward(s, p, std::move(in)); });
-    s.count_recomputed(detail::blocks_in<S>());
-    return S::backward(s, p, g, std::move(dy));
+    detail::checkpoint_recompute(s, Checkpointed::run_of(s, p));
+    return Checkpointed::backward_recomputed(s, p, g, std::move(dy));
   }
 };
 

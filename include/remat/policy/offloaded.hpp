@@ -21,12 +21,12 @@ struct Offloaded : wraps<S> {
   // Runs S, then starts copying what S saved to the offload allocator.
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
-    static_assert(layer_pass_contract<S, St>::ok);
-    if (!s.keeps()) return S::forward(s, p, std::move(x));
-    std::size_t const mark = s.saved_mark();
-    typename St::act_type y = S::forward(s, p, std::move(x));
-    s.offload_since(mark);
-    return y;
+    return Offloaded::forward_keeping(s, p, std::move(x), [&](typename St::act_type in) {
+      std::size_t const mark = s.saved_mark();
+      typename St::act_type y = S::forward(s, p, std::move(in));
+      s.offload_since(mark);
+      return y;
+    });
   }
 
   // Waits for S's saved activations to be back (their copy started one segment ahead), then

@@ -24,27 +24,27 @@ struct Selective : wraps<S> {
   // and dropout offset.
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
-    static_assert(layer_pass_contract<S, St>::ok);
     using A = typename St::act_type;
-    if (!s.keeps()) return S::forward(s, p, std::move(x));
-    std::uint64_t const offset = s.rng_offset();
-    std::vector<captured_product<A>> products;
-    A y;
-    {
-      auto const capturing = s.capture_products(products);
-      auto const none = s.keep_nothing();
-      y = S::forward(s, p, x);
-    }
-    for (auto& c : products) {  // (not `needed ? value : A()`: GCC 12 miscounts that at compile time)
-      if (!c.needed) c.value.reset();
-      s.save(std::move(c.value));
-    }
-    std::uint64_t const count = products.size();
-    products.clear();
-    s.save(std::move(x));
-    s.save_counter(count);
-    s.save_counter(offset);
-    return y;
+    return Selective::forward_keeping(s, p, std::move(x), [&](A in) {
+      std::uint64_t const offset = s.rng_offset();
+      std::vector<captured_product<A>> products;
+      A y;
+      {
+        auto const capturing = s.capture_products(products);
+        auto const none = s.keep_nothing();
+        y = S::forward(s, p, in);
+      }
+      for (auto& c : products) {  // (not `needed ? value : A()`: GCC 12 miscounts that at compile time)
+        if (!c.needed) c.value.reset();
+        s.save(std::move(c.value));
+      }
+      std::uint64_t const count = products.size();
+      products.clear();
+      s.save(std::move(in));
+      s.save_counter(count);
+      s.save_counter(offset);
+      return y;
+    });
   }
 
   // Runs S's forward again taking the kept products back (only point-wise work is redone), then
@@ -64,8 +64,7 @@ struct Selective : wraps<S> {
       S::forward(s, p, std::move(x)).reset();
     }
     products.clear();
-    s.count_recomputed(detail::blocks_in<S>());
-    return S::backward(s, p, g, std::move(dy));
+    return Selective::backward_recomputed(s, p, g, std::move(dy));
   }
 };
 

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace REMAT_NAMESPACE {
 
@@ -35,6 +36,26 @@ struct wraps : detail::parameters_of<S> {
   static constexpr bool handles_hollow = handles_hollow_v<S>;  // S's
   static constexpr std::size_t in_width = S::in_width;         // S's
   static constexpr std::size_t out_width = S::out_width;       // S's
+
+ protected:
+  // A policy's forward: S's own when the pass keeps nothing (inference, or inside another
+  // policy's forward or recomputation); otherwise keep(x), the policy's way of running S.
+  template <class St, class Keep>
+  static constexpr typename St::act_type forward_keeping(St& s, typename St::param_ptr p, typename St::act_type x,
+                                                         Keep&& keep) {
+    static_assert(layer_pass_contract<S, St>::ok);
+    if (!s.keeps()) return S::forward(s, p, std::move(x));
+    return keep(std::move(x));
+  }
+  // S's forward as a function of its input: what a policy runs, and runs again.
+  template <class St>
+  static constexpr auto run_of(St& s, typename St::param_ptr p) {
+    return [&s, p](typename St::act_type in) { return S::forward(s, p, std::move(in)); };
+  }
+  // A policy's backward once it has run S's forward again: the recomputation counted, S's backward.
+  template <class St>
+  static constexpr typename St::act_type backward_recomputed(St& s, typename St::param_ptr p, typename St::grad_ptr g,
+                                                             typename St::act_type dy);
 };
 
 namespace detail {
@@ -51,4 +72,13 @@ constexpr std::uint64_t blocks_in() {
 }
 
 }  // namespace detail
+
+template <class S>
+template <class St>
+constexpr typename St::act_type wraps<S>::backward_recomputed(St& s, typename St::param_ptr p, typename St::grad_ptr g,
+                                                             typename St::act_type dy) {
+  s.count_recomputed(detail::blocks_in<S>());
+  return S::backward(s, p, g, std::move(dy));
+}
+
 }  // namespace REMAT_NAMESPACE

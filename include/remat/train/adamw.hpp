@@ -51,18 +51,10 @@ class AdamW : public detail::model_optimizer<T, D, C, adamw_options> {
 
   // Returns false when the step was skipped (a gradient overflowed under a loss scale).
   bool step() {
-    memory::tracing::phase_scope const stepping(memory::phase::optimizer);
-    detail::grad_prelude pre;
-    if (!this->begin_step(this->g_, this->o_.clip_norm, pre)) {
-      this->end_step(false);
-      return false;
-    }
-    // (t_ counts the step once the update is issued)
-    kernels::adamw_scalars const k = detail::adamw_scalars_for(this->o_, pre.factor, double(this->t_ + 1));
-    kernels::adamw_update(D{}, this->p_.size(), this->p_.data(), this->g_.data(), m_.data(), v_.data(), k, this->pc_);
-    ++this->t_;
-    this->end_step(true);
-    return true;
+    return this->run_step([&](double factor) {
+      kernels::adamw_scalars const k = detail::adamw_scalars_for(this->o_, factor, double(this->t_ + 1));
+      kernels::adamw_update(D{}, this->p_.size(), this->p_.data(), this->g_.data(), m_.data(), v_.data(), k, this->pc_);
+    });
   }
 
   // The first moments ("exp_avg" in PyTorch's state dict), one per parameter it updates.

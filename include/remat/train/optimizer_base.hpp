@@ -201,6 +201,23 @@ class model_optimizer : public optimizer_base<T, D, C> {
   static constexpr char const* state_kind = Options::optimizer;
 
  protected:
+  // A step: the gradients' prelude (unscaling, the overflow check, clipping; under data
+  // parallelism, the reduction first), then update(factor) with the gradients' multiplier, the
+  // step counted. Returns false when the step was skipped (a gradient overflowed under a loss
+  // scale): nothing is updated then.
+  template <class Update>
+  bool run_step(Update&& update) {
+    memory::tracing::phase_scope const stepping(memory::phase::optimizer);
+    grad_prelude pre;
+    if (!this->begin_step(g_, o_.clip_norm, pre)) {
+      this->end_step(false);
+      return false;
+    }
+    update(pre.factor);  // (t_ counts the step once the update is issued)
+    ++t_;
+    this->end_step(true);
+    return true;
+  }
   // One value per parameter it updates, tagged optimizer_state, zero when `zeroed`.
   tensor<T, D> state_tensor(bool zeroed) {
     tensor<T, D> t(index_t(p_.size()), 1, memory::tag::optimizer_state, *alloc_);

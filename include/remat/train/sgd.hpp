@@ -36,19 +36,12 @@ class SGD : public detail::model_optimizer<T, D, C, sgd_options> {
 
   // Returns false when the step was skipped (a gradient overflowed under a loss scale).
   bool step() {
-    memory::tracing::phase_scope const stepping(memory::phase::optimizer);
-    detail::grad_prelude pre;
-    if (!this->begin_step(this->g_, this->o_.clip_norm, pre)) {
-      this->end_step(false);
-      return false;
-    }
-    sgd_options const& o = this->o_;
-    kernels::sgd_scalars k{pre.factor, o.lr, o.momentum, o.weight_decay, o.nesterov, this->t_ == 0};
-    kernels::sgd_update(D{}, this->p_.size(), this->p_.data(), this->g_.data(), buf_.empty() ? nullptr : buf_.data(), k,
-                        this->pc_);
-    ++this->t_;
-    this->end_step(true);
-    return true;
+    return this->run_step([&](double factor) {
+      sgd_options const& o = this->o_;
+      kernels::sgd_scalars k{factor, o.lr, o.momentum, o.weight_decay, o.nesterov, this->t_ == 0};
+      kernels::sgd_update(D{}, this->p_.size(), this->p_.data(), this->g_.data(), buf_.empty() ? nullptr : buf_.data(),
+                          k, this->pc_);
+    });
   }
   // (set_steps: the first step fills the momentum buffer, later ones blend into it.)
 

@@ -44,6 +44,34 @@ __device__ V block_sum(V v) {
   return block_reduce(v, plus_op{});
 }
 
+// The prologue of every row kernel: each block takes rows blockIdx.x, + gridDim.x, ... (f(r) for
+// each), and its threads stride a row's elements (for_block_row: f(i); block_row_sum, block_row_max: the sum or
+// the maximum of f(i) over the row, returned to every thread; each thread adds its elements in
+// order, so the result depends on the shape alone).
+template <class F>
+__device__ void for_block_rows(std::size_t rows, F const& f) {
+  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) f(r);
+}
+template <class F>
+__device__ void for_block_row(std::size_t n, F const& f) {
+  for (std::size_t i = threadIdx.x; i < n; i += row_threads) f(i);
+}
+template <class V, class F>
+__device__ V block_row_sum(std::size_t n, F const& f) {
+  V s = 0;
+  for_block_row(n, [&](std::size_t i) { s += f(i); });
+  return block_sum(s);
+}
+template <class V, class F>
+__device__ V block_row_max(std::size_t n, V init, F const& f) {
+  V m = init;
+  for_block_row(n, [&](std::size_t i) {
+    V const v = f(i);
+    m = v > m ? v : m;
+  });
+  return block_reduce(m, max_op{});
+}
+
 // op folded over the 32 lanes of a warp, returned to every lane. A butterfly: at each level a
 // lane and its partner combine the same two values (op commutes), so every lane ends with the same
 // bits, and the order depends on nothing but the lane count.

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Whether a change moved remat's speed: two builds' bench_policies and bench_dist, run in
+# interleaved rounds (before, after, before, after, ...: these machines are shared and noisy), and
+# for each configuration the median step time of each build and their ratio (after / before).
+# Prints a table and JSON lines; tests never assert on timings, this is for a change's note.
+#
+#   bash bench/before_after.sh BEFORE_BENCH_DIR AFTER_BENCH_DIR [ROUNDS]
+#
+# (BENCH_DIR: a build's bench/ folder, holding bench_policies and bench_dist; ROUNDS: 5 unless
+# given.) bench_dist runs under mpirun -np 2 when mpirun is here.
+set -euo pipefail
+before="$1"
+after="$2"
+rounds="${3:-5}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+raw="$(mktemp)"
+trap 'rm -f "$raw"' EXIT
+
+# name | command (BIN is replaced by the build's bench folder)
+configs=(
+  "mlp fp32 b256 stored|BIN/bench_policies --workload mlp --batch 256 --blocks 8 --policy stored --steps 6 --warmup 2"
+  "mlp fp32 b256 checkpoint|BIN/bench_policies --workload mlp --batch 256 --blocks 8 --policy checkpoint --steps 6 --warmup 2"
+  "mlp fp32 b256 selective|BIN/bench_policies --workload mlp --batch 256 --blocks 8 --policy selective --steps 6 --warmup 2"
+  "mlp bf16 b256 checkpoint|BIN/bench_policies --workload mlp --batch 256 --blocks 8 --policy checkpoint --precision bf16 --steps 6 --warmup 2"
+  "gpt fp32 b16 checkpoint|BIN/bench_policies --workload gpt --batch 16 --blocks 4 --policy checkpoint --steps 4 --warmup 1"
+)
+if command -v mpirun >/dev/null; then
+  configs+=(
+    "dist 2 ranks|OMP_NUM_THREADS=1 mpirun -np 2 BIN/bench_dist"
+    "dist 2 ranks ZeRO-3|OMP_NUM_THREADS=1 mpirun -np 2 BIN/bench_dist --shard-parameters"
+  )
+fi
+
+for ((r = 1; r <= rounds; r++)); do
+  echo "round $r of $rounds" >&2
+  for c in "${configs[@]}"; do
+    name="${c%%|*}"
+    cmd="${c#*|}"
+    for side in before after; do
+      dir="$before"
+      [ "$side" = after ] && dir="$after"
+      line="$(bash -c "${cmd//BIN/$dir}" 2>/dev/null | grep '^{' | tail -1)"
+      printf '%s\t%s\t%s\n' "$name" "$side" "$line" >>"$raw"
+    done
+  done
+done
+
+python3 - "$raw" <<'EOF'
+import json, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, side, js = line.rstrip("\n").split("\t", 2)
+    if not js:
+        continue
+    d = json.loads(js)
+    t = d.get("step_s") or d.get("step_seconds") or d.get("seconds_per_step")
+    if t is None:
+        continue
+    rows.setdefault(name, {"before": [], "after": []})[side].append(float(t))
+print(f"| configuration | before (median s/step) | after | after / before |")
+print("|---|---|---|---|")
+out = []
+for name, v in rows.items():
+    if not v["before"] or not v["after"]:
+        continue
+    b, a = statistics.median(v["before"]), statistics.median(v["after"])
+    print(f"| {name} | {b:.4f} | {a:.4f} | {a / b:.3f} |")
+    out.append({"configuration": name, "before_s": b, "after_s": a, "ratio": a / b, "rounds": len(v["after"])})
+for o in out:
+    print(json.dumps(o))
+EOF

@@ -1,0 +1,288 @@
+// The parameters of a model (runtime/model.hpp): the fp32 master weights in one flat buffer with
+// their gradients, the 16-bit compute copy of a mixed-precision model (cast when stale, once per
+// change of the weights), the running state (BatchNorm2d's statistics) and the copy a pass
+// updates, their names (PyTorch's), the version a writable view moves, their relocation into a
+// data-parallel wrapper's memory, and the stream a model's work goes to.
+#pragma once
+
+#include "../graph/walk.hpp"
+#include "../kernels/evaluate.hpp"
+#include "../memory/system.hpp"
+#include "../numeric/precision.hpp"
+#include "../pass/step.hpp"
+#include "link.hpp"
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace REMAT_NAMESPACE {
+
+// A model's seed: its initial parameters and every dropout mask are functions of it (and of the
+// pass and the element), so two models with one seed train alike, bit for bit.
+struct seed {
+  std::uint64_t value = 0;  // any value; 0 is as good as another
+};
+
+// A parameter tensor of a model: its full name ("2.1.0.weight"), offset and shape.
+struct named_param {
+  std::string name;                 // PyTorch-style: layer indices and the tensor's name
+  std::size_t offset;               // its first element in the model's flat buffer
+  std::vector<std::size_t> shape;   // PyTorch's order (Linear's weight: out x in)
+  std::size_t size() const { return shape_elements(shape); }  // its elements (the shape's product)
+};
+
+namespace detail {
+
+// Names a graph's running-state buffers (and, given `init`, initialises them), each leaf that
+// holds some in the walk's order: its buffers' offsets follow the last one's.
+template <class T>
+struct buffer_walker {
+  using visits_buffers = void;
+  std::vector<named_param>* names = nullptr;
+  T* init = nullptr;
+  std::size_t at = 0;
+  template <class L>
+  void layer(std::string const& prefix) {
+    if (names)
+      for (param_desc const& b : L::buffers()) names->push_back({prefix + b.name, at + b.offset, b.shape});
+    if (init) L::init_buffers(init + at);
+    at += L::buffer_count;
+  }
+};
+
+// The stream a model's work goes to: none on the host; on the GPU one stream per model, current
+// while the model runs (so a step issues everything without waiting, and two models on two host
+// threads run side by side).
+// Offloaded<S>'s copies go to a second stream of the model's, beside the compute.
+template <class Device>
+struct model_stream {
+  struct scope_type {};
+  scope_type scope() { return {}; }
+  void synchronize() {}
+  void attach(offload_channel<Device>&) {}
+};
+#if REMAT_HAS_CUDA
+template <>
+struct model_stream<cuda> {
+  owned_cuda_stream stream;
+  owned_cuda_stream copies{cudaStreamNonBlocking};
+  cuda_stream_scope scope() { return cuda_stream_scope(stream.get()); }
+  void synchronize() { stream.synchronize(); }
+  void attach(offload_channel<cuda>& c) { c.side = copies.get(); }
+};
+#endif
+
+}  // namespace detail
+
+namespace detail {
+
+template <class Model>
+class pass_rollback;  // (runtime/pass_transaction.hpp)
+
+template <class Net, class Device, class Precision>
+class model_parameters {
+  template <class>
+  friend class pass_rollback;  // (a failed pass restores the gradients)
+
+ public:
+  using value_type = typename Precision::master;     // parameters, gradients and what the caller sees
+  using compute_type = typename Precision::compute;  // activations and the weights layers read
+  using T = value_type;                              // (short for value_type)
+  using C = compute_type;                            // (short for compute_type)
+  // Whether the model keeps fp32 master weights beside a 16-bit compute copy.
+  static constexpr bool mixed_precision = is_mixed_v<Precision>;
+  static constexpr std::size_t parameter_count = Net::param_count;  // trained values, in all
+  // Running state beside the parameters (BatchNorm2d's statistics): not trained, no gradients;
+  // updated once by each training pass, whatever its storage policies recompute.
+  static constexpr std::size_t buffer_count = buffer_count_v<Net>;
+  using allocator_type = memory::caching_allocator<Device>;  // what activations come from
+
+  // The fp32 master weights. Handing out a writable view marks the compute copy (mixed precision)
+  // stale, so the next pass casts it again; after writing through a view kept from earlier, call
+  // parameters_changed(). Optimizers update both copies in one pass.
+  tensor_view<T, Device> parameters() {
+    compute_stale_ = true;
+    ++parameter_version_;
+    return params_.view().row_range(0, parameter_count);
+  }
+  // Marks the compute copy stale after the master weights were written through a kept view.
+  void parameters_changed() {
+    compute_stale_ = true;
+    ++parameter_version_;
+  }
+  // Counts the writable views of the master weights handed out and the parameters_changed()
+  // calls: an optimizer with a copy of the weights elsewhere (OffloadedAdamW) reads it again when
+  // this has moved since its own update.
+  std::uint64_t parameter_version() const { return parameter_version_; }
+  // The weights in the compute type that layers read (empty unless mixed precision), for an
+  // optimizer that writes them in its update.
+  tensor_view<C, Device> compute_parameters() {
+    if constexpr (mixed_precision)
+      return compute_params_.view().row_range(0, parameter_count);
+    else
+      return {};
+  }
+  // The running state (buffer_count elements; empty when the model has none), in the order of
+  // buffer_table(). Written through this view, it is what the next inference forward reads.
+  tensor_view<T, Device> buffers() { return buffers_.view(); }
+  tensor_view<T const, Device> buffers() const { return buffers_.view(); }
+  // The master weights, read-only (the compute copy stays valid). Under a ZeRO-3 wrapper with
+  // more than one rank they hold this rank's shard only (the rest read as zero) unless
+  // parameters_whole(): see remat::dist::data_parallel::gather_parameters.
+  tensor_view<T const, Device> parameters() const { return params_.view().row_range(0, parameter_count); }
+  // Whether this process holds the value of every parameter: false while a data-parallel wrapper
+  // with shard_parameters (ZeRO-3) on more than one rank keeps this rank's shard only, or after
+  // such a wrapper went without gathering them (link().partial_parameters()).
+  bool parameters_whole() const {
+    if (gradient_sync const* s = link_.gradient_sync()) return s->parameters_whole();
+    return !link_.partial_parameters();
+  }
+  // (A writable view may be written: the gradients are no longer known to be zero.)
+  tensor_view<T, Device> gradients() {
+    grads_zero_ = false;
+    return grads_.view().row_range(0, parameter_count);
+  }
+  tensor_view<T const, Device> gradients() const { return grads_.view().row_range(0, parameter_count); }
+  // For a data-parallel wrapper that keeps a shard of the gradients of a GPU model (ZeRO-2): the
+  // gradient buffer moves to `storage` (room for max(parameter_count, 1) values, owned by the wrapper and
+  // alive until it moves the buffer back), its values copied there; with null it moves back into
+  // memory from the model's allocator. The allocator's gradients tag no longer counts memory
+  // the wrapper holds.
+  void relocate_gradients(T* storage) { relocate(grads_, storage, memory::tag::gradients); }
+  // The same for the parameters of a wrapper that keeps a shard of them (ZeRO-3): the master
+  // weights move to `master` and, in mixed precision, the compute copy to `compute`; with null,
+  // both move back into memory from the model's allocator.
+  void relocate_parameters(T* master, C* compute) {
+    relocate(params_, master, memory::tag::parameters);
+    if constexpr (mixed_precision) relocate(compute_params_, master ? compute : nullptr, memory::tag::parameters);
+  }
+  // The allocator activations, gradients and parameters come from (given at construction).
+  allocator_type& allocator() const { return *alloc_; }
+  std::uint64_t seed_value() const { return seed_; }  // the seed it was built with
+  // Makes the model's stream current until the end of the scope (on the GPU; nothing on the host):
+  // work issued beside the model's own (a data-parallel wrapper's) is then ordered with it.
+  [[nodiscard]] auto stream_scope() const { return stream_.scope(); }
+  // What a data-parallel wrapper (remat::dist) and the optimizers plug into; a model trained alone
+  // leaves it as it is.
+  model_link& link() { return link_; }
+  model_link const& link() const { return link_; }
+
+  // Every parameter tensor with a PyTorch-style name ("0.weight", "1.2.0.bias"), offset and shape.
+  static std::vector<named_param> parameter_table() {
+    std::vector<named_param> out;
+    auto f = [&](std::string const& name, std::size_t offset, std::vector<std::size_t> const& shape) {
+      out.push_back({name, offset, shape});
+    };
+    visit_params<Net>("", 0, f);
+    return out;
+  }
+  // Every running-state tensor with a PyTorch-style name ("1.running_mean"), offset into
+  // buffers() and shape.
+  static std::vector<named_param> buffer_table() {
+    std::vector<named_param> out;
+    buffer_walker<T> w{&out};
+    visit_params<Net>("", 0, w);
+    return out;
+  }
+
+ private:
+
+ protected:
+  model_parameters(seed s, allocator_type& alloc)
+      : alloc_(&alloc),
+        params_(index_t(stored_count()), 1, memory::tag::parameters, alloc),
+        grads_(index_t(stored_count()), 1, memory::tag::gradients, alloc),
+        seed_(s.value) {
+    [[maybe_unused]] auto const on_stream = stream_.scope();
+    if constexpr (mixed_precision) compute_params_ = tensor<C, Device>(index_t(stored_count()), 1, memory::tag::parameters, alloc);
+    if constexpr (buffer_count > 0) {
+      buffers_ = tensor<T, Device>(index_t(buffer_count), 1, memory::tag::parameters, alloc);
+      staged_buffers_ = tensor<T, Device>(index_t(buffer_count), 1, memory::tag::parameters, alloc);
+      std::vector<T> host_buffers(buffer_count, T(0));
+      buffer_walker<T> w{nullptr, host_buffers.data()};
+      visit_params<Net>("", 0, w);
+      buffers_.copy_from(host_buffers);
+    }
+    std::vector<T> host_params(stored_count(), T(0));
+    Net::init(host_params.data(), 0, seed_);
+    params_.copy_from(host_params);
+    compute_stale_ = true;
+  }
+  model_parameters(model_parameters const&) = delete;
+  model_parameters& operator=(model_parameters const&) = delete;
+
+  static constexpr std::size_t stored_count() { return parameter_count > 0 ? parameter_count : 1; }
+
+  // Moves buffer t (stored_count() values) to `storage` (memory the caller owns), or back into
+  // memory of the allocator when null; waits for the copy (the old memory may go right after).
+  template <class U>
+  void relocate(tensor<U, Device>& t, U* storage, memory::tag tag) {
+    [[maybe_unused]] auto const on_stream = stream_.scope();
+    if (storage == t.data() || (!storage && t.allocator())) return;
+    tensor<U, Device> moved = storage ? tensor<U, Device>(tensor<U, Device>::borrowed, storage, stored_count(), 1)
+                                      : tensor<U, Device>(index_t(stored_count()), 1, tag, *alloc_);
+    evaluate(moved, to_expr(std::as_const(t)));
+    stream_.synchronize();
+    t = std::move(moved);
+  }
+
+  // Copies the gradients in r (of the stored_count() values) to the failure backup (to_backup) or
+  // back: on the host with the point-wise kernels' threads, to or from the GPU as one copy.
+  void copy_gradients(T* backup, param_range r, bool to_backup) {
+    std::size_t const count = r.size();
+    if (count == 0) return;
+    T* const g = grads_.data() + r.begin;
+    if constexpr (std::is_same_v<Device, host>) {
+      T* const to = to_backup ? backup : g;
+      T const* const from = to_backup ? g : backup;
+      evaluate(tensor_view<T, host>(to, index_t(count), 1), to_expr(tensor_view<T const, host>(from, index_t(count), 1)));
+    } else if (to_backup) {
+      memory::system<Device>::copy_to_host(backup, g, count * sizeof(T));
+    } else {
+      memory::system<Device>::copy_from_host(g, backup, count * sizeof(T));
+    }
+  }
+
+  // The weights layers read: the master weights, or their compute copy cast when stale (once per
+  // change of the weights, not per pass).
+  // Under a wrapper that keeps a shard of the parameters (ZeRO-3), only the shard is cast: layers
+  // read the rest gathered from the other ranks.
+  C const* weights() const {
+    if constexpr (mixed_precision) {
+      gradient_sync const* const sync = link_.gradient_sync();
+      param_range const want = sync ? sync->kept_parameters(stored_count()) : param_range{0, stored_count()};
+      if (compute_stale_ || compute_cast_ != want) {
+        if (want.size() == stored_count())
+          evaluate(compute_params_, to_expr(params_));
+        else if (want.size())
+          evaluate(compute_params_.view().row_range(want.begin, want.size()),
+                   to_expr(params_.view().row_range(want.begin, want.size())));
+        compute_cast_ = want;
+        compute_stale_ = false;
+      }
+      return compute_params_.data();
+    } else {
+      return params_.data();
+    }
+  }
+
+
+  mutable model_stream<Device> stream_;  // (declared first: the tensors' work is on it)
+  allocator_type* alloc_;
+  tensor<T, Device> params_;
+  tensor<T, Device> grads_;
+  mutable tensor<C, Device> compute_params_;    // mixed precision only
+  tensor<T, Device> buffers_, staged_buffers_;  // running state (and the copy a pass updates)
+  mutable bool compute_stale_ = true;
+  mutable param_range compute_cast_{};   // the part of the compute copy cast last (see weights)
+  std::uint64_t parameter_version_ = 0;  // (see parameter_version)
+  bool grads_zero_ = false;              // the gradients are known to be zero (zero_grad, nothing since)
+  std::uint64_t seed_;
+  model_link link_;
+};
+
+}  // namespace detail
+}  // namespace REMAT_NAMESPACE
