@@ -12,6 +12,8 @@
 #include <string>
 #include <utility>
 
+// Atomic, durable saves through POSIX (open, fsync, rename); elsewhere through the C++ library
+// (rename without fsync).
 #if __has_include(<unistd.h>) && __has_include(<fcntl.h>)
 #define REMAT_POSIX_FILES 1
 #include <fcntl.h>

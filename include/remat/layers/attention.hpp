@@ -91,7 +91,7 @@ struct attention_function {
 
 template <std::size_t W, std::size_t H, rate_param P = 0.0>
 struct AttentionCore : detail::attention_function<W, H, P> {
-  using base = detail::attention_function<W, H, P>;
+  using base = detail::attention_function<W, H, P>;  // what it shares with the other core
   using base::out_blocks, base::qkv_blocks, base::compute_and_result, base::head_width;
   static constexpr bool attention_core = true;  // RecomputeAttention checkpoints it
   static constexpr std::size_t causal_tile = 64;  // positions per tile of the causal products
@@ -242,7 +242,7 @@ struct AttentionCore : detail::attention_function<W, H, P> {
 // which a CPU's BLAS runs far better than many 64 x 64 ones.)
 template <std::size_t W, std::size_t H, rate_param P = 0.0>
 struct BlockedAttentionCore : detail::attention_function<W, H, P> {
-  using base = detail::attention_function<W, H, P>;
+  using base = detail::attention_function<W, H, P>;  // what it shares with the other core
   using base::out_blocks, base::qkv_blocks, base::head_width, base::mask_of;
   static constexpr std::size_t panel_rows = 64;  // queries per panel
 

@@ -28,12 +28,19 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #include <unistd.h>
-// Pages of the system can be given back (madvise) and counted (mincore).
+// Whether host pages can be given back and counted (Linux: madvise, mincore): what a
+// data-parallel wrapper's options::shard_gradients needs for a host model.
 #define REMAT_HOST_PAGES 1
 #else
+// Whether host pages can be given back and counted (Linux: madvise, mincore): what a
+// data-parallel wrapper's options::shard_gradients needs for a host model.
 #define REMAT_HOST_PAGES 0
 #endif
 
+// A check for tests (0 unless a test build defines it): the host pages a ZeRO-2 or ZeRO-3 wrapper
+// has given back (gradients, weights, compute copy) are made read-only (mprotect) until it commits
+// them again, so that a write it did not commit first faults; on the GPU such a write would land
+// in the granule of zeros that every granule given back shares.
 #ifndef REMAT_DIST_STRICT_PAGES
 #define REMAT_DIST_STRICT_PAGES 0
 #endif

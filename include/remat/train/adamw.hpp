@@ -20,7 +20,8 @@ struct adamw_options {
   double weight_decay = 1e-2;  // decoupled: p -= lr * weight_decay * p, beside the Adam update
   double clip_norm = 0;        // the gradients' global norm is clipped to this; 0: no clipping
 
-  static constexpr char const* optimizer = "AdamW";  // (its name, in messages and files)
+  // Its name, in messages and files.
+  static constexpr char const* optimizer = "AdamW";
   void check() const {}                              // (every value is accepted)
 };
 

@@ -168,6 +168,7 @@ class OffloadedAdamW
   tensor<T, host> const& exp_avg_sq() const { return v_; }  // (read-only)
   // Its state for files: the two moments, in AdamW's format.
   static constexpr char const* state_kind = "AdamW";
+  // The two moments, named as AdamW's.
   std::array<detail::named_state<tensor<T, host>>, 2> state_tensors() { return {{{"exp_avg", &m_}, {"exp_avg_sq", &v_}}}; }
   // The host copy of the master weights it updates (equal to the model's after each step).
   tensor<T, host> const& master_weights() const { return p_; }

@@ -17,7 +17,8 @@ struct sgd_options {
   double weight_decay = 0;   // L2: weight_decay * p added to the gradient
   double clip_norm = 0;      // the gradients' global norm is clipped to this; 0: no clipping
 
-  static constexpr char const* optimizer = "SGD";  // (its name, in messages and files)
+  // Its name, in messages and files.
+  static constexpr char const* optimizer = "SGD";
   // Throws argument_error for settings that contradict each other.
   void check() const {
     if (nesterov && momentum <= 0) detail::raise<argument_error>("SGD: Nesterov momentum needs a momentum > 0, found ", momentum);
