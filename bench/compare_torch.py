@@ -12,12 +12,15 @@ For each configuration (batch, N) it runs, alternating between the libraries:
            revolve (round(sqrt N) slots), selective (keeps products, recomputes point-wise work)
   PyTorch: plain, checkpoint per block (use_reentrant=False), checkpoint_sequential with
            round(sqrt N) segments
-PyTorch runs in a child process three times: as shipped (the system's default BLAS, Debian's
-pthread build of OpenBLAS); with the OpenMP build of OpenBLAS that remat links (its threads and
-PyTorch's OpenMP threads then share one pool instead of competing for the cores); and with that
-BLAS and glibc's MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ raised (freed memory is not
-returned to the system). The fastest is the anchor for the ratios; each child reports the BLAS
-it loaded.
+The anchor is today's PyTorch at its best: the version from PyPI that `scripts/setup.sh bench`
+installs into .venv-bench (pinned there; --torch-python picks another interpreter), run in a child
+process four ways: eager and torch.compile, each with glibc's default malloc and with
+MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ raised (freed memory is not returned to the
+system). The first round runs all four for each policy and keeps the fastest; later rounds
+(--rounds) run that one, interleaved with remat, and every figure is the median over the rounds.
+Debian's PyTorch 1.13 (/usr/bin/python3, as Debian ships it: eager, its default BLAS) runs once
+per configuration as one more row, "as Debian ships it"; it is not the anchor. Each child reports
+its version and the BLAS it loaded.
 
 Saved-activation memory: remat's is what its allocator holds when the forward ends (its plan
 says the same); PyTorch's is the growth of glibc's heap (mallinfo2: arenas + mmapped blocks)
@@ -72,8 +75,12 @@ GW, GH, GT, GV = 512, 8, 256, 256
 MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
 # (name, environment) of each way PyTorch is run.
-TORCH_SETTINGS = [("as shipped", {}), ("OpenMP BLAS", {"LD_LIBRARY_PATH": OPENMP_BLAS}),
-                  ("OpenMP BLAS + malloc tuned", dict(MALLOC_TUNED, LD_LIBRARY_PATH=OPENMP_BLAS))]
+# (name, environment, torch.compile) of each way today's PyTorch is run.
+TORCH_SETTINGS = [("eager", {}, False), ("eager, malloc tuned", MALLOC_TUNED, False),
+                  ("compile", {}, True), ("compile, malloc tuned", MALLOC_TUNED, True)]
+DEBIAN_PYTHON = "/usr/bin/python3"  # Debian's python3-torch (1.13): the tests' cross-check, one more row
+HERE = os.path.dirname(os.path.abspath(__file__))
+VENV_PYTHON = os.path.join(HERE, "..", ".venv-bench", "bin", "python")  # scripts/setup.sh bench
 
 
 def root(n):
@@ -96,13 +103,22 @@ def heap_in_use():
 
 
 def loaded_blas():
+    """The host BLAS libraries mapped into this process (none where PyTorch links MKL statically)."""
     names = set()
     with open("/proc/self/maps") as f:
         for line in f:
             path = line.split()[-1] if "/" in line else ""
-            if "blas" in path or "mkl" in path:
+            base = os.path.basename(path)
+            if ("blas" in base or "mkl" in base) and "cublas" not in base:
                 names.add(os.path.realpath(path))
     return sorted(names)
+
+
+def built_blas(torch):
+    """The BLAS PyTorch was built with (its BLAS_INFO: mkl for the PyPI wheels on x86)."""
+    import re
+    m = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+    return m.group(1) if m else "?"
 
 
 def gpt_flop(batch, n):
@@ -112,16 +128,26 @@ def gpt_flop(batch, n):
     return n * per_block + 3 * 2.0 * tokens * GW * GV
 
 
+def reentrant_free(fn):
+    """use_reentrant=False where the function takes it (PyTorch 2.x; 1.13's is reentrant only)."""
+    import inspect
+    return {"use_reentrant": False} if "use_reentrant" in inspect.signature(fn).parameters else {}
+
+
 def gpt_model(policy, n):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+    sdpa = getattr(F, "scaled_dot_product_attention", None)  # PyTorch 2.x: its fused (flash) attention
+
     def attention_core(qkv):
         b, t, _ = qkv.shape
         q, k, v = qkv.split(GW, dim=2)
         q, k, v = (z.reshape(b, t, GH, GW // GH).transpose(1, 2) for z in (q, k, v))
+        if sdpa is not None:
+            return sdpa(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, GW)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(GW // GH))
         mask = torch.ones(t, t, dtype=torch.bool).tril()
         y = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
@@ -155,7 +181,7 @@ def gpt_model(policy, n):
                 for b in self.blocks:
                     h = checkpoint(b, h, use_reentrant=False)
             elif policy == "checkpoint_sequential":
-                h = checkpoint_sequential(self.blocks, root(n), h)
+                h = checkpoint_sequential(self.blocks, root(n), h, **reentrant_free(checkpoint_sequential))
             else:
                 h = self.blocks(h)
             return self.head(self.ln(h))
@@ -210,7 +236,7 @@ def torch_worker(args):
         if policy == "offload":  # every saved tensor to (pinned) host memory, back in backward
             with torch.autograd.graph.save_on_cpu(pin_memory=dev == "cuda"):
                 return net(x)
-        return checkpoint_sequential(net, root(n), x)
+        return checkpoint_sequential(net, root(n), x, **reentrant_free(checkpoint_sequential))
 
     bf16 = args.precision == "bf16"
 
@@ -250,10 +276,13 @@ def measure(args, torch, net, forward, loss_of, opt, flop, workload, width):
     """Saved activations (heap growth over an untimed forward) and the median step time."""
     n, batch, policy = args.blocks, args.batch, args.policy
     bf16 = args.precision == "bf16"
+    # torch.compile: the loss (forward, checkpoints included) as one compiled graph; the backward
+    # is compiled with it (AOTAutograd). It compiles in the untimed steps.
+    compiled = torch.compile(loss_of) if args.compile else loss_of
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_of()
+        loss = compiled()
         loss.backward()
         opt.step()
         return loss.item()
@@ -264,8 +293,10 @@ def measure(args, torch, net, forward, loss_of, opt, flop, workload, width):
     def in_use():
         return torch.cuda.memory_allocated() if cuda else heap_in_use()
 
+    t_first = time.perf_counter()
     for _ in range(2):
         step()
+    first_steps_s = time.perf_counter() - t_first
     before = in_use()
     if bf16:
         with torch.autocast(dev, dtype=torch.bfloat16):
@@ -307,8 +338,8 @@ def measure(args, torch, net, forward, loss_of, opt, flop, workload, width):
            "saved_activation_bytes": saved, "recomputed_block_forwards": recomputed, "loss": loss,
            "torch_mm_gflops": 2.0 * mm_m * mm_n * mm_n / statistics.median(mm[2:]) * 1e-9,
            "device": torch.cuda.get_device_name() if cuda else "cpu",
-           "malloc_tuned": "MALLOC_MMAP_THRESHOLD_" in os.environ, "blas": loaded_blas(),
-           "torch_version": torch.__version__}
+           "malloc_tuned": "MALLOC_MMAP_THRESHOLD_" in os.environ, "blas": loaded_blas(), "blas_info": built_blas(torch),
+           "torch_version": torch.__version__, "compiled": bool(args.compile), "first_steps_s": first_steps_s}
     print("json: " + json.dumps(out), flush=True)
 
 
@@ -324,14 +355,18 @@ def run_remat(binary, batch, n, policy, steps, warmup, precision, workload):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_torch(batch, n, policy, steps, warmup, extra_env, precision, workload, device="host"):
+def run_torch(batch, n, policy, steps, warmup, extra_env, precision, workload, device="host", python=None,
+              compile=False):
     env = dict(os.environ, **extra_env)
-    out = subprocess.run([sys.executable, __file__, "--torch-worker", "--workload", workload, "--device", device,
-                          "--batch", str(batch), "--blocks", str(n),
+    out = subprocess.run([python or sys.executable, __file__, "--torch-worker", "--workload", workload, "--device",
+                          device, "--batch", str(batch), "--blocks", str(n),
                           "--policy", policy, "--steps", str(steps), "--warmup", str(warmup),
-                          "--precision", precision],
+                          "--precision", precision] + (["--compile"] if compile else []),
                          env=env, capture_output=True, text=True)
     if out.returncode != 0:
+        if compile:  # a policy torch.compile cannot take: that way is left out, and said so
+            print(f"    (torch.compile failed for {policy}: {out.stderr.strip().splitlines()[-1:]})", flush=True)
+            return None
         sys.exit(f"PyTorch worker failed: {out.stderr}")
     line = [l for l in out.stdout.splitlines() if l.startswith("json: ")][-1]
     return json.loads(line[6:])
@@ -355,6 +390,13 @@ def main():
     ap.add_argument("--policy", default="plain")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--device", default="host", choices=["host", "cuda"])
+    ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="interleaved rounds; each figure is the median over them (the first picks PyTorch's setting)")
+    ap.add_argument("--torch-python", default=None,
+                    help="the interpreter of today's PyTorch (default: .venv-bench/bin/python from "
+                         "scripts/setup.sh bench)")
+    ap.add_argument("--no-debian", action="store_true", help="leave out the row of Debian's PyTorch 1.13")
     ap.add_argument("--replot", action="store_true", help="redraw OUT.png from OUT.jsonl, run nothing")
     ap.add_argument("--configs", default=None,
                     help="only these batch x blocks configurations, e.g. 256x8,2048x16 (default: the full sweep)")
@@ -387,8 +429,11 @@ def main():
         policies_remat = POLICIES_REMAT + ["recompute_attention"]
         policies_torch = POLICIES_TORCH + ["checkpoint_attention"]
     settings = TORCH_SETTINGS
-    if cuda:
-        configs, settings = [(8192, 16), (8192, 32)], [("as shipped", {})]
+    python = args.torch_python or (VENV_PYTHON if os.path.exists(VENV_PYTHON) else sys.executable)
+    debian = not args.no_debian and not cuda and os.path.exists(DEBIAN_PYTHON)
+    if cuda:  # the machine's own PyTorch, eager and compiled
+        configs, settings = [(8192, 16), (8192, 32)], [s for s in TORCH_SETTINGS if not s[1]]
+        python = args.torch_python or sys.executable
         policies_remat, policies_torch = policies_remat + ["offload"], policies_torch + ["offload"]
     if args.replot:
         rows = [json.loads(l) for l in open(args.out + ".jsonl")]
@@ -415,32 +460,56 @@ def main():
         print(f"fused unscale/check/clip/AdamW: {optimizer['step_gbps']:.0f} GB/s, "
               f"{optimizer['fraction_of_copy']:.0%} of a device-to-device copy ({optimizer['copy_gbps']:.0f} GB/s)")
     peak = max(peaks, key=lambda p: p["gflops"])  # the path remat takes
+    rounds = {}  # (library, batch, n, policy) -> the runs of each round
+    chosen = {}  # (batch, n, PyTorch policy) -> the setting its first round found fastest
+    debian_rows = []
+
+    def remat_run(batch, n, p):
+        r = run_remat(args.remat, batch, n, p, args.steps, args.warmup, args.precision, args.workload)
+        rounds.setdefault(("remat", batch, n, p), []).append(r)
+        print(f"  remat   N={n:3d} batch={batch:5d} {p:22s} {r['step_s']:.4f} s", flush=True)
+
+    def torch_run(batch, n, tp):
+        ways = [w for w in settings if chosen.get((batch, n, tp), w[0]) == w[0]]
+        runs = []
+        for name, extra, comp in ways:
+            r = run_torch(batch, n, tp, args.steps, args.warmup, extra, args.precision, args.workload, args.device,
+                          python, comp)
+            if r is not None:
+                runs.append(dict(r, setting=name))
+        best = min(runs, key=lambda r: r["step_s"])
+        chosen[(batch, n, tp)] = best["setting"]
+        rounds.setdefault(("pytorch", batch, n, tp), []).append(
+            dict(best, settings={r["setting"]: r["step_s"] for r in runs}))
+        print(f"  pytorch N={n:3d} batch={batch:5d} {tp:22s} " +
+              ", ".join(f"{r['step_s']:.4f} s {r['setting']}" for r in runs) +
+              f"; best: {best['setting']} (PyTorch {best['torch_version']}, "
+              f"BLAS {os.path.basename(best['blas'][-1]) if best['blas'] else best['blas_info']})", flush=True)
+
+    for rnd in range(args.rounds):
+        for batch, n in configs:
+            pending = list(policies_remat)
+            for tp in policies_torch:  # interleave: a remat policy, then a PyTorch one
+                if pending:
+                    remat_run(batch, n, pending.pop(0))
+                torch_run(batch, n, tp)
+                if debian and rnd == 0:
+                    r = run_torch(batch, n, tp, args.steps, args.warmup, {}, args.precision, args.workload,
+                                  args.device, DEBIAN_PYTHON)
+                    debian_rows.append(dict(r, library="pytorch-debian", setting="as Debian ships it"))
+                    print(f"  pytorch N={n:3d} batch={batch:5d} {tp:22s} {r['step_s']:.4f} s as Debian ships it "
+                          f"({r['torch_version']})", flush=True)
+            for p in pending:
+                remat_run(batch, n, p)
+
+    # Each figure: the median over the rounds (the row of the median-time round, its time the median).
     rows = []
-    for batch, n in configs:
-        pending = list(policies_remat)
-        for tp in policies_torch:  # interleave: a remat policy, then a PyTorch one
-            if pending:
-                rows.append(run_remat(args.remat, batch, n, pending.pop(0), args.steps, args.warmup,
-                                      args.precision, args.workload))
-                print(f"  remat   N={n:3d} batch={batch:5d} {rows[-1]['policy']:22s} {rows[-1]['step_s']:.4f} s",
-                      flush=True)
-            runs = []
-            for name, extra in settings:
-                if extra.get("LD_LIBRARY_PATH") and not os.path.isdir(extra["LD_LIBRARY_PATH"]):
-                    continue
-                runs.append(dict(run_torch(batch, n, tp, args.steps, args.warmup, extra, args.precision,
-                                           args.workload, args.device),
-                                 setting=name))
-            best = dict(min(runs, key=lambda r: r["step_s"]), settings={r["setting"]: r["step_s"] for r in runs})
-            rows.append(best)
-            print(f"  pytorch N={n:3d} batch={batch:5d} {tp:22s} " +
-                  ", ".join(f"{r['step_s']:.4f} s {r['setting']}" for r in runs) +
-                  f"; best: {best['setting']} ({os.path.basename(best['blas'][-1]) if best['blas'] else '?'})",
-                  flush=True)
-        for p in pending:
-            rows.append(run_remat(args.remat, batch, n, p, args.steps, args.warmup, args.precision,
-                                  args.workload))
-            print(f"  remat   N={n:3d} batch={batch:5d} {p:22s} {rows[-1]['step_s']:.4f} s", flush=True)
+    for (lib, batch, n, p), runs in rounds.items():
+        mid = sorted(runs, key=lambda r: r["step_s"])[len(runs) // 2]
+        rows.append(dict(mid, step_s=statistics.median(r["step_s"] for r in runs),
+                         rounds_s=[r["step_s"] for r in runs],
+                         model_gflops=mid["model_gflop"] / statistics.median(r["step_s"] for r in runs)))
+    rows += debian_rows
 
     for r in rows:
         r["gemm_peak_gflops"] = peak["gflops"]
@@ -457,8 +526,16 @@ def main():
                           and q["blocks"] == r["blocks"] and q["batch"] == r["batch"])
             r["time_vs_stored"] = r["step_s"] / stored["step_s"]
             r["saved_vs_stored"] = r["saved_activation_bytes"] / stored["saved_activation_bytes"]
+            old = next((q for q in rows if q["library"] == "pytorch-debian" and q["blocks"] == r["blocks"]
+                        and q["batch"] == r["batch"] and q["policy"] == PEER[r["policy"]]), None)
+            r["time_ratio_vs_debian_pytorch"] = r["step_s"] / old["step_s"] if old else None
+    order = {"remat": 0, "pytorch": 1, "pytorch-debian": 2}
+    rows.sort(key=lambda r: (r["batch"], r["blocks"], order[r["library"]]))
 
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    torch_version = next((r["torch_version"] for r in rows if r["library"] == "pytorch"), "?")
+    torch_blas = next((os.path.basename(r["blas"][-1]) if r["blas"] else r.get("blas_info", "?") for r in rows
+                       if r["library"] == "pytorch"), "?")
     stamp = datetime.date.today().isoformat()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     if cuda:
@@ -473,31 +550,40 @@ def main():
              f"{args.precision} {peak['m']} x {peak['n']} x {peak['k']} product peak through remat ({peak['path']}): "
              f"{peak['gflops']:.0f} GFLOP/s"
              + f"; PyTorch's torch.mm of the same: "
-             f"{statistics.median(r['torch_mm_gflops'] for r in rows if r['library'] == 'pytorch'):.0f} GFLOP/s"
+             f"{statistics.median(r['torch_mm_gflops'] for r in rows if r['library'] == 'pytorch'):.0f} GFLOP/s "
+             f"(PyTorch {torch_version}, BLAS {torch_blas})"
              ". Model GFLOP/s count the stored model's products "
              f"only, so recomputation shows as a lower rate.", "",
              "| batch | N | library | policy | step (s) | vs remat stored | GFLOP/s | of GEMM peak | saved act. (MiB) "
-             "| plan (MiB) | peak act. (MiB) | recomputed blocks | time / PyTorch | saved / PyTorch |",
-             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"| plan (MiB) | peak act. (MiB) | recomputed blocks | time / PyTorch {torch_version} | saved / PyTorch "
+             f"| time / Debian's |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     notes = sorted({r["setting"] for r in rows if r["library"] == "pytorch"})
+    library_names = {"remat": "remat", "pytorch": f"PyTorch {torch_version}",
+                     "pytorch-debian": "PyTorch " + next((r["torch_version"] for r in rows
+                                                          if r["library"] == "pytorch-debian"), "") +
+                                       " as Debian ships it"}
     for r in rows:
         remat = r["library"] == "remat"
-        lines.append("| {} | {} | {} | {} | {:.3f} | {} | {:.0f} | {:.0%} | {:.1f} | {} | {} | {} | {} | {} |".format(
-            r["batch"], r["blocks"], r["library"], r["policy"], r["step_s"],
+        lines.append("| {} | {} | {} | {} | {:.3f} | {} | {:.0f} | {:.0%} | {:.1f} | {} | {} | {} | {} | {} | {} |".format(
+            r["batch"], r["blocks"], library_names[r["library"]] + (f" ({r['setting']})" if r["library"] == "pytorch"
+                                                                    else ""), r["policy"], r["step_s"],
             f"{r['time_vs_stored']:.2f}" if remat else "", r["model_gflops"], r["fraction_of_gemm_peak"],
             mib(r["saved_activation_bytes"]), f"{mib(r['planned_saved_bytes']):.1f}" if remat else "",
             f"{mib(r['peak_activation_bytes']):.1f}" if remat else "", r["recomputed_block_forwards"],
             f"{r['time_ratio_vs_pytorch']:.2f} ({r['peer_policy']})" if remat else "",
             ("n/a (PyTorch keeps 0 on the device)" if r['saved_ratio_vs_pytorch'] is None
-             else f"{r['saved_ratio_vs_pytorch']:.2f}") if remat else ""))
+             else f"{r['saved_ratio_vs_pytorch']:.2f}") if remat else "",
+            f"{r['time_ratio_vs_debian_pytorch']:.2f}" if remat and r.get("time_ratio_vs_debian_pytorch") else ""))
     lines.append("")
     if optimizer:
         lines.append(f"Fused unscale/check/clip/AdamW pass: {optimizer['step_gbps']:.0f} GB/s, "
                      f"{optimizer['fraction_of_copy']:.0%} of a device-to-device copy "
                      f"({optimizer['copy_gbps']:.0f} GB/s).")
         lines.append("")
-    lines.append("PyTorch rows are its fastest of: " + ", ".join(n for n, _ in settings) +
-                 " (fastest here: " + ", ".join(notes) + "); every setting's time is in the JSON lines.")
+    lines.append(f"PyTorch {torch_version} rows are its fastest of: " + ", ".join(w[0] for w in settings) +
+                 " (fastest here: " + ", ".join(notes) + f"), chosen in the first of {args.rounds} interleaved "
+                 "round(s); each time is the median over the rounds, every round's time is in the JSON lines.")
     if args.precision == "bf16":
         lines.append("")
         lines.append("remat's saved activations in bf16 against the same model in fp32 (its plan): " + ", ".join(

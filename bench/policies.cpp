@@ -10,6 +10,8 @@
 //     policies: stored, checkpoint, checkpoint_sequential, revolve, selective, offload
 //     (Offloaded<Block> per block), and for gpt recompute_attention
 //   --gemm32 openblas|onednn picks the host's fp32 product (default: oneDNN when remat has it).
+//   --profile: then as many steps again with remat::profile on, and where a step's time goes (per
+//   phase: products, point-wise passes, row passes, reductions, the rest) on stderr and one JSON line.
 //   bench_policies --gemm-peak [--precision fp32|bf16]
 //                   (a plain 1024^3 product through the same path: the BLAS for fp32; for bf16
 //                    every host path remat has, oneDNN and conversion to fp32, one line each)
@@ -98,6 +100,53 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 // --input-gradient: each step also writes the gradient with respect to the input (what every
 // step computed before the layer that takes the input learnt to skip it).
 bool want_input_gradient = false;
+
+// --profile: after the timed steps, as many again with remat::profile on; prints where a step's
+// time goes (per phase: products, point-wise passes, row passes, reductions, the rest) as a
+// table on stderr and a JSON line ("kind": "profile") before the step's line.
+bool want_profile = false;
+
+void print_profile(profile::report const& r, int steps, char const* policy, std::size_t blocks, std::size_t batch,
+                   char const* workload) {
+  using memory::phase;
+  phase const phases[] = {phase::forward, phase::recomputation, phase::loss, phase::backward, phase::optimizer};
+  double const per = 1.0 / double(steps);
+  double total = 0, products = 0;
+  for (phase p : phases) {
+    total += r.wall(p) * per;
+    products += r.seconds(p, profile::work::product) * per;
+  }
+  std::fprintf(stderr, "%s %s, %zu blocks, batch %zu: ms per step (%d profiled steps)\n", workload, policy, blocks,
+               batch, steps);
+  std::fprintf(stderr, "%-14s %9s %9s %11s %11s %11s %9s\n", "phase", "wall", "products", "point-wise", "row passes",
+               "reductions", "other");
+  std::string json = std::string("{\"library\": \"remat\", \"kind\": \"profile\", \"workload\": \"") + workload +
+                     "\", \"policy\": \"" + policy + "\", \"blocks\": " + std::to_string(blocks) +
+                     ", \"batch\": " + std::to_string(batch) + ", \"phases\": {";
+  bool first = true;
+  for (phase p : phases) {
+    double const wall = r.wall(p) * per;
+    if (wall == 0) continue;
+    double k[profile::work_count];
+    for (std::size_t w = 0; w < profile::work_count; ++w) k[w] = r.seconds(p, profile::work(w)) * per;
+    double const other = r.outside_kernels(p) * per;
+    std::fprintf(stderr, "%-14s %9.2f %9.2f %11.2f %11.2f %11.2f %9.2f\n", memory::name(p), wall * 1e3, k[0] * 1e3,
+                 k[1] * 1e3, k[2] * 1e3, k[3] * 1e3, other * 1e3);
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "%s\"%s\": {\"wall_s\": %.6f, \"product_s\": %.6f, \"pointwise_s\": %.6f, \"rows_s\": %.6f, "
+                  "\"reduction_s\": %.6f, \"other_s\": %.6f}",
+                  first ? "" : ", ", memory::name(p), wall, k[0], k[1], k[2], k[3], other);
+    json += buf;
+    first = false;
+  }
+  std::fprintf(stderr, "%-14s %9.2f %9.2f  (products %.0f%% of the step)\n", "step", total * 1e3, products * 1e3,
+               total > 0 ? 100.0 * products / total : 0.0);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "}, \"step_s\": %.6f, \"product_share\": %.4f}", total,
+                total > 0 ? products / total : 0.0);
+  std::printf("%s%s\n", json.c_str(), buf);
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -203,6 +252,15 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
     double const t1 = now();
     if (k >= warmup) times.push_back(t1 - t0);
     peak = alloc.stats()[memory::tag::activations].peak;
+  }
+  if (want_profile) {  // more steps, profiled (so the timed ones above carry no profiling cost)
+    profile::enable();
+    for (int k = 0; k < steps; ++k) {
+      (void)m.template train_step<typename Work::Loss>(data.x, data.t, opt);
+      wait_for_device();
+    }
+    print_profile(profile::read(), steps, policy, n_blocks, batch, Work::name);
+    profile::enable(false);
   }
   auto const plan = Work::template plan<Net, P>(batch);
   auto const plan32 = Work::template plan<Net, fp32>(batch);  // what the same model keeps in fp32
@@ -478,6 +536,7 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::stoi(next());
     else if (a == "--gemm-peak") peak = true;
     else if (a == "--input-gradient") want_input_gradient = true;
+    else if (a == "--profile") want_profile = true;
     else if (a == "--optimizer-bandwidth") optimizer = true;
     else if (a == "--offload-optimizer") offload_opt = true;
 #if !defined(REMAT_BENCH_CUDA)
@@ -500,7 +559,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--workload mlp|gpt] [--batch B] [--blocks N] [--policy P] [--precision fp32|bf16] [--steps S]"
-                   " [--warmup W] [--gemm32 openblas|onednn] [--input-gradient]"
+                   " [--warmup W] [--gemm32 openblas|onednn] [--input-gradient] [--profile]"
                    " | --gemm-peak [--precision fp32|bf16] [--batch B] | --optimizer-bandwidth [--precision fp32|bf16]"
                    " | --offload-optimizer [--precision fp32|bf16] [--batch B]\n",
                    argv[0]);

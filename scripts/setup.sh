@@ -11,7 +11,10 @@
 #                             (the plot scripts' tests), `fortunes` (charlm's corpus) and Doxygen
 #                             (the API reference's check)
 #   scripts/setup.sh bench    the benchmarks (scripts/bench.sh): the tests' minus the extra
-#                             compilers, plus SLEEF (a peer of the float maths)
+#                             compilers, plus SLEEF (a peer of the float maths), and today's PyTorch
+#                             from PyPI (the speed peer; version pinned below, REMAT_TORCH_VERSION
+#                             overrides it) in the virtual environment .venv-bench (Debian's
+#                             python3-venv; python3-dev for torch.compile's C++ code; about 5 GB)
 #   scripts/setup.sh cuda     the CUDA build (cmake --preset cuda; the toolkit itself is not a
 #                             Debian package: CUDAToolkit_ROOT or /usr/local/cuda): the demo's plus
 #                             Catch2 and Open MPI
@@ -29,6 +32,10 @@ if [ ! -f "$cuda_root/include/cccl/thrust/version.h" ] && [ ! -f "$cuda_root/inc
   demo+=(libthrust-dev libcub-dev)
 fi
 peers=(catch2 libdnnl-dev libopenmpi-dev openmpi-bin python3-torch python3-matplotlib fortunes)
+# Today's PyTorch, the benchmarks' anchor: pinned, so figures taken on different days compare.
+torch_version="${REMAT_TORCH_VERSION:-2.15.0}"
+venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-bench"
+want_venv=0
 tools=(pkg-config clang-19 libclang-rt-19-dev libomp-19-dev clang-16 doxygen)
 
 packages=()
@@ -37,7 +44,7 @@ for arg in "$@"; do
   case "$arg" in
     demo) packages+=("${demo[@]}") ;;
     tests) packages+=("${demo[@]}" "${peers[@]}" "${tools[@]}") ;;
-    bench) packages+=("${demo[@]}" "${peers[@]}" libsleef-dev) ;;
+    bench) packages+=("${demo[@]}" "${peers[@]}" libsleef-dev python3-venv python3-dev); want_venv=1 ;;
     cuda) packages+=("${demo[@]}" catch2 libopenmpi-dev openmpi-bin) ;;
     docs) packages+=(doxygen) ;;
     *) packages+=("$arg"); continue ;;
@@ -52,7 +59,21 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
+# The PyPI PyTorch in .venv-bench, when it is not already the pinned version.
+make_venv() {
+  [ "$want_venv" -eq 1 ] || return 0
+  if [ -x "$venv/bin/python" ] &&
+     [ "$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$torch_version" ]; then
+    return 0
+  fi
+  echo "remat setup: PyTorch $torch_version from PyPI into $venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" numpy
+  "$venv/bin/python" -c 'import torch; print("remat setup: PyTorch", torch.__version__, "in .venv-bench")'
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  make_venv
   exit 0
 fi
 echo "remat setup: installing ${missing[*]}"
@@ -68,3 +89,4 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "remat setup: done"
+make_venv

@@ -22,6 +22,7 @@
 #include "kernels/norms.hpp"
 #include "kernels/optimizers.hpp"
 #include "kernels/pointwise.hpp"
+#include "kernels/profile.hpp"
 #include "kernels/reduce.hpp"
 #include "kernels/rows.hpp"
 #include "kernels/softmax.hpp"

@@ -490,6 +490,7 @@ void conv2d_backward_widened(D, conv_shape const& c, T const* x, T const* w, T c
 // y = conv(x, w) + b (b may be null). T: float, double, bfloat16 or half.
 template <class T>
 void conv2d_forward(host, conv_shape const& c, T const* x, T const* w, T const* b, T* y) {
+  profile::timed<host> const timing(profile::work::product);
 #if defined(REMAT_GEMM_ONEDNN)
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>) {
     if (auto const* p = detail::onednn_conv_for(c, b != nullptr, std::is_same_v<T, bfloat16>)) {
@@ -509,6 +510,7 @@ void conv2d_forward(host, conv_shape const& c, T const* x, T const* w, T const* 
 // for 16-bit T (the master gradients).
 template <class T, class G>
 void conv2d_backward(host, conv_shape const& c, T const* x, T const* w, T const* dy, T* dx, G* dw, G* db) {
+  profile::timed<host> const timing(profile::work::product);
   static_assert(std::is_same_v<G, compute_type_t<T>>,
                 "conv2d_backward: the weights' gradients are in the activations' compute type (fp32 for 16-bit)");
 #if defined(REMAT_GEMM_ONEDNN)

@@ -11,6 +11,7 @@
 #include "../memory/allocator.hpp"
 #include "../numeric/compute.hpp"
 #include "detail/cublaslt.hpp"
+#include "profile.hpp"
 #include "rows.hpp"
 
 // OpenBLAS's cblas.h declares a global `bfloat16` (a uint16_t) that would make `bfloat16` ambiguous
@@ -429,6 +430,7 @@ void gemm(Device, A, B, R, scale = {}) {
 template <class T, class Out>
   requires gemm_types<T, Out>
 void gemm(host, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale s = {}) {
+  profile::timed<host> const timing(profile::work::product);
   auto const [m, n, k] = detail::check_product(a, b, c);
   if (m == 0 || n == 0) return;
   detail::host_gemm(a.op, b.op, m, n, k, compute_type_t<T>(s.alpha), a.data, a.ld, b.data, b.ld,
@@ -441,6 +443,7 @@ void gemm(host, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale
 template <class T, class Out>
   requires gemm_types<T, Out>
 void gemm_batched(host, batch n, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale s = {}) {
+  profile::timed<host> const timing(profile::work::product);
   if (n.count == 0) return;
   if (n.group == 0) REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: group must be at least 1");
   auto const [m, cols, k] = detail::check_product(a, b, c);
@@ -490,6 +493,7 @@ void cuda_gemm(std::size_t batch, trans ta, trans tb, index_t m, index_t n, inde
 template <class T, class Out>
   requires gemm_types<T, Out>
 void gemm(cuda, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale s = {}) {
+  profile::timed<cuda> const timing(profile::work::product);
   auto const [m, n, k] = detail::check_product(a, b, c);
   if (m == 0 || n == 0) return;
   detail::cuda_gemm<T, Out>(1, a.op, b.op, m, n, k, compute_type_t<T>(s.alpha), a.data, a.ld, 0, b.data, b.ld, 0,
@@ -501,6 +505,7 @@ void gemm(cuda, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale
 template <class T, class Out>
   requires gemm_types<T, Out>
 void gemm_batched(cuda, batch n, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale s = {}) {
+  profile::timed<cuda> const timing(profile::work::product);
   if (n.count == 0) return;
   if (n.group == 0) REMAT_NAMESPACE::detail::raise<argument_error>("gemm_batched: group must be at least 1");
   auto const [m, cols, k] = detail::check_product(a, b, c);

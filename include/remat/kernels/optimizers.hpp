@@ -46,6 +46,7 @@ struct square_as_double {
 // when any gradient is (a loss scale's overflow check).
 template <class T, device_tag D>
 double grad_check(D, std::size_t n, T const* g) {
+  profile::timed<D> const timing(profile::work::reduction);
   return transform_reduce(D{}, n, square_as_double::fn<T>{g}, 0.0, plus_op{});
 }
 
@@ -95,6 +96,7 @@ struct adamw_step {
 // casts the new weight into the compute copy pc when there is one.
 template <class D, class C, class Step>
 void run_update(D, std::size_t n, C* pc, Step const& step) {
+  profile::timed<D> const timing(profile::work::pointwise);
   if (pc)
     for_each_index(D{}, n, n, detail::update_and_copy<C, Step>{pc, step});
   else

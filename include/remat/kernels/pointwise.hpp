@@ -6,6 +6,7 @@
 
 #include "../device.hpp"
 #include "detail/thrust.hpp"
+#include "profile.hpp"
 
 #include <cstddef>
 
@@ -38,6 +39,7 @@ REMAT_HOST_CLONES void host_transform_rows(Out* out, std::size_t first, std::siz
 template <class Out, class F>
 void transform(host, std::size_t n, Out* out, F const& f) {
   if (n == 0) return;
+  profile::timed<host> const timing(profile::work::pointwise);
   detail::host_split(n, n, [&](std::size_t first, std::size_t last) { detail::host_transform(out, first, last, f); });
 }
 
@@ -46,6 +48,7 @@ void transform(host, std::size_t n, Out* out, F const& f) {
 template <class Out, class F>
 void transform_rows(host, std::size_t rows, std::size_t cols, Out* out, F const& f) {
   if (rows == 0 || cols == 0) return;
+  profile::timed<host> const timing(profile::work::pointwise);
   detail::host_split(rows, rows * cols, [&](std::size_t first, std::size_t last) {
     detail::host_transform_rows(out, first, last, cols, f);
   });
@@ -55,6 +58,7 @@ void transform_rows(host, std::size_t rows, std::size_t cols, Out* out, F const&
 template <class Out, class F>
 void transform(cuda, std::size_t n, Out* out, F const& f) {
   if (n == 0) return;
+  profile::timed<cuda> const timing(profile::work::pointwise);
   detail::index_iterator first(0);
   thrust::transform(detail::cuda_policy(), first, first + n, out, f);
 }

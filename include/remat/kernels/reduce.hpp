@@ -9,6 +9,7 @@
 #include "../memory/allocator.hpp"
 #include "../memory/offload.hpp"
 #include "detail/thrust.hpp"
+#include "profile.hpp"
 
 #if REMAT_HAS_CUDA
 #include <cub/device/device_reduce.cuh>
@@ -73,6 +74,7 @@ REMAT_HOST_CLONES Acc host_reduce(std::size_t lo, std::size_t hi, F const& f_, A
 // set, and no temporary storage is allocated behind the allocator's back.
 template <class Acc, class F, class Op>
 Acc transform_reduce(host, std::size_t n, F const& f, Acc init, Op op) {
+  profile::timed<host> const timing(profile::work::reduction);
   constexpr std::size_t chunk = detail::parallel_threshold;
   if (n <= chunk) return detail::host_reduce(0, n, f, init, op);
   std::int64_t const chunks = std::int64_t((n + chunk - 1) / chunk);
@@ -137,6 +139,7 @@ class device_reduction {
 
 template <class Acc, class F, class Op>
 Acc transform_reduce(cuda, std::size_t n, F const& f, Acc init, Op op) {
+  profile::timed<cuda> const timing(profile::work::reduction);
   if (n == 0) return init;
   detail::device_reduction<Acc, F, Op> const r(n, f, init, op);
   Acc out = init;
@@ -211,11 +214,13 @@ class pending_scalar<cuda> {
 // transform_reduce whose result is read later (see pending_scalar).
 template <class Acc, class F, class Op>
 pending_scalar<host> transform_reduce_pending(host, std::size_t n, F const& f, Acc init, Op op) {
+  profile::timed<host> const timing(profile::work::reduction);
   return pending_scalar<host>(double(transform_reduce(host{}, n, f, init, op)));
 }
 #if REMAT_HAS_CUDA
 template <class Acc, class F, class Op>
 pending_scalar<cuda> transform_reduce_pending(cuda, std::size_t n, F const& f, Acc init, Op op) {
+  profile::timed<cuda> const timing(profile::work::reduction);
   if (n == 0) return pending_scalar<cuda>(double(init));
   detail::device_reduction<Acc, F, Op> const r(n, f, init, op);
   return pending_scalar<cuda>(static_cast<Acc const*>(r.result()));  // (the copy is ordered after the reduction)

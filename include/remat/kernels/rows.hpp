@@ -8,6 +8,7 @@
 #include "../memory/allocator.hpp"
 #include "../numeric/compute.hpp"
 #include "detail/thrust.hpp"
+#include "profile.hpp"
 
 #if REMAT_HAS_CUDA
 #include <thrust/for_each.h>
@@ -99,6 +100,7 @@ REMAT_INLINE_HOST_DEVICE V row_max(std::size_t n, F&& f) {
 template <class F>
 void for_each_index(host, std::size_t n, std::size_t work, F const& f) {
   if (n == 0) return;
+  profile::timed<host> const timing(profile::work::rows);
   detail::host_split(n, work, [&](std::size_t first, std::size_t last) { detail::host_for_each(first, last, f); });
 }
 
@@ -106,6 +108,7 @@ void for_each_index(host, std::size_t n, std::size_t work, F const& f) {
 template <class F>
 void for_each_index(cuda, std::size_t n, std::size_t, F const& f) {
   if (n == 0) return;
+  profile::timed<cuda> const timing(profile::work::rows);
   detail::index_iterator first(0);
   thrust::for_each(detail::cuda_policy(), first, first + n, f);
 }
@@ -115,6 +118,7 @@ void for_each_index(cuda, std::size_t n, std::size_t, F const& f) {
 // runs over rows in order, so the result does not depend on the thread count.
 template <class T, class Out>
 void column_sums(host, T const* x, std::size_t rows, std::size_t cols, Out* out, bool accumulate) {
+  profile::timed<host> const timing(profile::work::reduction);
   using V = compute_type_t<T>;
   constexpr std::size_t block = 64;  // columns per task: contiguous in each row
   std::size_t const blocks = (cols + block - 1) / block;
@@ -136,6 +140,7 @@ void column_sums(host, T const* x, std::size_t rows, std::size_t cols, Out* out,
 // chunks in order. The order depends on the shape only. (Bias and norm parameter gradients.)
 template <class Out, class F>
 void column_sums_of(cuda, std::size_t rows, std::size_t cols, F const& f, Out* out, bool accumulate) {
+  profile::timed<cuda> const timing(profile::work::reduction);
   using V = std::remove_cv_t<decltype(f(std::size_t{}, std::size_t{}))>;
   constexpr std::size_t chunk = 256;
   std::size_t const chunks = (rows + chunk - 1) / chunk;

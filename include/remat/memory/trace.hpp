@@ -114,6 +114,19 @@ struct trace_context {
   std::uint32_t depth = 0;                        // calls open now
   phase current = phase::none;                    // the phase now
   timeline* recording = nullptr;  // a timeline recording layer times on this thread
+  bool timing = false;            // whether phase changes add up wall time (remat::profile)
+  double since = 0;               // when timing: the time (s) the current phase was entered
+  std::array<double, phase_count> wall{};  // when timing: seconds spent in each phase
+
+  // Enters phase p; when timing, the time since the last change goes to the phase being left.
+  void enter(phase p) {
+    if (timing) {
+      double const t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+      wall[std::size_t(current)] += t - since;
+      since = t;
+    }
+    current = p;
+  }
 
   // "2.3.1 Linear" (or "" outside any layer).
   std::string path() const {
@@ -320,7 +333,7 @@ struct layer_scope {
     if (c.depth < trace_context::max_depth) c.frames[c.depth] = {index, name, leaf};
     ++c.depth;
     was = c.current;
-    c.current = p;
+    c.enter(p);
     if (c.recording && leaf) begin_us = c.recording->now_us();
   }
   // Takes o's frame.
@@ -339,7 +352,7 @@ struct layer_scope {
       } catch (...) {  // no room to record: the trace misses a span, the step goes on
       }
     }
-    c.current = was;
+    c.enter(was);
     --c.depth;
   }
 };
@@ -348,8 +361,8 @@ struct layer_scope {
 struct phase_scope {
   phase was;  // the phase before
   // Enters phase p on this thread.
-  explicit phase_scope(phase p) : was(current_trace().current) { current_trace().current = p; }
-  ~phase_scope() { current_trace().current = was; }
+  explicit phase_scope(phase p) : was(current_trace().current) { current_trace().enter(p); }
+  ~phase_scope() { current_trace().enter(was); }
   phase_scope(phase_scope const&) = delete;
   phase_scope& operator=(phase_scope const&) = delete;
 };

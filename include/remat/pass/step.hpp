@@ -192,7 +192,7 @@ class pass_state
 
   // After the forward: what it kept (the activations in use, its output excluded).
   void forward_done(act_type const& y) {
-    memory::tracing::current_trace().current = memory::phase::loss;  // (the model's scope restores it)
+    memory::tracing::current_trace().enter(memory::phase::loss);  // (the model's scope restores it)
     this->set_saved_bytes(alloc_->stats()[memory::tag::activations].in_use -
                           memory::caching_allocator<D>::rounded(y->bytes()));
   }

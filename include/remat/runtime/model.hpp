@@ -335,7 +335,7 @@ class model : public detail::model_parameters<Net, Device, Precision> {
       else
         l = kernels::pending_scalar<Device>(Loss::forward_backward(y, target, scale, dy));
     }
-    memory::tracing::current_trace().current = memory::phase::backward;  // (until the pass's phase ends)
+    memory::tracing::current_trace().enter(memory::phase::backward);  // (until the pass's phase ends)
     return l;
   }
   // A training pass succeeded: its running state, pass count and report become the model's.

@@ -94,6 +94,7 @@ __device__ inline std::size_t warp_row_stride() { return std::size_t(gridDim.x) 
 template <class... P, class... A>
 void launch_rows(void (*kernel)(P...), std::size_t rows, A... args) {
   if (rows == 0) return;
+  profile::timed<cuda> const timing(profile::work::rows);
   unsigned const grid = unsigned(std::min<std::size_t>(rows, std::size_t(1) << 30));
   kernel<<<grid, row_threads, 0, current_cuda_stream()>>>(args...);
   REMAT_CUDA_CHECK(cudaGetLastError());
@@ -103,6 +104,7 @@ void launch_rows(void (*kernel)(P...), std::size_t rows, A... args) {
 template <class... P, class... A>
 void launch_warp_rows(void (*kernel)(P...), std::size_t rows, A... args) {
   if (rows == 0) return;
+  profile::timed<cuda> const timing(profile::work::rows);
   std::size_t const blocks = (rows + warp_rows_per_block - 1) / warp_rows_per_block;
   unsigned const grid = unsigned(std::min<std::size_t>(blocks, std::size_t(1) << 30));
   kernel<<<grid, row_threads, 0, current_cuda_stream()>>>(args...);
