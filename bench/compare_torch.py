@@ -39,9 +39,10 @@ thing). Results go to bench/results/gpt-host.*.
   /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies [--precision bf16] [--quick]
   /usr/bin/python3 bench/compare_torch.py --workload gpt [--quick]
 
---device cuda runs both on the GPU (the mlp workload at d = 4096, batch 8192, N = 16 and 32):
-remat's bench_policies_cuda (built by the cuda preset) against the machine's PyTorch on CUDA
-(eager, torch.utils.checkpoint, torch.autocast('cuda', dtype=torch.bfloat16)), run as shipped.
+--device cuda runs both on the GPU (the mlp workload at d = 4096, batch 8192, N = 16 and 32; the
+gpt workload at batch 64, N = 8): remat's bench_policies_cuda (built by the cuda preset) against
+the machine's PyTorch on CUDA (torch.utils.checkpoint, torch.autocast('cuda', dtype=torch.bfloat16),
+F.scaled_dot_product_attention, its fused AdamW), eager and torch.compile, the faster one the peer.
 Saved activations on the GPU are torch.cuda.memory_allocated's growth over the forward; remat's
 are its device allocator's. The GEMM peak is a cuBLASLt product of the model's shape (batch x d
 times d x d) through remat, beside torch.mm of the same; remat's fused unscale/check/clip/AdamW
@@ -149,7 +150,7 @@ def gpt_model(policy, n):
         if sdpa is not None:
             return sdpa(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, GW)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(GW // GH))
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        mask = torch.ones(t, t, dtype=torch.bool, device=qkv.device).tril()
         y = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
         return y.transpose(1, 2).reshape(b, t, GW)
 
@@ -195,7 +196,7 @@ def torch_worker(args):
     from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
     global D
-    if args.device == "cuda":
+    if args.device == "cuda" and args.workload == "mlp":
         D = 4096
     dev = args.device if args.device == "cuda" else "cpu"
     torch.set_num_threads(2)
@@ -253,11 +254,12 @@ def torch_worker(args):
 def torch_worker_gpt(args, torch):
     import torch.nn.functional as F
     n, batch, policy = args.blocks, args.batch, args.policy
-    net = gpt_model(policy, n)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    dev = "cuda" if args.device == "cuda" else "cpu"
+    net = gpt_model(policy, n).to(dev)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, **({"fused": True} if dev == "cuda" else {}))
     g = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, GV, (batch, GT), generator=g)
-    targets = torch.randint(0, GV, (batch, GT), generator=g)
+    ids = torch.randint(0, GV, (batch, GT), generator=g).to(dev)
+    targets = torch.randint(0, GV, (batch, GT), generator=g).to(dev)
     bf16 = args.precision == "bf16"
 
     def forward():
@@ -265,7 +267,7 @@ def torch_worker_gpt(args, torch):
 
     def loss_of():
         if bf16:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(dev, dtype=torch.bfloat16):
                 return F.cross_entropy(forward().float().reshape(-1, GV), targets.reshape(-1))
         return F.cross_entropy(forward().reshape(-1, GV), targets.reshape(-1))
 
@@ -318,7 +320,7 @@ def measure(args, torch, net, forward, loss_of, opt, flop, workload, width):
     recomputed = {"plain": 0, "offload": 0, "checkpoint": n, "checkpoint_attention": n,
                   "checkpoint_sequential": (root(n) - 1) * (n // root(n))}[policy]
     # torch.mm of the model's product shape on the GPU, 1024^3 on the host.
-    mm_m, mm_n = (batch, width) if cuda else (1024, 1024)
+    mm_m, mm_n = (batch * (GT if workload == "gpt" else 1), width) if cuda else (1024, 1024)
     a = torch.rand(mm_m, mm_n, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
     b = torch.rand(mm_n, mm_n, dtype=a.dtype, device=dev)
     mm = []
@@ -397,16 +399,16 @@ def main():
                     help="the interpreter of today's PyTorch (default: .venv-bench/bin/python from "
                          "scripts/setup.sh bench)")
     ap.add_argument("--no-debian", action="store_true", help="leave out the row of Debian's PyTorch 1.13")
+    ap.add_argument("--policies", default=None, help="only these remat policies, e.g. stored,checkpoint")
+    ap.add_argument("--torch-policies", default=None, help="only these PyTorch policies, e.g. plain,checkpoint")
     ap.add_argument("--replot", action="store_true", help="redraw OUT.png from OUT.jsonl, run nothing")
     ap.add_argument("--configs", default=None,
                     help="only these batch x blocks configurations, e.g. 256x8,2048x16 (default: the full sweep)")
     args = ap.parse_args()
     cuda = args.device == "cuda"
-    if cuda:
+    if cuda and args.workload == "mlp":
         global D
         D = 4096
-        if args.workload != "mlp":
-            sys.exit("--device cuda runs the mlp workload")
         if args.remat == ap.get_default("remat"):
             args.remat = "build/cuda/bench/bench_policies_cuda"
     gpt = args.workload == "gpt"
@@ -417,7 +419,7 @@ def main():
     if args.torch_worker:
         return torch_worker(args)
     if args.out is None:
-        args.out = "bench/results/" + ("gpt-host" if gpt else "policies-cuda" if cuda else "policies-host") + (
+        args.out = "bench/results/" + ("gpt-" if gpt else "policies-") + ("cuda" if cuda else "host") + (
             "-bf16" if args.precision == "bf16" else "")
 
     configs = [(256, 8), (256, 16), (256, 32), (256, 64), (2048, 16)]
@@ -432,7 +434,8 @@ def main():
     python = args.torch_python or (VENV_PYTHON if os.path.exists(VENV_PYTHON) else sys.executable)
     debian = not args.no_debian and not cuda and os.path.exists(DEBIAN_PYTHON)
     if cuda:  # the machine's own PyTorch, eager and compiled
-        configs, settings = [(8192, 16), (8192, 32)], [s for s in TORCH_SETTINGS if not s[1]]
+        configs = [(64, 8)] if gpt else [(8192, 16), (8192, 32)]
+        settings = [s for s in TORCH_SETTINGS if not s[1]]
         python = args.torch_python or sys.executable
         policies_remat, policies_torch = policies_remat + ["offload"], policies_torch + ["offload"]
     if args.replot:
@@ -443,8 +446,12 @@ def main():
         return
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
+    if args.policies:
+        policies_remat = [p for p in policies_remat if p in args.policies.split(",")]
+    if args.torch_policies:
+        policies_torch = [p for p in policies_torch if p in args.torch_policies.split(",")]
     if args.quick:
-        configs, args.steps, args.warmup = [(2 if gpt else 64, 4)] if not cuda else [(512, 16)], 1, 1
+        configs, args.steps, args.warmup = [(2 if gpt else 64, 4)] if not cuda else [(8, 8) if gpt else (512, 16)], 1, 1
 
     peak_batch = str(configs[0][0])
     peaks = [json.loads(l) for l in subprocess.run(
@@ -515,15 +522,15 @@ def main():
         r["gemm_peak_gflops"] = peak["gflops"]
         r["fraction_of_gemm_peak"] = r["model_gflops"] / peak["gflops"]
         if r["library"] == "remat":
-            peer = next(q for q in rows if q["library"] == "pytorch" and q["blocks"] == r["blocks"]
-                        and q["batch"] == r["batch"] and q["policy"] == PEER[r["policy"]])
-            r["peer_policy"] = peer["policy"]
-            r["time_ratio_vs_pytorch"] = r["step_s"] / peer["step_s"]
+            peer = next((q for q in rows if q["library"] == "pytorch" and q["blocks"] == r["blocks"]
+                         and q["batch"] == r["batch"] and q["policy"] == PEER[r["policy"]]), None)
+            r["peer_policy"] = peer["policy"] if peer else None
+            r["time_ratio_vs_pytorch"] = r["step_s"] / peer["step_s"] if peer else None
             # (None where the peer keeps nothing on the device: save_on_cpu moves every saved tensor)
             r["saved_ratio_vs_pytorch"] = (r["saved_activation_bytes"] / peer["saved_activation_bytes"]
-                                           if peer["saved_activation_bytes"] > 0 else None)
-            stored = next(q for q in rows if q["library"] == "remat" and q["policy"] == "stored"
-                          and q["blocks"] == r["blocks"] and q["batch"] == r["batch"])
+                                           if peer and peer["saved_activation_bytes"] > 0 else None)
+            stored = next((q for q in rows if q["library"] == "remat" and q["policy"] == "stored"
+                           and q["blocks"] == r["blocks"] and q["batch"] == r["batch"]), r)
             r["time_vs_stored"] = r["step_s"] / stored["step_s"]
             r["saved_vs_stored"] = r["saved_activation_bytes"] / stored["saved_activation_bytes"]
             old = next((q for q in rows if q["library"] == "pytorch-debian" and q["blocks"] == r["blocks"]
@@ -571,9 +578,9 @@ def main():
             f"{r['time_vs_stored']:.2f}" if remat else "", r["model_gflops"], r["fraction_of_gemm_peak"],
             mib(r["saved_activation_bytes"]), f"{mib(r['planned_saved_bytes']):.1f}" if remat else "",
             f"{mib(r['peak_activation_bytes']):.1f}" if remat else "", r["recomputed_block_forwards"],
-            f"{r['time_ratio_vs_pytorch']:.2f} ({r['peer_policy']})" if remat else "",
+            f"{r['time_ratio_vs_pytorch']:.2f} ({r['peer_policy']})" if remat and r["peer_policy"] else "",
             ("n/a (PyTorch keeps 0 on the device)" if r['saved_ratio_vs_pytorch'] is None
-             else f"{r['saved_ratio_vs_pytorch']:.2f}") if remat else "",
+             else f"{r['saved_ratio_vs_pytorch']:.2f}") if remat and r["peer_policy"] else "",
             f"{r['time_ratio_vs_debian_pytorch']:.2f}" if remat and r.get("time_ratio_vs_debian_pytorch") else ""))
     lines.append("")
     if optimizer:

@@ -22,7 +22,7 @@
 // forwards recomputed. bench/compare_torch.py runs it interleaved with PyTorch on the same model.
 //
 // Compiled by nvcc with REMAT_BENCH_CUDA (target bench_policies_cuda), the same program trains on
-// the GPU: the mlp workload at d = 4096, 16 or 32 blocks; --gemm-peak times a cuBLASLt product of
+// the GPU: the mlp workload at d = 4096, 16 or 32 blocks, and the gpt workload at 8 blocks; --gemm-peak times a cuBLASLt product of
 // the model's shape (batch x d times d x d); --optimizer-bandwidth times the fused
 // unscale/check/clip/AdamW pass against a device-to-device copy; --offload-optimizer times
 // OffloadedAdamW's step (by chunk size) and its parts beside AdamW's on the GPU, and whole training
@@ -312,11 +312,16 @@ int dispatch_on(std::string const& policy, std::size_t batch, int steps, int war
 template <std::size_t N, class P>
 int dispatch(std::string const& workload, std::string const& policy, std::size_t batch, int steps, int warmup) {
   if (workload == "gpt") {
-    if constexpr (N <= 16 && !on_gpu) return dispatch_on<gpt_nets<N>, gpt_workload, N, P>(policy, batch, steps, warmup);
-    std::fprintf(stderr, "the gpt workload has 4, 8 or 16 blocks, on the host\n");
+    if constexpr (on_gpu ? N == 8 : N <= 16) return dispatch_on<gpt_nets<N>, gpt_workload, N, P>(policy, batch, steps, warmup);
+    std::fprintf(stderr, on_gpu ? "the gpt workload has 8 blocks on the GPU\n" : "the gpt workload has 4, 8 or 16 blocks\n");
     return 2;
   }
-  return dispatch_on<nets<N>, mlp_workload, N, P>(policy, batch, steps, warmup);
+  if constexpr (on_gpu && N != 16 && N != 32) {
+    std::fprintf(stderr, "the mlp workload has 16 or 32 blocks on the GPU\n");
+    return 2;
+  } else {
+    return dispatch_on<nets<N>, mlp_workload, N, P>(policy, batch, steps, warmup);
+  }
 }
 
 template <class T>
@@ -550,7 +555,7 @@ int main(int argc, char** argv) {
     }
 #endif
     else if (a == "--list") {
-      std::printf(on_gpu ? "workloads: mlp (blocks 16 32), d = 4096, on the GPU\n"
+      std::printf(on_gpu ? "workloads: mlp (blocks 16 32), d = 4096, gpt (blocks 8), on the GPU\n"
                          : "workloads: mlp (blocks 4 8 16 32 64) gpt (blocks 4 8 16)\n");
       std::printf(
                   "policies: stored checkpoint checkpoint_sequential revolve selective recompute_attention (gpt)\n"
@@ -593,9 +598,10 @@ int main(int argc, char** argv) {
   }
 #if defined(REMAT_BENCH_CUDA)
   switch (blocks) {  // (the GPU build carries the sizes the GPU benchmark runs: compile time)
+    case 8: return bf ? dispatch<8, B>(workload, policy, batch, steps, warmup) : dispatch<8, fp32>(workload, policy, batch, steps, warmup);
     case 16: return bf ? dispatch<16, B>(workload, policy, batch, steps, warmup) : dispatch<16, fp32>(workload, policy, batch, steps, warmup);
     case 32: return bf ? dispatch<32, B>(workload, policy, batch, steps, warmup) : dispatch<32, fp32>(workload, policy, batch, steps, warmup);
-    default: std::fprintf(stderr, "blocks must be 16 or 32 on the GPU\n"); return 2;
+    default: std::fprintf(stderr, "blocks must be 8 (gpt), 16 or 32 (mlp) on the GPU\n"); return 2;
   }
 #else
   switch (blocks) {

@@ -7,7 +7,9 @@
 #   gemm-paths-host.* OpenBLAS against oneDNN's f32 matmul for the shapes of a step
 #   float-math-host.* remat's float exp/erf/tanh beside glibc, libmvec and SLEEF (AVX-512 machines)
 #   policies-host.*  the residual-MLP training step under every storage policy, interleaved with
-#                    PyTorch on the same model (bench/compare_torch.py), and a plot (.png)
+#                    today's PyTorch from PyPI on the same model (bench/compare_torch.py), and a
+#                    plot (.png); gpt-host.* the same for GPT-2 blocks; profile-host.md where the
+#                    step's time goes (bench_policies --profile)
 #   budget-host.*    the budget policy's choice and step time per activation budget, beside the
 #                    hand-chosen policies, and a plot (.png); the memory timeline's cost
 #   memory-trace-charlm.* charlm's checkpointed step as a memory timeline (JSON for Perfetto, PNG, table)
@@ -63,12 +65,25 @@ cmake --build --preset default --target charlm -j"$(nproc)"
 /usr/bin/python3 bench/compare_conv.py --remat build/default/bench/bench_conv --out bench/results/conv-host --rounds 2 --steps 2
 # Attention at long sequences: the three cores beside PyTorch's written-out attention.
 /usr/bin/python3 bench/compare_attention.py --remat build/default/bench/bench_attention --out bench/results/attention-host
-/usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --out bench/results/policies-host "$@"
-# Mixed precision: remat's mixed<bfloat16> against torch.autocast('cpu', dtype=torch.bfloat16).
-/usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --precision bf16 \
-  --out bench/results/policies-host-bf16 "$@"
-# Transformers: GPT-2 blocks (width 512, 8 heads, 256 tokens, batch 16, N = 4, 8, 16) with every policy.
-/usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --workload gpt \
-  --out bench/results/gpt-host "$@"
+# Against today's PyTorch from PyPI (.venv-bench, made above) at its best: eager or torch.compile,
+# either malloc setting, whichever is faster; Debian's 1.13 as one more row. ROUNDS interleaved
+# rounds (default 5), medians; the configurations of issue 49's targets.
+rounds="${ROUNDS:-5}"
+for precision in fp32 bf16; do
+  suffix=$([[ $precision == bf16 ]] && echo -bf16 || true)
+  /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --precision "$precision" \
+    --configs 256x8,256x16,2048x16 --rounds "$rounds" --out "bench/results/policies-host$suffix" "$@"
+  # Transformers: GPT-2 blocks (width 512, 8 heads, 256 tokens, batch 16, N = 4, 8) with every policy.
+  /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --workload gpt \
+    --precision "$precision" --configs 16x4,16x8 --rounds "$rounds" --out "bench/results/gpt-host$suffix" "$@"
+done
+# Where a step's time goes (remat::profile): products, point-wise and row passes, per phase.
+for precision in fp32 bf16; do
+  for cfg in "mlp 256 16" "mlp 2048 16" "gpt 16 4"; do
+    read -r workload batch blocks <<< "$cfg"
+    OMP_NUM_THREADS=2 ./build/default/bench/bench_policies --workload "$workload" --batch "$batch" --blocks "$blocks" \
+      --policy stored --precision "$precision" --steps 3 --warmup 1 --profile 2>&1 >/dev/null
+  done
+done | tee bench/results/profile-host.md
 # Data parallelism: 1 process against 2 MPI ranks, remat::dist beside PyTorch DDP over gloo.
 bash bench/dist_scaling.sh build/default/bench/bench_dist

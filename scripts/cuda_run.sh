@@ -5,9 +5,11 @@
 #   tests     every case of the CUDA suite in a process of its own (a crash or a sticky CUDA error
 #             fails that case only), the NCCL data-parallel test under mpirun -np 1 and the
 #             GPU example;
-#   bench     the product peak, the optimizer pass against a copy, and the MLP beside PyTorch
-#             (bench/compare_torch.py --device cuda; CONFIGS=8192x16 to shorten it, PRECISIONS=bf16
-#             for one precision).
+#   bench     the product peak, the optimizer pass against a copy, the MLP (batch 8192, 16
+#             blocks) and the GPT (batch 64, 8 blocks) beside the machine's PyTorch, eager and
+#             torch.compile (bench/compare_torch.py --device cuda; PRECISIONS="bf16 fp32" for both
+#             precisions, CONFIGS for other MLP sizes, TORCH_POLICIES for more PyTorch policies
+#             than plain and checkpoint: each compiled run costs about a minute).
 # Results go to $OUT (or /tmp/out).
 #   .gpu/run.sh [tests|bench|all]
 set -uo pipefail
@@ -53,11 +55,14 @@ if [[ $mode == tests || $mode == all ]]; then
 fi
 if [[ $mode == bench || $mode == all ]]; then
   cd ..
-  for precision in ${PRECISIONS:-fp32 bf16}; do
+  for precision in ${PRECISIONS:-bf16}; do
     suffix=$([[ $precision == bf16 ]] && echo -bf16)
-    PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --device cuda --remat .gpu/bin/bench_policies_cuda \
-      --steps 3 --warmup 1 ${CONFIGS:+--configs $CONFIGS} --precision "$precision" --out "$out/policies-cuda$suffix" \
-      || status=1
+    common=(--device cuda --remat .gpu/bin/bench_policies_cuda --steps 5 --warmup 2 --precision "$precision"
+            --torch-policies "${TORCH_POLICIES:-plain,checkpoint}")
+    PYTHONUNBUFFERED=1 python3 bench/compare_torch.py "${common[@]}" --configs "${CONFIGS:-8192x16}" \
+      --out "$out/policies-cuda$suffix" || status=1
+    PYTHONUNBUFFERED=1 python3 bench/compare_torch.py "${common[@]}" --workload gpt --configs 64x8 \
+      --policies stored,checkpoint,selective,recompute_attention --out "$out/gpt-cuda$suffix" || status=1
   done
 fi
 exit $status

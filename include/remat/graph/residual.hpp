@@ -35,10 +35,30 @@ struct Residual : detail::parameters_of<S> {
   // The same: the sum keeps it.
   static constexpr std::size_t out_width = S::in_width;
 
+  // Whether S's last layer adds the shortcut in its own output pass (a chain ending in a Linear),
+  // and whether S's first layer adds the shortcut's gradient in its dx pass (a chain starting with
+  // a norm): the add is then no pass of its own, and every bit is as it was.
+  static constexpr bool fused_add = [] {
+    if constexpr (requires { S::residual_in_last(); })
+      return S::residual_in_last();
+    else
+      return false;
+  }();
+  static constexpr bool fused_add_gradient = [] {
+    if constexpr (requires { S::residual_gradient_in_first(); })
+      return S::residual_gradient_in_first();
+    else
+      return false;
+  }();
+
   // y = x + S(x).
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     static_assert(layer_pass_contract<S, St>::ok);
+    if constexpr (fused_add) {
+      typename St::act_type const r = x;
+      return S::forward_onto(s, p, std::move(x), r);
+    }
     typename St::act_type y = S::forward(s, p, x);
     if (St::is_hollow(y)) return y;  // a selective recomputation that needs no values past here
     if (y == x || y.use_count() > 1) {  // S was the identity, or its output is kept: add out of place
@@ -53,6 +73,7 @@ struct Residual : detail::parameters_of<S> {
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {
+    if constexpr (fused_add_gradient) return S::backward_onto(s, p, g, dy, dy);  // (dy shared: S keeps it)
     typename St::act_type dx = S::backward(s, p, g, dy);  // dy stays shared here, so S does not overwrite it
     if (St::is_hollow(dx)) return dx;  // x is the pass's input, whose gradient nobody wants
     if (dx == dy) {

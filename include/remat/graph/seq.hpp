@@ -169,8 +169,30 @@ struct Seq {
       return false;
   }
 
+  // The last layer that is not an identity (Dropout<0>): the one whose output leaves the chain.
+  static constexpr std::size_t last_computing() {
+    constexpr bool identity[] = {is_identity_v<L>...};
+    std::size_t i = sizeof...(L) - 1;
+    while (i > 0 && identity[i]) --i;
+    return i;
+  }
+  // Whether a Residual around this chain adds its shortcut in the last layer's output pass.
+  static constexpr bool residual_in_last() {
+    constexpr std::size_t k = last_computing();
+    if constexpr (fused_with_previous<k>())
+      return false;
+    else
+      return adds_residual_v<detail::nth<k, L...>>;
+  }
+  // Whether a Residual around this chain adds the shortcut's gradient in the first layer's dx pass.
+  static constexpr bool residual_gradient_in_first() {
+    return !fused_with_next<0>() && adds_residual_gradient_v<detail::nth<0, L...>>;
+  }
+
+  // Layer I's forward; with a residual r, layer last_computing() adds it in its output pass.
   template <std::size_t I, class S>
-  static constexpr void forward_one(S& s, typename S::param_ptr p, typename S::act_type& x) {
+  static constexpr void forward_one(S& s, typename S::param_ptr p, typename S::act_type& x,
+                                    typename S::act_type const* r = nullptr) {
     using Layer = detail::nth<I, L...>;
     static_assert(layer_pass_contract<Layer, S>::ok);
     if constexpr (!handles_hollow_v<Layer>) s.need_input();
@@ -180,6 +202,11 @@ struct Seq {
     auto const gathered = detail::gather_frame<Layer>(s, p + offsets[I]);
     if constexpr (fused_with_previous<I>()) {
       // ran with the layer before it
+    } else if constexpr (residual_in_last() && I == last_computing()) {
+      if (r)
+        x = Layer::forward_onto(s, gathered.at(p + offsets[I]), std::move(x), *r);
+      else
+        x = Layer::forward(s, gathered.at(p + offsets[I]), std::move(x));
     } else if constexpr (fused_with_next<I>()) {
       using F = typename detail::nth<I + 1, L...>::pointwise_function;
       x = Layer::template forward<F>(s, gathered.at(p + offsets[I]), std::move(x));
@@ -188,14 +215,20 @@ struct Seq {
     }
   }
 
-  // Layer I's backward (nothing when it ran fused with the layer before it).
+  // Layer I's backward (nothing when it ran fused with the layer before it); with a residual
+  // gradient r, layer 0 adds it in its dx pass.
   template <std::size_t I, class S>
   static constexpr void backward_one(S& s, typename S::param_ptr p, typename S::grad_ptr g,
-                                     typename S::act_type& dy) {
+                                     typename S::act_type& dy, typename S::act_type const* r = nullptr) {
     using Layer = detail::nth<I, L...>;
     auto const frame = detail::trace_layer<Layer>(s, I, true);
     auto const gathered = detail::gather_frame<Layer>(s, p + offsets[I]);
     if constexpr (fused_with_previous<I>()) {
+    } else if constexpr (residual_gradient_in_first() && I == 0) {
+      if (r)
+        dy = Layer::backward_onto(s, gathered.at(p + offsets[I]), g + offsets[I], std::move(dy), *r);
+      else
+        dy = Layer::backward(s, gathered.at(p + offsets[I]), g + offsets[I], std::move(dy));
     } else if constexpr (fused_with_next<I>()) {
       using F = typename detail::nth<I + 1, L...>::pointwise_function;
       dy = Layer::template backward<F>(s, gathered.at(p + offsets[I]), g + offsets[I], std::move(dy));
@@ -210,6 +243,26 @@ struct Seq {
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
     [&]<std::size_t... I>(std::index_sequence<I...>) { (forward_one<I>(s, p, x), ...); }(std::index_sequence_for<L...>{});
     return x;
+  }
+
+  // forward, with layer last_computing() adding r to its output (Residual, when residual_in_last()).
+  template <class S>
+  static constexpr typename S::act_type forward_onto(S& s, typename S::param_ptr p, typename S::act_type x,
+                                                     typename S::act_type const& r) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (forward_one<I>(s, p, x, &r), ...);
+    }(std::index_sequence_for<L...>{});
+    return x;
+  }
+
+  // backward, with layer 0 adding r to its input's gradient (Residual, when residual_gradient_in_first()).
+  template <class S>
+  static constexpr typename S::act_type backward_onto(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                      typename S::act_type dy, typename S::act_type const& r) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (backward_one<sizeof...(L) - 1 - I>(s, p, g, dy, &r), ...);
+    }(std::index_sequence_for<L...>{});
+    return dy;
   }
 
   // Runs the layers' backwards in reverse order, each with its part of the parameters and gradients.

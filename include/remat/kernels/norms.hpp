@@ -15,6 +15,15 @@
 namespace REMAT_NAMESPACE {
 namespace kernels {
 
+namespace detail {
+// v, or v + add[i] rounded to T when there is an add (a Residual's shortcut gradient, added in the
+// norm's dx pass as the separate add would: to the rounded dx).
+template <class T, class V>
+REMAT_HOST_DEVICE T plus_rounded(T v, T const* add, std::size_t i) {
+  return add ? from_compute<T>(to_compute<V>(v) + to_compute<V>(add[i])) : v;
+}
+}  // namespace detail
+
 #if REMAT_HAS_CUDA
 // The GPU's row passes: one block per row (detail/cuda_rows.hpp), the same formulas as the host's.
 namespace detail {
@@ -45,7 +54,7 @@ __global__ void __launch_bounds__(row_threads)
 template <class T, class V>
 __global__ void __launch_bounds__(row_threads)
     layer_norm_backward_rows(T const* x, T const* gamma, V const* mean, V const* rstd, T const* dy, std::size_t rows,
-                             std::size_t w, T* dx) {
+                             std::size_t w, T* dx, T const* add) {
   for_block_rows(rows, [&](std::size_t r) {
     T const* xr = x + r * w;
     T const* dyr = dy + r * w;
@@ -54,7 +63,10 @@ __global__ void __launch_bounds__(row_threads)
     V const mg = block_row_sum<V>(w, g) / V(w);
     V const mgx = block_row_sum<V>(w, [&](std::size_t i) { return g(i) * ((to_compute<V>(xr[i]) - m) * s); }) / V(w);
     T* dxr = dx + r * w;
-    for_block_row(w, [&](std::size_t i) { dxr[i] = from_compute<T>(s * (g(i) - mg - (to_compute<V>(xr[i]) - m) * s * mgx)); });
+    T const* ar = add ? add + r * w : nullptr;
+    for_block_row(w, [&](std::size_t i) {
+      dxr[i] = plus_rounded<T, V>(from_compute<T>(s * (g(i) - mg - (to_compute<V>(xr[i]) - m) * s * mgx)), ar, i);
+    });
   });
 }
 
@@ -77,7 +89,7 @@ __global__ void __launch_bounds__(row_threads)
 template <class T, class V>
 __global__ void __launch_bounds__(row_threads)
     rms_norm_backward_rows(T const* x, T const* gamma, V const* rstd, T const* dy, std::size_t rows, std::size_t w,
-                           T* dx) {
+                           T* dx, T const* add) {
   for_block_rows(rows, [&](std::size_t r) {
     T const* xr = x + r * w;
     T const* dyr = dy + r * w;
@@ -86,8 +98,10 @@ __global__ void __launch_bounds__(row_threads)
     });
     V const s = rstd[r], k = s * s * s * sgx / V(w);
     T* dxr = dx + r * w;
+    T const* ar = add ? add + r * w : nullptr;
     for_block_row(w, [&](std::size_t i) {
-      dxr[i] = from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k);
+      dxr[i] = plus_rounded<T, V>(
+          from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k), ar, i);
     });
   });
 }
@@ -124,11 +138,12 @@ void layer_norm_forward(D, T const* x, T const* gamma, T const* beta, std::size_
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma; dgamma += sum_r dy * xhat,
-// dbeta += sum_r dy. dx may alias dy; a null dx computes the parameter gradients only.
+// dbeta += sum_r dy. dx may alias dy; a null dx computes the parameter gradients only. With `add`
+// (rows x w), dx = round(dx) + add in the same pass: a Residual's shortcut gradient.
 template <class T, class G, device_tag D>
 void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* mean,
                          compute_type_t<T> const* rstd, T const* dy, std::size_t rows, std::size_t w, T* dx,
-                         G* dgamma, G* dbeta) {
+                         G* dgamma, G* dbeta, T const* add = nullptr) {
   using V = compute_type_t<T>;
   auto xhat = [=] REMAT_LAMBDA(std::size_t r, std::size_t i) {
     return (to_compute<V>(x[r * w + i]) - mean[r]) * rstd[r];
@@ -141,7 +156,8 @@ void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const*
     column_sums_of(
         cuda{}, rows, w, [=] REMAT_LAMBDA(std::size_t r, std::size_t c) { return to_compute<V>(dy[r * w + c]); }, dbeta,
         true);
-    if (dx) detail::launch_rows(detail::layer_norm_backward_rows<T, V>, rows, x, gamma, mean, rstd, dy, rows, w, dx);
+    if (dx)
+      detail::launch_rows(detail::layer_norm_backward_rows<T, V>, rows, x, gamma, mean, rstd, dy, rows, w, dx, add);
     return;
   }
 #endif
@@ -175,9 +191,17 @@ void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const*
         w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * xhat(r, i); });
     V const mg = sg / V(w), mgx = sgx / V(w), s = rstd[r];
     T* dxr = dx + r * w;
-    for (std::size_t i = 0; i < w; ++i) {
-      V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
-      dxr[i] = from_compute<T>(s * (g - mg - xhat(r, i) * mgx));
+    if (add) {
+      T const* ar = add + r * w;
+      for (std::size_t i = 0; i < w; ++i) {
+        V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
+        dxr[i] = from_compute<T>(to_compute<V>(from_compute<T>(s * (g - mg - xhat(r, i) * mgx))) + to_compute<V>(ar[i]));
+      }
+    } else {
+      for (std::size_t i = 0; i < w; ++i) {
+        V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
+        dxr[i] = from_compute<T>(s * (g - mg - xhat(r, i) * mgx));
+      }
     }
   });
 }
@@ -207,10 +231,10 @@ void rms_norm_forward(D, T const* x, T const* gamma, std::size_t rows, std::size
 }
 
 // dx = rstd * g - x * rstd^3 * mean(g * x) with g = dy * gamma; dgamma += sum_r dy * x * rstd.
-// A null dx computes dgamma only.
+// A null dx computes dgamma only; `add` as for layer_norm_backward.
 template <class T, class G, device_tag D>
 void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* rstd, T const* dy, std::size_t rows,
-                       std::size_t w, T* dx, G* dgamma) {
+                       std::size_t w, T* dx, G* dgamma, T const* add = nullptr) {
   using V = compute_type_t<T>;
 #if REMAT_HAS_CUDA
   if constexpr (std::is_same_v<D, cuda>) {
@@ -220,7 +244,7 @@ void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* r
           return to_compute<V>(dy[r * w + c]) * to_compute<V>(x[r * w + c]) * rstd[r];
         },
         dgamma, true);
-    if (dx) detail::launch_rows(detail::rms_norm_backward_rows<T, V>, rows, x, gamma, rstd, dy, rows, w, dx);
+    if (dx) detail::launch_rows(detail::rms_norm_backward_rows<T, V>, rows, x, gamma, rstd, dy, rows, w, dx, add);
     return;
   }
 #endif
@@ -245,8 +269,16 @@ void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* r
         w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * to_compute<V>(xr[i]); });
     V const s = rstd[r], k = s * s * s * sgx / V(w);
     T* dxr = dx + r * w;
-    for (std::size_t i = 0; i < w; ++i)
-      dxr[i] = from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k);
+    if (add) {
+      T const* ar = add + r * w;
+      for (std::size_t i = 0; i < w; ++i)
+        dxr[i] = from_compute<T>(
+            to_compute<V>(from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k)) +
+            to_compute<V>(ar[i]));
+    } else {
+      for (std::size_t i = 0; i < w; ++i)
+        dxr[i] = from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k);
+    }
   });
 }
 

@@ -72,6 +72,8 @@ struct Dropout {
   // It copes with a hollow input (a shape without values) in a selective recomputation: its
   // backward reads no values (see layer.hpp's optional traits).
   static constexpr bool handles_hollow = true;
+  // Dropout<0> passes values and gradients through unchanged.
+  static constexpr bool identity = P == 0.0;
 
   // None.
   static std::vector<param_desc> params() { return {}; }

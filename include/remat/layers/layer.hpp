@@ -36,6 +36,14 @@
 //                              function F and apply it in the pass that writes the output (Seq
 //                              fuses the pair)
 //   using pointwise_function = F   a point-wise layer that a fusing layer before it may absorb
+//   adds_residual = true       forward_onto(s, p, x, r) writes its output plus r, rounded as the
+//                              separate add would round it (a Residual whose branch ends in it
+//                              runs its add there: Linear, in its bias pass)
+//   adds_residual_gradient = true   backward_onto(s, p, g, dy, r) writes its input's gradient
+//                              plus r, rounded as the separate add would (a Residual whose branch
+//                              starts with it adds the shortcut's gradient there: the norms)
+//   identity = true            forward and backward return their argument (Dropout<0>): a
+//                              Residual looks past it for the layer that ends its branch
 //   sequence_layer = true      its rows are positions of sequences (s.sequence_length())
 //   max_sequence = N           the longest sequence it takes (a positional table)
 //   reads_ids = true           reads the pass's token ids (s.ids()) instead of its input; the
@@ -140,6 +148,15 @@ inline constexpr bool handles_hollow_v = requires { requires L::handles_hollow; 
 // Whether L declares fuses_epilogue (see the optional traits above).
 template <class L>
 inline constexpr bool fuses_epilogue_v = requires { requires L::fuses_epilogue; };
+// Whether L declares adds_residual: forward_onto adds a residual in its output's pass.
+template <class L>
+inline constexpr bool adds_residual_v = requires { requires L::adds_residual; };
+// Whether L declares adds_residual_gradient: backward_onto adds a gradient in its dx's pass.
+template <class L>
+inline constexpr bool adds_residual_gradient_v = requires { requires L::adds_residual_gradient; };
+// Whether L declares identity: it passes values and gradients through (Dropout<0>).
+template <class L>
+inline constexpr bool is_identity_v = requires { requires L::identity; };
 // Whether L is a point-wise layer (declares pointwise_function).
 template <class L>
 inline constexpr bool is_pointwise_v = requires { typename L::pointwise_function; };

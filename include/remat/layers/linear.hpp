@@ -2,6 +2,7 @@
 // the BLAS; the bias (and a following point-wise layer, when the graph has one) is one fused pass.
 #pragma once
 
+#include "../kernels/epilogue.hpp"
 #include "../kernels/evaluate.hpp"
 #include "../kernels/gemm.hpp"
 #include "../kernels/rows.hpp"
@@ -19,6 +20,7 @@ struct Linear {
   static constexpr std::size_t param_count = In * Out + (Bias ? Out : 0);  // weight (Out x In), bias (Out)
   static constexpr bool handles_hollow = true;  // it needs its input, and says so itself
   static constexpr bool fuses_epilogue = true;  // forward<F>: a following point-wise F in the same pass
+  static constexpr bool adds_residual = true;   // forward_onto: a Residual's add in the bias pass
 
   // "weight" (Out x In) and "bias" (Out), PyTorch's names, shapes and layout.
   static std::vector<param_desc> params() {
@@ -67,6 +69,31 @@ struct Linear {
       }
       return y;
     }
+  }
+
+  // y = (x W^T + b) + r: the last product of a Residual's branch, its add in the bias pass (one
+  // pass where there were two, the same bits). Selective keeps the product without the bias.
+  template <class S>
+  static constexpr typename S::act_type forward_onto(S& s, typename S::param_ptr p, typename S::act_type x,
+                                                     typename S::act_type const& r) {
+    using A = typename S::act_type;
+    std::size_t const rows = x->rows();
+    s.save(x);
+    A z = s.product(rows, Out, In, [&](auto& out) {
+      if constexpr (S::computes)
+        kernels::gemm(typename S::device{}, kernels::lhs(x->data(), index_t(rows), In),
+                      kernels::rhs(p, Out, In).transposed(), kernels::result(out.data(), index_t(rows), Out));
+    });
+    if (S::is_hollow(z)) return z;  // a selective recomputation that needs no values past here
+    A y;  // (not `?:`: GCC 12 miscounts that at compile time)
+    if (z.use_count() > 1)
+      y = s.make(rows, Out);  // the product is kept (Selective): the sum apart
+    else
+      y = z;
+    if constexpr (S::computes)
+      kernels::bias_residual(typename S::device{}, rows, Out, z->data(), Bias ? p + In * Out : nullptr, r->data(),
+                             y->data());
+    return y;
   }
 
   template <class F = void, class S>

@@ -13,6 +13,7 @@ namespace REMAT_NAMESPACE {
 template <std::size_t W>
 struct LayerNorm : detail::norm_affine<W, true> {  // (weight and bias, W each; eps 1e-5)
   static_assert(W > 0, "remat::LayerNorm<W>: the width must be positive");
+  static constexpr bool adds_residual_gradient = true;  // backward_onto: a Residual's dx add in its pass
   using detail::norm_affine<W, true>::eps;
   // Features per row in.
   static constexpr std::size_t in_width = W;
@@ -45,6 +46,19 @@ struct LayerNorm : detail::norm_affine<W, true> {  // (weight and bias, W each; 
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
+    return backward_adding(s, p, g, std::move(dy), nullptr);
+  }
+  // backward with a Residual's shortcut gradient r added in the dx pass (the first layer of its branch).
+  template <class S>
+  static constexpr typename S::act_type backward_onto(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                      typename S::act_type dy, typename S::act_type const& r) {
+    return backward_adding(s, p, g, std::move(dy), &r);
+  }
+
+ private:
+  template <class S>
+  static constexpr typename S::act_type backward_adding(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                        typename S::act_type dy, typename S::act_type const* r) {
     using A = typename S::act_type;
     A rstd = s.restore(), mean = s.restore(), x = s.restore();
     // (the pass's input when nobody wants its gradient: parameter gradients only, dx hollow)
@@ -55,7 +69,8 @@ struct LayerNorm : detail::norm_affine<W, true> {  // (weight and bias, W each; 
       dx = s.hollow(dy->rows(), W);
     if constexpr (S::computes)
       kernels::layer_norm_backward(typename S::device{}, x->data(), p, stat_data(mean->data()),
-                                   stat_data(rstd->data()), dy->data(), dy->rows(), W, dx->data(), g, g + W);
+                                   stat_data(rstd->data()), dy->data(), dy->rows(), W, dx->data(), g, g + W,
+                                   r && !S::is_hollow(dx) ? (*r)->data() : nullptr);
     return dx;
   }
 };
@@ -65,6 +80,7 @@ struct LayerNorm : detail::norm_affine<W, true> {  // (weight and bias, W each; 
 template <std::size_t W>
 struct RMSNorm : detail::norm_affine<W, false> {  // (a weight of W values; eps 1e-5, added to the mean square)
   static_assert(W > 0, "remat::RMSNorm<W>: the width must be positive");
+  static constexpr bool adds_residual_gradient = true;  // backward_onto: a Residual's dx add in its pass
   using detail::norm_affine<W, false>::eps;
   // Features per row in.
   static constexpr std::size_t in_width = W;
@@ -96,6 +112,19 @@ struct RMSNorm : detail::norm_affine<W, false> {  // (a weight of W values; eps 
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
+    return backward_adding(s, p, g, std::move(dy), nullptr);
+  }
+  // backward with a Residual's shortcut gradient r added in the dx pass (the first layer of its branch).
+  template <class S>
+  static constexpr typename S::act_type backward_onto(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                      typename S::act_type dy, typename S::act_type const& r) {
+    return backward_adding(s, p, g, std::move(dy), &r);
+  }
+
+ private:
+  template <class S>
+  static constexpr typename S::act_type backward_adding(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                        typename S::act_type dy, typename S::act_type const* r) {
     using A = typename S::act_type;
     A rstd = s.restore(), x = s.restore();
     // (the pass's input when nobody wants its gradient: parameter gradients only, dx hollow)
@@ -106,7 +135,7 @@ struct RMSNorm : detail::norm_affine<W, false> {  // (a weight of W values; eps 
       dx = s.hollow(dy->rows(), W);
     if constexpr (S::computes)
       kernels::rms_norm_backward(typename S::device{}, x->data(), p, stat_data(rstd->data()), dy->data(),
-                                 dy->rows(), W, dx->data(), g);
+                                 dy->rows(), W, dx->data(), g, r && !S::is_hollow(dx) ? (*r)->data() : nullptr);
     return dx;
   }
 };
