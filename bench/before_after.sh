@@ -4,10 +4,12 @@
 # for each configuration the median step time of each build and their ratio (after / before).
 # Prints a table and JSON lines; tests never assert on timings, this is for a change's note.
 #
-#   bash bench/before_after.sh BEFORE_BENCH_DIR AFTER_BENCH_DIR [ROUNDS]
+#   bash bench/before_after.sh BEFORE_BENCH_DIR AFTER_BENCH_DIR [ROUNDS] [SET]
 #
 # (BENCH_DIR: a build's bench/ folder, holding bench_policies and bench_dist; ROUNDS: 5 unless
-# given.) bench_dist runs under mpirun -np 2 when mpirun is here.
+# given.) bench_dist runs under mpirun -np 2 when mpirun is here. SET "large" runs issue 49's
+# larger configurations instead (MLP batch 256 and 2048 x 16 blocks, GPT 16 x 4, fp32 and bf16,
+# stored and checkpoint), without bench_dist.
 set -euo pipefail
 before="$1"
 after="$2"
@@ -24,7 +26,16 @@ configs=(
   "mlp bf16 b256 checkpoint|BIN/bench_policies --workload mlp --batch 256 --blocks 8 --policy checkpoint --precision bf16 --steps 6 --warmup 2"
   "gpt fp32 b16 checkpoint|BIN/bench_policies --workload gpt --batch 16 --blocks 4 --policy checkpoint --steps 4 --warmup 1"
 )
-if command -v mpirun >/dev/null; then
+if [ "${4:-}" = large ]; then
+  configs=()
+  for p in fp32 bf16; do
+    for pol in stored checkpoint; do
+      configs+=("mlp $p b256x16 $pol|BIN/bench_policies --workload mlp --batch 256 --blocks 16 --policy $pol --precision $p --steps 5 --warmup 2"
+                "mlp $p b2048x16 $pol|BIN/bench_policies --workload mlp --batch 2048 --blocks 16 --policy $pol --precision $p --steps 3 --warmup 1"
+                "gpt $p b16x4 $pol|BIN/bench_policies --workload gpt --batch 16 --blocks 4 --policy $pol --precision $p --steps 3 --warmup 1")
+    done
+  done
+elif command -v mpirun >/dev/null; then
   configs+=(
     "dist 2 ranks|OMP_NUM_THREADS=1 mpirun -np 2 BIN/bench_dist"
     "dist 2 ranks ZeRO-3|OMP_NUM_THREADS=1 mpirun -np 2 BIN/bench_dist --shard-parameters"

@@ -110,7 +110,8 @@ def loaded_blas():
         for line in f:
             path = line.split()[-1] if "/" in line else ""
             base = os.path.basename(path)
-            if ("blas" in base or "mkl" in base) and "cublas" not in base:
+            # (not cuBLAS, and not numpy's own OpenBLAS, which PyTorch does not call)
+            if ("blas" in base or "mkl" in base) and "cublas" not in base and "scipy_openblas" not in base:
                 names.add(os.path.realpath(path))
     return sorted(names)
 

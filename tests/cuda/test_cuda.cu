@@ -212,7 +212,8 @@ TEST_CASE("cuda column sums: the bias gradient equals the host's", "[cuda][kerne
 namespace {
 
 // LayerNorm and RMSNorm forward and backward, a block per row on the GPU against the host's
-// thread per row; the GPU run twice gives the same bits.
+// thread per row; the GPU run twice gives the same bits; the backward with a Residual's gradient
+// added in its pass (`add`) equals the rounded dx plus it, bit for bit, on both.
 template <class T>
 void check_norms(index_t rows, index_t w, double tol) {
   using V = compute_type_t<T>;
@@ -221,6 +222,7 @@ void check_norms(index_t rows, index_t w, double tol) {
   auto const xv = random_values<T>(n, seed), dyv = random_values<T>(n, seed + 1);
   auto const gv = random_values<T>(c, seed + 2, 0.5, 1.5), bv = random_values<T>(c, seed + 3);
   auto const pg = random_values<float>(c, seed + 4), pb = random_values<float>(c, seed + 5);
+  auto const av = random_values<T>(n, seed + 6);
   INFO("rows " << rows << ", width " << w);
   auto run = [&]<class D>(D) {
     auto x = make<T, D>(rows, w, xv), dy = make<T, D>(rows, w, dyv), g = make<T, D>(w, 1, gv), b = make<T, D>(w, 1, bv);
@@ -232,17 +234,34 @@ void check_norms(index_t rows, index_t w, double tol) {
                                  dg.data(), db.data());
     kernels::rms_norm_forward(D{}, x.data(), g.data(), r, c, 1e-6, ry.data(), rrstd.data());
     kernels::rms_norm_backward(D{}, x.data(), g.data(), rrstd.data(), dy.data(), r, c, rdx.data(), rdg.data());
-    return std::array<std::vector<double>, 8>{
+    auto add = make<T, D>(rows, w, av), dg2 = make<float, D>(w, 1, pg), db2 = make<float, D>(w, 1, pb),
+         rdg2 = make<float, D>(w, 1, pg);
+    tensor<T, D> adx(rows, w), ardx(rows, w);
+    kernels::layer_norm_backward(D{}, x.data(), g.data(), mean.data(), rstd.data(), dy.data(), r, c, adx.data(),
+                                 dg2.data(), db2.data(), add.data());
+    kernels::rms_norm_backward(D{}, x.data(), g.data(), rrstd.data(), dy.data(), r, c, ardx.data(), rdg2.data(),
+                               add.data());
+    return std::array<std::vector<double>, 10>{
         to_doubles(y.to_vector()),   to_doubles(mean.to_vector()), to_doubles(rstd.to_vector()),
         to_doubles(dx.to_vector()),  to_doubles(dg.to_vector()),   to_doubles(db.to_vector()),
-        to_doubles(ry.to_vector()),  to_doubles(rdx.to_vector())};
+        to_doubles(ry.to_vector()),  to_doubles(rdx.to_vector()),  to_doubles(adx.to_vector()),
+        to_doubles(ardx.to_vector())};
   };
   auto const got = run(gpu{}), again = run(gpu{}), want = run(host{});
-  char const* names[] = {"layer norm y", "mean", "rstd", "layer norm dx", "dgamma", "dbeta", "rms norm y", "rms norm dx"};
+  char const* names[] = {"layer norm y", "mean", "rstd", "layer norm dx", "dgamma", "dbeta", "rms norm y", "rms norm dx",
+                         "layer norm dx + add", "rms norm dx + add"};
   for (std::size_t k = 0; k < got.size(); ++k) {
     require_close(got[k], want[k], tol, names[k]);
     CHECK(bitwise_equal(got[k], again[k]));
   }
+  // With the add: round(round(dx) + add), element by element, on each device.
+  for (auto const* res : {&got, &want})
+    for (std::size_t k : {std::size_t(3), std::size_t(7)}) {
+      std::vector<double> expect(n);
+      for (std::size_t i = 0; i < n; ++i)
+        expect[i] = double(to_compute<V>(from_compute<T>(V((*res)[k][i]) + to_compute<V>(av[i]))));
+      CHECK(bitwise_equal((*res)[k + 5], expect));
+    }
 }
 
 }  // namespace

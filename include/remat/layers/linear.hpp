@@ -1,5 +1,6 @@
 // Linear<In, Out, Bias>: y = x W^T + b with W stored [Out, In] as in PyTorch. The product goes to
-// the BLAS; the bias (and a following point-wise layer, when the graph has one) is one fused pass.
+// the BLAS; the bias (and a following point-wise layer, when the graph has one, or the add of a
+// Residual whose branch it ends) is one fused pass.
 #pragma once
 
 #include "../kernels/epilogue.hpp"
