@@ -234,8 +234,8 @@ void check_norms(index_t rows, index_t w, double tol) {
                                  dg.data(), db.data());
     kernels::rms_norm_forward(D{}, x.data(), g.data(), r, c, 1e-6, ry.data(), rrstd.data());
     kernels::rms_norm_backward(D{}, x.data(), g.data(), rrstd.data(), dy.data(), r, c, rdx.data(), rdg.data());
-    auto add = make<T, D>(rows, w, av), dg2 = make<float, D>(w, 1, pg), db2 = make<float, D>(w, 1, pb),
-         rdg2 = make<float, D>(w, 1, pg);
+    auto add = make<T, D>(rows, w, av);
+    auto dg2 = make<float, D>(w, 1, pg), db2 = make<float, D>(w, 1, pb), rdg2 = make<float, D>(w, 1, pg);
     tensor<T, D> adx(rows, w), ardx(rows, w);
     kernels::layer_norm_backward(D{}, x.data(), g.data(), mean.data(), rstd.data(), dy.data(), r, c, adx.data(),
                                  dg2.data(), db2.data(), add.data());
