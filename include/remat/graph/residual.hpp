@@ -44,6 +44,7 @@ struct Residual : detail::parameters_of<S> {
     else
       return false;
   }();
+  // Whether S's first layer adds the shortcut's gradient in its dx pass (see fused_add).
   static constexpr bool fused_add_gradient = [] {
     if constexpr (requires { S::residual_gradient_in_first(); })
       return S::residual_gradient_in_first();

@@ -123,12 +123,14 @@ inline report read() {
 template <class D>
 class timed {
  public:
+  // Starts timing a kernel of kind w (when profiling is on and no timed kernel is open).
   explicit timed(work w) : w_(w) {
     detail::thread_profile& t = detail::current();
     if (!t.on || t.depth++ > 0) return;
     wait();
     begin_ = detail::seconds_now();
   }
+  // Adds the kernel's time to its phase and kind.
   ~timed() {
     detail::thread_profile& t = detail::current();
     if (!t.on) return;

@@ -43,6 +43,7 @@ struct LayerNorm : detail::norm_affine<W, true> {  // (weight and bias, W each; 
     return y;
   }
 
+  // The input's gradient from dy; adds the weight's (and the bias's) gradients into g.
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
@@ -109,6 +110,7 @@ struct RMSNorm : detail::norm_affine<W, false> {  // (a weight of W values; eps 
     return y;
   }
 
+  // The input's gradient from dy; adds the weight's (and the bias's) gradients into g.
   template <class S>
   static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                  typename S::act_type dy) {
