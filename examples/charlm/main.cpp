@@ -235,6 +235,22 @@ static int run(options const& o, std::vector<std::int32_t> const& text) {
   auto const step_plan = memory_plan<Net, P, AdamW, SoftmaxCrossEntropy>(o.batch, {.sequence = context});
   std::printf("the whole step planned: %s\n", step_plan.describe().c_str());
   std::printf("%s\n", alloc.summary().c_str());
+  // The validation losses run in the step's arena too: the program's plan is the step's with the
+  // arena as large as the larger of the two layouts.
+  std::size_t const arena =
+      std::max(step_plan.arena, forward_plan<Net, P>(forward_kind::loss, o.batch, Net::in_width, context,
+                                                     SoftmaxCrossEntropy::workspace_bytes<float>(o.batch * context,
+                                                                                                 vocabulary))
+                                    .bytes);
+  auto const st = alloc.stats();
+  std::printf("reserved as planned: activations %s of %s, in all %s of %s\n\n",
+              memory::format_bytes(st[memory::tag::activations].reserved).c_str(), memory::format_bytes(arena).c_str(),
+              memory::format_bytes(st.total.reserved).c_str(),
+              memory::format_bytes(step_plan.reserved - step_plan.arena + arena).c_str());
+  if (st[memory::tag::activations].reserved != arena || st.total.reserved != step_plan.reserved - step_plan.arena + arena) {
+    std::fprintf(stderr, "charlm: the memory reserved differs from the plan\n");
+    return 3;
+  }
   if (!o.memory_trace.empty()) {
     alloc.detach();
     memory_trace(tl, o.memory_trace);

@@ -158,6 +158,13 @@ double run(options const& o, dataset const& train, dataset const& test) {
       hi - lo, {.ranks = std::size_t(ranks), .rank = std::size_t(rank), .shard_optimizer = o.shard});
   // (ZeRO-2's gradient pages are planned and measured by the wrapper: printed after training.)
   std::printf("training step planned: %s\n", step_plan.describe().c_str());
+  // The accuracy passes (forward over the training and the test set) run in the same arena as the
+  // step, so the program's plan is the step's with the arena as large as the largest of the three.
+  std::size_t const arena = std::max({step_plan.arena, forward_plan<Net, P>(forward_kind::inference, train.n).bytes,
+                                      forward_plan<Net, P>(forward_kind::inference, test.n).bytes});
+  std::size_t const planned = step_plan.reserved - step_plan.arena + arena;
+  std::printf("with the accuracy passes: activations %s, reserved %s in all\n", memory::format_bytes(arena).c_str(),
+              memory::format_bytes(planned).c_str());
   auto const t0 = std::chrono::steady_clock::now();
   bool const tty = isatty(fileno(stdout));  // a live bar on a terminal, one line per epoch in a log
 
@@ -203,6 +210,16 @@ double run(options const& o, dataset const& train, dataset const& test) {
   std::printf("\n%s: test accuracy %.2f%% (%zu images), %.1f s of training\n\n", P::name, 100 * test_acc, test.n,
               seconds);
   std::printf("%s", alloc.summary().c_str());
+  // What the program reserved, against its plan (on one rank: ZeRO-2 and ZeRO-3 page their own
+  // memory, checked below).
+  auto const st = alloc.stats();
+  std::printf("reserved as planned: activations %s of %s, in all %s of %s\n",
+              memory::format_bytes(st[memory::tag::activations].reserved).c_str(), memory::format_bytes(arena).c_str(),
+              memory::format_bytes(st.total.reserved).c_str(), memory::format_bytes(planned).c_str());
+  if (ranks == 1 && (st[memory::tag::activations].reserved != arena || st.total.reserved != planned)) {
+    std::fprintf(stderr, "digits: the memory reserved differs from the plan\n");
+    return 0;
+  }
 #ifdef REMAT_DIGITS_MPI
   // ZeRO-2 and ZeRO-3: the pages a rank holds, measured, beside the plan (which they must equal).
   auto const pages_as_planned = [&](char const* what, dist::gradient_memory const& g) {

@@ -33,6 +33,7 @@
 // changes no value), --quick (150 steps) 0.30.
 #include <remat/remat.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -216,6 +217,20 @@ double train(options const& o, dataset const& train_set, dataset const& val) {
   std::printf("this run's step (%s): activations %s measured, %s planned (%s)\n", P::name,
               memory::format_bytes(alloc.stats()[memory::tag::activations].peak).c_str(),
               memory::format_bytes(plan.activations.peak_bytes).c_str(), o.checkpoint ? "checkpointed" : "stored");
+  // The validation passes (forwards of up to 16 states) run in the step's arena: the program's plan
+  // is the step's with the arena as large as the largest layout.
+  std::size_t const chunk = std::min<std::size_t>(16, val.count), last = val.count % 16;
+  std::size_t const arena = std::max({plan.arena, forward_plan<Net, P>(forward_kind::inference, chunk).bytes,
+                                      last ? forward_plan<Net, P>(forward_kind::inference, last).bytes : 0});
+  std::size_t const planned = plan.reserved - plan.arena + arena;
+  auto const st = alloc.stats();
+  std::printf("reserved as planned: activations %s of %s, in all %s of %s\n",
+              memory::format_bytes(st[memory::tag::activations].reserved).c_str(), memory::format_bytes(arena).c_str(),
+              memory::format_bytes(st.total.reserved).c_str(), memory::format_bytes(planned).c_str());
+  if (st[memory::tag::activations].reserved != arena || st.total.reserved != planned) {
+    std::fprintf(stderr, "surrogate: the memory reserved differs from the plan\n");
+    return 1e9;  // (the caller's bar fails)
+  }
   return e;
 }
 

@@ -49,6 +49,7 @@
 #include "pass/step.hpp"
 #include "plan/activation.hpp"
 #include "plan/arena.hpp"
+#include "plan/forward.hpp"
 #include "plan/step.hpp"
 #include "policy/policies.hpp"
 #include "runtime/check_gradients.hpp"

@@ -449,6 +449,31 @@ TEST_CASE("cuda models: a forward pass, gradients and AdamW steps follow the hos
   require_close(pg, ph, 1e-4, "parameters after 3 AdamW steps");
 }
 
+TEST_CASE("cuda inference: forward(x, out) after reserve_inference asks for no memory and equals forward(x)",
+          "[cuda][inference]") {
+  memory::caching_allocator<gpu> alloc;
+  model<Plain, gpu> m(seed{5}, alloc);
+  m.reserve_inference(std::size_t(batch));
+  CHECK(m.arena_bytes() == inference_plan<Plain>(std::size_t(batch)).bytes);
+  auto x = make<float>(batch, 12, inputs(12));
+  tensor<float, gpu> y(batch, index_t(Plain::out_width));
+  m.forward(x, y);  // (the first call, at the maximum batch: the products' first use takes their scratch)
+  auto const asked = [&] {
+    return alloc.stats().system_allocations + memory::default_allocator<gpu>().stats().system_allocations;
+  };
+  std::size_t const before = asked();
+  for (index_t rows = 1; rows <= batch; rows += 7) {
+    m.forward(x.view().row_range(0, std::size_t(rows)), y.view().row_range(0, std::size_t(rows)));
+    CHECK(m.last_forward().planned);
+    CHECK(m.last_forward().unplanned == 0);
+  }
+  CHECK(asked() == before);
+  m.forward(x, y);
+  CHECK(bitwise_equal(y.to_vector(), m.forward(x).to_vector()));
+  tensor<float, gpu> too_many(batch + 1, 12), out(batch + 1, index_t(Plain::out_width));
+  CHECK_THROWS_AS(m.forward(too_many, out), shape_error);
+}
+
 TEST_CASE("cuda models: fp64 gradients on the GPU against central differences", "[cuda][model][grad]") {
   using Small = Seq<Linear<3, 8>, LayerNorm<8>, GELU, Residual<Seq<RMSNorm<8>, Linear<8, 8>, SiLU>>, Linear<8, 4>>;
   model<Small, gpu, fp64> m(seed{3});

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "support/gradients.hpp"
+#include "support/plan_models.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -22,8 +23,7 @@ float wave(std::size_t i, double k) { return float(std::sin(k * double(i)) + 0.2
 
 constexpr std::size_t C = 4, H = 8;
 // A residual block of two convolutions, each followed by batch normalisation.
-using Block = Residual<Seq<Conv2d<C, C, 3, H, H, 1, 1, false>, BatchNorm2d<C, H, H>, ReLU,
-                           Conv2d<C, C, 3, H, H, 1, 1, false>, BatchNorm2d<C, H, H>>>;
+using Block = plan_models::ConvBlock<C, H>;
 template <class Middle>
 using Net = Seq<Conv2d<1, C, 3, H, H, 1, 1>, BatchNorm2d<C, H, H>, ReLU, Middle, AvgPool2d<C, H, H>,
                 Linear<C * H * H / 4, 3>>;

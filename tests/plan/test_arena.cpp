@@ -4,6 +4,8 @@
 // it, and reserves exactly the plan.
 #include <remat/remat.hpp>
 
+#include "support/plan_models.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -15,10 +17,8 @@ using namespace remat;
 
 namespace {
 
-constexpr std::size_t W = 32;
-using Block = Residual<Seq<LayerNorm<W>, Linear<W, 64>, GELU, Dropout<0.1>, Linear<64, W>>>;
-template <class Middle>
-using Net = Seq<Linear<12, W>, Middle, Linear<W, 5>>;
+using plan_models::Block;
+using plan_models::Net;
 template <class B>
 using CheckpointedRepeat = Checkpointed<B>;
 

@@ -3,6 +3,8 @@
 // Every tensor the step does not own (the caller's input and targets) lives in another allocator.
 #include <remat/remat.hpp>
 
+#include "support/plan_models.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -11,10 +13,9 @@ using namespace remat;
 
 namespace {
 
-constexpr std::size_t W = 32;
-using Block = Residual<Seq<LayerNorm<W>, Linear<W, 64>, GELU, Dropout<0.1>, Linear<64, W>>>;
-template <class Middle>
-using Net = Seq<Linear<12, W>, Middle, Linear<W, 5>>;
+using plan_models::Block;
+using plan_models::Net;
+using plan_models::W;
 using Gpt = GPT<11, 16, 16, 2, 2, 0.1>;
 template <class B>
 using CheckpointedRepeat = Checkpointed<B>;

@@ -52,11 +52,12 @@ constexpr int steps = 2;
 // One run: `steps` steps, each a train_step or two micro-batches. Call number `fail_call` (a
 // train_step or a micro-batch, from 0) has request `k` of `alloc` failed (k = 0: none); the
 // call is checked and then repeated. Returns the final state and, through `requests`, how many
-// requests call `fail_call` made (in a run without failure).
+// requests call `fail_call` made (in a run without failure). `arena`: the model's planned arena on.
 template <class NetT, class P, class Space>
 typename trainer<NetT, P>::snapshot run(mode how, int fail_call, std::size_t k, bool offload, std::size_t* requests,
-                                        int* thrown) {
+                                        int* thrown, bool arena) {
   trainer<NetT, P> tr;
+  tr.m.use_planned_arena(arena);
   auto& alloc = [&]() -> memory::caching_allocator<Space>& {
     if constexpr (std::is_same_v<Space, host>) {
       if (!offload) return tr.m.allocator();
@@ -113,27 +114,34 @@ typename trainer<NetT, P>::snapshot run(mode how, int fail_call, std::size_t k, 
   return tr.state(true);
 }
 
+// In the planned arena a step asks the model's allocator for little (the arena when cold, the
+// products' scratch: none for small fp32 products), and a refused arena is no failure (the pass
+// allocates as it goes); without it every activation is a request. Both are run.
 template <class NetT, class P, class Space = host>
-void fail_every_request(char const* name, mode how, std::vector<int> const& fail_calls, bool offload = false) {
-  auto const reference = run<NetT, P, Space>(how, -1, 0, offload, nullptr, nullptr);
+void fail_every_request(char const* name, mode how, std::vector<int> const& fail_calls, bool offload = false,
+                        bool arena = true) {
+  auto const reference = run<NetT, P, Space>(how, -1, 0, offload, nullptr, nullptr, arena);
   std::size_t injected = 0;
   int thrown = 0;
   for (int c : fail_calls) {
     std::size_t requests = 0;
-    auto const again = run<NetT, P, Space>(how, c, 0, offload, &requests, nullptr);
+    auto const again = run<NetT, P, Space>(how, c, 0, offload, &requests, nullptr, arena);
     REQUIRE(again == reference);  // (runs are deterministic)
-    if (!offload) REQUIRE(requests > 0);
+    // (A warm step in the planned arena may ask for nothing: small fp32 products take OpenBLAS,
+    // which needs no scratch. The cold one reserves the arena at least.)
+    if (!offload && c == 0) REQUIRE(requests > 0);
     for (std::size_t k = 1; k <= requests; ++k) {
       INFO(name << (how == mode::train_step ? ", train_step " : ", micro-batch ") << c << ", request " << k << " of "
                 << requests << (offload ? " (offload allocator)" : ""));
-      auto const resumed = run<NetT, P, Space>(how, c, k, offload, nullptr, &thrown);
+      auto const resumed = run<NetT, P, Space>(how, c, k, offload, nullptr, &thrown, arena);
       CHECK(resumed == reference);
       ++injected;
     }
   }
-  std::printf("faults: %-44s %-11s %s %4zu requests failed, %4d thrown\n", name,
-              how == mode::train_step ? "train_step" : "accumulate", offload ? "offload" : "model  ", injected, thrown);
-  CHECK(thrown > 0);
+  std::printf("faults: %-44s %-11s %s %s %4zu requests failed, %4d thrown\n", name,
+              how == mode::train_step ? "train_step" : "accumulate", offload ? "offload" : "model  ",
+              arena ? "arena   " : "no arena", injected, thrown);
+  if (offload || !arena) CHECK(thrown > 0);
 }
 
 // Calls whose requests are failed: the first (cold: arena, layouts, caches) and a later one, and
@@ -142,8 +150,10 @@ std::vector<int> const step_calls{0, 1}, micro_calls{0, 1, 3};
 
 template <class NetT, class P>
 void both_modes(char const* name) {
-  fail_every_request<NetT, P>(name, mode::train_step, step_calls);
-  fail_every_request<NetT, P>(name, mode::accumulate, micro_calls);
+  for (bool arena : {true, false}) {
+    fail_every_request<NetT, P>(name, mode::train_step, step_calls, false, arena);
+    fail_every_request<NetT, P>(name, mode::accumulate, micro_calls, false, arena);
+  }
 }
 
 }  // namespace
@@ -179,6 +189,7 @@ TEST_CASE("allocation failure at every request of a step: convolutions with runn
 TEST_CASE("accumulate restores summed gradients from its copy, and without the copy its error says they are torn",
           "[faults]") {
   trainer<Net<Repeat<2, Block>>, fp32> tr;
+  tr.m.use_planned_arena(false);  // (every activation a request of the allocator's, one to fail)
   auto& a = tr.m.allocator();
   auto& o = tr.m.offload_allocator();
   tr.m.zero_grad();

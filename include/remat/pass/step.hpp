@@ -44,12 +44,14 @@ struct parameter_listener {
 };
 
 // Where a planned step's activations go (plan/arena.hpp): make number k of the pass at
-// offset[k] of the arena at `base`, when it takes bytes[k] (rounded) as planned.
+// offset[k] of the arena at `base`, when it takes bytes[k] (rounded) as planned, or at most
+// bytes[k] when `up_to` (a layout planned for a larger batch serving a smaller one).
 struct arena_slots {
   void* base = nullptr;                 // the arena
   std::size_t const* offset = nullptr;  // make number k's offset in it
   std::size_t const* bytes = nullptr;   // make number k's planned bytes
   std::size_t count = 0;                // the makes planned
+  bool up_to = false;                   // (see above)
 };
 
 template <class T, class D, class G = T>
@@ -130,6 +132,15 @@ class pass_state
     making_ = false;
     ++makes_;
     return a;
+  }
+  // A rows x cols tensor of U as the pass's next make (the arena's slot when planned), owned by
+  // whoever takes it: a forward's output converted to the caller's type.
+  template <class U>
+  tensor<U, D> make_output(std::size_t rows, std::size_t cols) {
+    void* p = arena_.base ? arena_block(rows * cols * sizeof(U)) : nullptr;
+    ++makes_;
+    if (!p) return tensor<U, D>(index_t(rows), index_t(cols), memory::tag::activations, *alloc_);
+    return tensor<U, D>(tensor<U, D>::adopted, static_cast<U*>(p), rows, cols, memory::tag::activations, *alloc_);
   }
   // The model's running state (buffer_count_v<Net> elements of G, BatchNorm2d's statistics), and
   // whether this pass updates it (a training pass does; a loss without a backward does not).
@@ -213,16 +224,19 @@ class pass_state
   detail::offload_channel<D> const& offload_target() const { return offload_; }
 
  private:
-  act_type from_arena(std::size_t rows, std::size_t cols) {
+  // Make number makes_'s block in the arena (null, counted unplanned, when it does not fit).
+  void* arena_block(std::size_t bytes) {
     std::size_t const k = makes_;
-    std::size_t const bytes = rows * cols * sizeof(T);
+    std::size_t const size = memory::caching_allocator<D>::rounded(bytes);
     void* p = nullptr;
-    if (k < arena_.count && bytes > 0 && arena_.bytes[k] == memory::caching_allocator<D>::rounded(bytes))
+    if (k < arena_.count && bytes > 0 && (arena_.up_to ? size <= arena_.bytes[k] : arena_.bytes[k] == size))
       p = alloc_->allocate_at(arena_.base, arena_.offset[k], bytes, memory::tag::activations);
-    if (!p) {
-      ++unplanned_;
-      return nullptr;
-    }
+    if (!p) ++unplanned_;
+    return p;
+  }
+  act_type from_arena(std::size_t rows, std::size_t cols) {
+    void* const p = arena_block(rows * cols * sizeof(T));
+    if (!p) return nullptr;
     try {
       return std::make_shared<tensor<T, D>>(tensor<T, D>::adopted, static_cast<T*>(p), rows, cols,
                                             memory::tag::activations, *alloc_);

@@ -81,7 +81,9 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   explicit model(seed s = {}, allocator_type& alloc = memory::default_allocator<Device>()) : model(s, alloc, nullptr) {}
   model(seed s, allocator_type& alloc, offload_allocator_t<Device>& offload_alloc) : model(s, alloc, &offload_alloc) {}
 
-  // Inference: nothing is saved for a backward pass.
+  // Inference: nothing is saved for a backward pass. The activations, and the output handed back,
+  // lie in the model's planned arena (see use_planned_arena): drop the output before the model's
+  // next pass, or that pass allocates around it (it is never overwritten).
   // Under a data-parallel wrapper that keeps a shard of the parameters (ZeRO-3), every rank calls
   // it together (and likewise loss and training_loss): if it throws on any rank (bad input, out of
   // memory midway), it throws on every rank, the failing one its own error and the others
@@ -91,8 +93,60 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     return detail::collective_pass(this->link_, false, [&] {
       inputs::check_whole_parameters(this->link_);
       inputs::check_input(x, seq_len_).raise_if_bad();
-      return take(forward_pass(x, {.training = false}));
+      return in_forward_arena(x, forward_kind::inference, 0, nullptr, [&](state_type& s, arena_layout const*) {
+        return take(forward_pass(s, x, false), s);
+      });
     });
+  }
+
+  // Inference into the caller's tensor: out (rows x out_width, in value_type) gets the model's
+  // output for x. After reserve_inference(max_batch), every batch up to max_batch runs in the arena
+  // reserved then, and a call allocates nothing from the model's allocator; a larger batch is a
+  // shape_error, nothing written. Without a reservation it runs in the arena of its own shape.
+  // Thread-safe across models; on one model, a call while another pass runs (another thread)
+  // allocates its activations as usual.
+  void forward(input_view x, tensor_view<T, Device> out) const {
+    [[maybe_unused]] auto const on_stream = this->stream_.scope();
+    detail::collective_pass(this->link_, false, [&] {
+      inputs::check_whole_parameters(this->link_);
+      check_inference_shape(x, out);
+      inputs::check_input(x, seq_len_).raise_if_bad();
+      return in_forward_arena(x, forward_kind::into_caller, 0, arenas_.inference_shape(),
+                              [&](state_type& s, arena_layout const*) {
+                                act<C, Device> const y = forward_pass(s, x, false);
+                                evaluate(out, to_expr(*y));
+                                return true;
+                              });
+    });
+  }
+
+  // Plans forward(x, out) for every batch up to max_batch (of sequences of `sequence` positions:
+  // a model reading token ids takes max_sequence unless told; one reading features, the
+  // sequence_length set) and holds its arena now: inference_plan<Net, Precision>(max_batch) bytes,
+  // or fewer where the run-time layout search does better. Afterwards forward(x, out) makes no
+  // request of the system for its activations; the products' scratch (oneDNN's scratchpad, from the
+  // default allocator, which keeps it) is taken at their first use, so after a first call at
+  // max_batch no call asks the system for memory. An argument_error (nothing changed) when the model
+  // has no plan (a layer written for pass_state only), the arena is off (use_planned_arena), or
+  // max_batch is 0; out_of_memory when the arena cannot be had.
+  void reserve_inference(std::size_t max_batch, std::size_t sequence = 0) {
+    if (max_batch == 0) detail::raise<argument_error>("model::reserve_inference: expected a positive batch, found 0");
+    if (!arenas_.used())
+      detail::raise<argument_error>("model::reserve_inference: the planned arena is off (use_planned_arena(false))");
+    if constexpr (!detail::plannable_v<Net>)
+      detail::raise<argument_error>("model::reserve_inference: the model has a layer without a plan");
+    if (sequence == 0) sequence = reads_ids && sequence_model ? max_sequence : (sequence_model ? seq_len_ : 1);
+    if (sequence == 0)
+      detail::raise<argument_error>("model::reserve_inference: a sequence model reading features needs "
+                                    "set_sequence_length first");
+    if (!arenas_.reserve_inference({max_batch, in_width == any_width ? 0 : in_width, sequence}, *this->alloc_))
+      detail::raise<out_of_memory>("model::reserve_inference: the arena for ", max_batch,
+                                   " rows could not be had\n", this->alloc_->summary());
+  }
+  // The batch reserve_inference planned for (0: none).
+  std::size_t inference_batch() const {
+    detail::pass_shape const* r = arenas_.inference_shape();
+    return r ? r->batch : 0;
   }
 
   // The loss of the model on (x, target), without training.
@@ -101,8 +155,12 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     [[maybe_unused]] auto const on_stream = this->stream_.scope();
     return detail::collective_pass(this->link_, false, [&] {
       check<Loss>(x, target, false);  // (inference: any batch)
-      tensor<T, Device> y = take(forward_pass(x, {.training = false}));
-      return Loss::forward_backward(y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
+      return in_forward_arena(x, forward_kind::loss, loss_workspace<Loss, T>(x), nullptr,
+                              [&](state_type& s, arena_layout const* layout) {
+                                tensor<T, Device> y = take(forward_pass(s, x, false), s);
+                                planned_workspace const ws(this->alloc_, arenas_.base(), layout);
+                                return Loss::forward_backward(y, target, 1.0, static_cast<tensor<T, Device>*>(nullptr));
+                              });
     });
   }
 
@@ -131,8 +189,12 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     return detail::collective_pass(this->link_, true, [&] {
       check<Loss>(x, target, false);  // (inference: any batch)
       // Nothing is kept for a backward (nor offloaded); the values are the same.
-      act<C, Device> y = forward_pass(x, {.training = true, .keep = false, .stream = dropout_stream()});
-      return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
+      return in_forward_arena(x, forward_kind::training_loss, loss_workspace<Loss, C>(x), nullptr,
+                              [&](state_type& s, arena_layout const* layout) {
+                                act<C, Device> const y = forward_pass(s, x, true);
+                                planned_workspace const ws(this->alloc_, arenas_.base(), layout);
+                                return Loss::forward_backward(*y, target, 1.0, static_cast<tensor<C, Device>*>(nullptr));
+                              });
     });
   }
 
@@ -189,10 +251,16 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   offload_allocator_t<Device>& offload_allocator() const { return *offload_alloc_; }
   // What the last training pass kept and recomputed, and whether it ran in the planned arena.
   pass_report const& last_pass() const { return report_; }
-  // Training passes lay their activations and the loss's workspace out in one arena at offsets
-  // their plan computed (plan/arena.hpp), so the allocator reserves for them exactly the arena's
-  // bytes; the layout is computed once per batch shape. Off: every activation comes from the
-  // caching allocator (which may reserve more than the plan: blocks cached per size).
+  // The last pass outside training (forward, loss, training_loss) that had the arena: whether it
+  // was planned, what it made outside the arena, and its activation peak (saved_bytes and
+  // recomputed are 0).
+  pass_report const& last_forward() const { return forward_report_; }
+  // Every pass (training, forward, loss, training_loss) lays its activations and the loss's
+  // workspace out in one arena at offsets its plan computed (plan/arena.hpp, plan/forward.hpp);
+  // the arena is as large as the largest layout used so far, so the allocator reserves for
+  // activations exactly the largest plan of the passes run. A layout is computed once per kind
+  // of pass and batch shape. Off: every activation comes from the caching allocator (which may
+  // reserve more than the plan: blocks cached per size).
   void use_planned_arena(bool on) { arenas_.use(on); }
   bool uses_planned_arena() const { return arenas_.used(); }  // (see use_planned_arena)
   // The bytes of the arena held now (reserved in the model's allocator as activations).
@@ -237,15 +305,93 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     inputs::template check<Loss>(x, target, training, seq_len_, this->link_);
   }
 
-  // A forward outside training (inference, or training_loss's) on checked input: it reads the
-  // running state without updating it.
-  act<C, Device> forward_pass(input_view x, pass_options o) const {
+  // A forward outside training (inference, or training_loss's) on checked input, in state s: it
+  // reads the running state without updating it.
+  act<C, Device> forward_pass(state_type& s, input_view x, bool training) const {
     memory::tracing::phase_scope const running(memory::phase::forward);
-    state_type s = make_state(o, x);
     if constexpr (buffer_count > 0) s.use_buffers(const_cast<T*>(this->buffers_.data()), buffer_count, false);
     detail::gathering const gathers(this->link_, s, this->weights());
     auto const gathered = detail::gather_frame<Net>(s, this->weights());
-    return Net::forward(s, gathered.at(this->weights()), detail::input_activation<Net, Precision>(s, x, o.training));
+    return Net::forward(s, gathered.at(this->weights()), detail::input_activation<Net, Precision>(s, x, training));
+  }
+
+  // Runs fn(state, layout), a forward of `kind` on checked input x, in the planned arena: the
+  // layout reserved for `reserved`'s shape (reserve_inference; any batch up to its own), or the
+  // layout of x's shape. Outside it when the arena is off or another pass of this model holds it.
+  template <class Fn>
+  auto in_forward_arena(input_view x, forward_kind kind, std::size_t workspace, detail::pass_shape const* reserved,
+                        Fn&& fn) const {
+    bool const training = kind == forward_kind::training_loss;
+    state_type s = make_state({.training = training, .keep = false, .stream = training ? dropout_stream() : 0}, x);
+    struct holding {
+      detail::arena_busy* busy;
+      ~holding() {
+        if (busy) busy->give_back();
+      }
+    } const hold{arenas_.busy().try_take() ? &arenas_.busy() : nullptr};
+    arena_layout const* layout = nullptr;
+    std::size_t window = 0;
+    if (hold.busy) {
+      layout = reserved ? arenas_.inference_layout(*this->alloc_)
+                        : arenas_.layout_for(inputs::shape_of(x, seq_len_), {.training = false, .forward = kind},
+                                             workspace, *this->alloc_);
+      if (layout)
+        s.use_arena({arenas_.base(), layout->offset.data(), layout->bytes.data(), layout->offset.size(), reserved != nullptr});
+      window = this->alloc_->open_peak_window(memory::tag::activations);
+    }
+    struct closing {
+      memory::caching_allocator<Device>* alloc;
+      std::size_t id;
+      ~closing() {
+        if (id) alloc->close_peak_window(id);
+      }
+    } close{this->alloc_, window};
+    auto result = fn(s, layout);
+    if (hold.busy) {
+      forward_report_ = {0, 0, layout != nullptr, s.unplanned(), this->alloc_->close_peak_window(window)};
+      close.id = 0;
+    }
+    return result;
+  }
+
+  // While it lives, the loss's next workspace allocation is served from the arena's slot for it.
+  struct planned_workspace {
+    memory::caching_allocator<Device>* alloc = nullptr;
+    planned_workspace(memory::caching_allocator<Device>* a, void* base, arena_layout const* layout) {
+      if (!layout || !layout->workspace_bytes) return;
+      alloc = a;
+      alloc->plan_next(base, layout->workspace_offset, layout->workspace_bytes, memory::tag::workspace);
+    }
+    planned_workspace(planned_workspace const&) = delete;
+    planned_workspace& operator=(planned_workspace const&) = delete;
+    ~planned_workspace() {
+      if (alloc) alloc->unplan();
+    }
+  };
+  // The workspace Loss allocates for the output of x in U.
+  template <class Loss, class U>
+  static std::size_t loss_workspace(input_view x) {
+    if constexpr (requires { Loss::template workspace_bytes<U>(std::size_t(1), std::size_t(1)); })
+      return Loss::template workspace_bytes<U>(inputs::out_rows(x), inputs::out_cols(x));
+    else
+      return 0;
+  }
+
+  // forward(x, out)'s shape checks: out's shape, and x within what reserve_inference planned.
+  void check_inference_shape(input_view x, tensor_view<T, Device> out) const {
+    std::size_t const rows = inputs::out_rows(x), cols = inputs::out_cols(x);
+    if (out.rows() != rows || out.cols() != cols)
+      detail::raise<shape_error>("model::forward: expected an output of ", rows, " x ", cols, ", found ", out.rows(),
+                                 " x ", out.cols());
+    detail::pass_shape const* r = arenas_.inference_shape();
+    if (!r) return;
+    detail::pass_shape const p = inputs::shape_of(x, seq_len_);
+    if (p.batch > r->batch)
+      detail::raise<shape_error>("model::forward: expected at most ", r->batch, " rows (reserve_inference), found ",
+                                 p.batch);
+    if ((r->features && p.features != r->features) || p.sequence != r->sequence)
+      detail::raise<shape_error>("model::forward: expected ", r->features, " features in sequences of ", r->sequence,
+                                 " (reserve_inference), found ", p.features, " in sequences of ", p.sequence);
   }
 
   // accumulate's pass on checked input; the loss is read when the caller asks for it.
@@ -310,7 +456,7 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     detail::pass_shape const p = inputs::shape_of(x, seq_len_);
     if constexpr (requires { Loss::template workspace_bytes<C>(std::size_t(1), std::size_t(1)); })
       workspace = Loss::template workspace_bytes<C>(p.batch * p.sequence, inputs::out_cols(x));
-    arena_layout const* const layout = arenas_.layout_for(p, dx, workspace, *this->alloc_);
+    arena_layout const* const layout = arenas_.layout_for(p, {.training = true, .dx = dx}, workspace, *this->alloc_);
     if (layout) s.use_arena({arenas_.base(), layout->offset.data(), layout->bytes.data(), layout->offset.size()});
     return layout;
   }
@@ -322,14 +468,7 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     kernels::pending_scalar<Device> l;
     {
       memory::tracing::phase_scope const in_loss(memory::phase::loss);
-      struct unplan_at_end {
-        allocator_type* a;
-        ~unplan_at_end() {
-          if (a) a->unplan();
-        }
-      } const planned_workspace{layout && layout->workspace_bytes ? this->alloc_ : nullptr};
-      if (planned_workspace.a)
-        this->alloc_->plan_next(arenas_.base(), layout->workspace_offset, layout->workspace_bytes, memory::tag::workspace);
+      planned_workspace const ws(this->alloc_, arenas_.base(), layout);
       if constexpr (requires { Loss::forward_backward_pending(y, target, scale, dy); })
         l = Loss::forward_backward_pending(y, target, scale, dy);
       else
@@ -376,10 +515,12 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     return state_type(o, *this->alloc_, offload);
   }
 
-  static tensor<T, Device> take(act<C, Device> y) {
+  // A forward's output y as the caller's tensor of T: y itself, or a copy made as s's next make
+  // (what the plan of forward_kind::inference counts).
+  static tensor<T, Device> take(act<C, Device> y, state_type& s) {
     if constexpr (!mixed_precision)
       if (y.use_count() == 1) return std::move(*y);
-    tensor<T, Device> out(index_t(y->rows()), index_t(y->cols()), memory::tag::activations, *y->allocator());
+    tensor<T, Device> out = s.template make_output<T>(y->rows(), y->cols());
     evaluate(out, to_expr(*y));
     return out;
   }
@@ -391,7 +532,8 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   std::uint64_t passes_ = 0;
   std::size_t seq_len_ = 0;  // a sequence model reading features: rows per sequence
   pass_report report_{};
-  detail::arena_cache<Net, Device, Precision> arenas_;  // (declared last: given back before the allocator's blocks)
+  mutable pass_report forward_report_{};  // (written by the pass that holds the arena)
+  mutable detail::arena_cache<Net, Device, Precision> arenas_;  // (declared last: given back before the allocator's blocks)
 };
 
 }  // namespace REMAT_NAMESPACE
