@@ -17,6 +17,8 @@
 #   attention-host.* one attention core (stored, recomputed, blocked) at sequences of 512 to 4096 beside
 #                    PyTorch's nanoGPT attention, and a plot (.png) (bench/compare_attention.py)
 #   dist-host.*      data-parallel scaling from 1 to 2 MPI ranks beside PyTorch DDP (bench/dist_scaling.sh)
+#   inference-host.*, inference-conv-host.*  the surrogates' inference latency beside libtorch
+#                    from C++ and torch.compile (bench/compare_inference.py)
 # Arguments go to compare_torch.py (e.g. --quick for a smoke run, --steps 9).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,6 +79,10 @@ for precision in fp32 bf16; do
   /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies --workload gpt \
     --precision "$precision" --configs 16x4,16x8 --rounds "$rounds" --out "bench/results/gpt-host$suffix" "$@"
 done
+# Inference latency of the two surrogates against libtorch from C++ and torch.compile (issue 50).
+cmake --build --preset default --target bench_inference -j"$(nproc)"
+/usr/bin/python3 bench/compare_inference.py --remat build/default/bench/bench_inference --rounds "$rounds"
+/usr/bin/python3 bench/compare_inference.py --model conv --remat build/default/bench/bench_inference --rounds "$rounds" --inner 3
 # Where a step's time goes (remat::profile): products, point-wise and row passes, per phase.
 for precision in fp32 bf16; do
   for cfg in "mlp 256 16" "mlp 2048 16" "gpt 16 4"; do

@@ -81,9 +81,14 @@ TEST_CASE("gemm: fp32 on each host path (OpenBLAS, oneDNN) against double", "[ke
         check_gemm<float>(8, 33, 5, ta, tb, -0.75f, 1.5f, seed++);
       }
   }
-  if (kernels::has_onednn) {  // automatic takes oneDNN when remat has it
+  if (kernels::has_onednn) {  // automatic takes oneDNN when remat has it, OpenBLAS for the smallest
     kernels::set_gemm32_path(kernels::gemm32_path::automatic);
     CHECK(kernels::gemm32_path_now() == kernels::gemm32_path::onednn);
+    CHECK(kernels::gemm32_path_for(1, 256, 256) == kernels::gemm32_path::openblas);
+    CHECK(kernels::gemm32_path_for(64, 64, 64) == kernels::gemm32_path::openblas);  // 2^18 multiply-adds
+    CHECK(kernels::gemm32_path_for(65, 64, 64) == kernels::gemm32_path::onednn);
+    kernels::set_gemm32_path(kernels::gemm32_path::onednn);  // a path asked for holds for every size
+    CHECK(kernels::gemm32_path_for(1, 256, 256) == kernels::gemm32_path::onednn);
   }
 }
 

@@ -25,6 +25,7 @@
 #define REMAT_GEMM_ONEDNN 1
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -223,8 +224,11 @@ inline constexpr bool has_onednn =
 
 // How an fp32 product runs on the host: OpenBLAS's sgemm, or oneDNN's f32 matmul. `automatic` takes
 // oneDNN when remat has it: it was faster on every shape of a step measured
-// (bench_gemm_paths, bench/results/gemm-paths-host.md: 1.06-1.25x OpenBLAS on a Zen 4 EPYC). The
-// batched products (attention's per-head ones, one per thread) stay on OpenBLAS.
+// (bench_gemm_paths, bench/results/gemm-paths-host.md: 1.06-1.25x OpenBLAS on a Zen 4 EPYC), except
+// the smallest: a product of at most small_product multiply-adds (a surrogate called on one row)
+// takes OpenBLAS, whose call costs about a microsecond where oneDNN's costs six (bench_inference,
+// 2 threads, Zen 4: 9 us against 30 us for four products of one row). The batched products
+// (attention's per-head ones, one per thread) stay on OpenBLAS.
 enum class gemm32_path { automatic, openblas, onednn };
 
 // The process-wide setting for fp32 products (set_gemm32_path changes it).
@@ -238,6 +242,14 @@ inline gemm32_path gemm32_path_now() {
   gemm32_path const p = gemm32_setting().load();
   if (p == gemm32_path::automatic) return has_onednn ? gemm32_path::onednn : gemm32_path::openblas;
   return p;
+}
+// The multiply-adds at or below which `automatic` takes OpenBLAS (see gemm32_path).
+inline constexpr std::int64_t small_product = std::int64_t(1) << 18;
+// The path an m x n x k fp32 product takes now.
+inline gemm32_path gemm32_path_for(index_t m, index_t n, index_t k) {
+  if (gemm32_setting().load() == gemm32_path::automatic && std::int64_t(m) * n * k <= small_product)
+    return gemm32_path::openblas;
+  return gemm32_path_now();
 }
 // Sets the path of every later fp32 product; oneDNN without it is an argument_error (nothing changes).
 inline void set_gemm32_path(gemm32_path p) {
@@ -357,7 +369,7 @@ void host_gemm(trans ta, trans tb, index_t m, index_t n, index_t k, compute_type
   int const LDA = blas_int(lda, "lda"), LDB = blas_int(ldb, "ldb"), LDC = blas_int(ldc, "ldc");
   if constexpr (std::is_same_v<T, float>) {
 #if defined(REMAT_GEMM_ONEDNN)
-    if (!batched && K > 0 && gemm32_path_now() == gemm32_path::onednn) {
+    if (!batched && K > 0 && gemm32_path_for(m, n, k) == gemm32_path::onednn) {
       try {
         onednn_matmul({m, n, k, lda, ldb, ldc, ta == trans::yes, tb == trans::yes, true, alpha, beta, true}, a, b, c);
       } catch (dnnl::error const& e) {
