@@ -89,6 +89,8 @@ seen run(bool arena, memory::caching_allocator<host>& alloc) {
   {
     tensor<float> y = m.forward(input(21, N::in_width, 0.2));
     out.outputs.push_back(values(y));
+    // The activation peak of the pass, its output (still held) included, is the plan's.
+    if (arena) CHECK(m.last_forward().activation_peak == forward_plan<N, P>(forward_kind::inference, 21).lower_bound);
   }
   planned(m.last_forward(), forward_plan<N, P>(forward_kind::inference, 21).bytes);
   {
@@ -165,6 +167,21 @@ TEST_CASE("forward arena: a GPT's loss and sampling forward", "[plan][arena][inf
   CHECK(m.last_forward().planned);
   CHECK(m.last_forward().unplanned == 0);
   CHECK(alloc.stats()[memory::tag::activations].reserved == m.arena_bytes());
+  // Sampling into the caller's tensor after reserve_inference(1): prompts of 1 to 12 tokens, the
+  // same bits as forward(x), no request of the system.
+  m.reserve_inference(1);
+  tensor<float> logits(12, 23);
+  for (std::size_t len = 1; len <= 12; ++len) {
+    tensor<std::int32_t> p(1, index_t(len));
+    for (std::size_t i = 0; i < len; ++i) p[i] = std::int32_t((i * 3 + 1) % 23);
+    std::size_t const asked = alloc.stats().system_allocations;
+    m.forward(p, logits.view().row_range(0, len));
+    CHECK(alloc.stats().system_allocations == asked);
+    CHECK(values(plain.forward(p)) == std::vector<float>(logits.data(), logits.data() + len * 23));
+  }
+  tensor<std::int32_t> two(2, 12);
+  tensor<float> out2(24, 23);
+  CHECK_THROWS_AS(m.forward(two, out2), shape_error);
 }
 
 namespace {

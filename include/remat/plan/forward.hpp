@@ -9,7 +9,9 @@
 //   constexpr std::size_t bytes = remat::inference_plan<Net, remat::fp32>(4096).bytes;
 //
 // A forward's layout at a batch serves every smaller batch too (each activation is no larger, and
-// the order of makes does not depend on the batch): model::reserve_inference.
+// the order of makes does not depend on the batch): model::reserve_inference. (Where a shorter
+// sequence makes a tensor the layout did not foresee, that one comes from the caching allocator,
+// counted as unplanned; the allocator never serves an arena's bytes to two live blocks.)
 #pragma once
 
 #include "arena.hpp"

@@ -120,8 +120,8 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     });
   }
 
-  // Plans forward(x, out) for every batch up to max_batch (of sequences of `sequence` positions:
-  // a model reading token ids takes max_sequence unless told; one reading features, the
+  // Plans forward(x, out) for every batch up to max_batch (of sequences of up to `sequence`
+  // positions: a model reading token ids takes max_sequence unless told; one reading features, the
   // sequence_length set) and holds its arena now: inference_plan<Net, Precision>(max_batch) bytes,
   // or fewer where the run-time layout search does better. Afterwards forward(x, out) makes no
   // request of the system for its activations; the products' scratch (oneDNN's scratchpad, from the
@@ -389,9 +389,10 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     if (p.batch > r->batch)
       detail::raise<shape_error>("model::forward: expected at most ", r->batch, " rows (reserve_inference), found ",
                                  p.batch);
-    if ((r->features && p.features != r->features) || p.sequence != r->sequence)
-      detail::raise<shape_error>("model::forward: expected ", r->features, " features in sequences of ", r->sequence,
-                                 " (reserve_inference), found ", p.features, " in sequences of ", p.sequence);
+    if ((r->features && p.features != r->features) || p.sequence > r->sequence)
+      detail::raise<shape_error>("model::forward: expected ", r->features, " features in sequences of at most ",
+                                 r->sequence, " (reserve_inference), found ", p.features, " in sequences of ",
+                                 p.sequence);
   }
 
   // accumulate's pass on checked input; the loss is read when the caller asks for it.
