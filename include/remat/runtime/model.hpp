@@ -21,6 +21,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -330,27 +331,18 @@ class model : public detail::model_parameters<Net, Device, Precision> {
       }
     } const hold{arenas_.busy().try_take() ? &arenas_.busy() : nullptr};
     arena_layout const* layout = nullptr;
-    std::size_t window = 0;
+    std::optional<detail::peak_window<Device>> window;
     if (hold.busy) {
       layout = reserved ? arenas_.inference_layout(*this->alloc_)
                         : arenas_.layout_for(inputs::shape_of(x, seq_len_), {.training = false, .forward = kind},
                                              workspace, *this->alloc_);
       if (layout)
         s.use_arena({arenas_.base(), layout->offset.data(), layout->bytes.data(), layout->offset.size(), reserved != nullptr});
-      window = this->alloc_->open_peak_window(memory::tag::activations);
+      window.emplace(*this->alloc_);
     }
-    struct closing {
-      memory::caching_allocator<Device>* alloc;
-      std::size_t id;
-      ~closing() {
-        if (id) alloc->close_peak_window(id);
-      }
-    } close{this->alloc_, window};
     auto result = fn(s, layout);
-    if (hold.busy) {
-      forward_report_ = {0, 0, layout != nullptr, s.unplanned(), this->alloc_->close_peak_window(window)};
-      close.id = 0;
-    }
+    if (hold.busy)
+      forward_report_ = {0, 0, layout != nullptr, s.unplanned(), this->alloc_->close_peak_window(window->id)};
     return result;
   }
 
