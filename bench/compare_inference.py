@@ -27,23 +27,10 @@ TORCH_COMPILE = r"""
 import json, math, sys, time, torch
 torch.set_num_threads(2)
 torch.manual_seed(1)
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
-        self.bn = torch.nn.BatchNorm2d(16)
-        self.b = torch.nn.Conv2d(16, 16, 3, padding=1)
-    def forward(self, x):
-        return x + self.b(torch.nn.functional.gelu(self.bn(self.a(x))))
 seconds, rounds, conv = float(sys.argv[1]), int(sys.argv[2]), sys.argv[4] == "conv"
-if conv:
-    net = torch.nn.Sequential(torch.nn.Conv2d(2, 16, 3, padding=1), torch.nn.GELU(), Block(), Block(), Block(),
-                              torch.nn.Conv2d(16, 2, 3, padding=1)).eval()
-    x = torch.sin(0.01 * torch.arange(256 * 2 * 64 * 64, dtype=torch.float32)).reshape(256, 2, 64, 64)
-else:
-    net = torch.nn.Sequential(torch.nn.Linear(5, 256), torch.nn.GELU(), torch.nn.Linear(256, 256), torch.nn.GELU(),
-                              torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 5)).eval()
-    x = torch.sin(0.01 * torch.arange(4096 * 5, dtype=torch.float32)).reshape(4096, 5)
+sys.path.insert(0, sys.argv[5])
+from surrogates_torch import surrogate
+net, x = surrogate(sys.argv[4])
 f = torch.compile(net, dynamic=False)
 for b in [int(v) for v in sys.argv[3].split(",")]:
     xb = x[:b].contiguous()
@@ -115,7 +102,7 @@ def main():
         progs = [[args.remat] + common, [libtorch] + common]
         if not args.no_compile:
             progs.append([args.torch_python, "-c", TORCH_COMPILE, str(args.seconds), str(args.inner), args.batches,
-                          args.model])
+                          args.model, HERE])
         for cmd in progs:
             rows, head = rows_of(cmd, env)
             if r == 0:

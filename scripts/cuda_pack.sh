@@ -2,9 +2,11 @@
 # For a GPU machine that cannot build (no Catch2, no OpenBLAS, no package registry): builds the
 # nvcc targets here, where the CUDA toolkit compiles but no GPU runs, and packs them with the
 # host libraries they need that such a machine lacks (OpenBLAS and its Fortran runtime) into
-# .gpu/pack.tar.xz (about 9 MiB; .gpu/ is for .git/info/exclude). Carry .gpu there and run
-# scripts/cuda_run.sh. The build is for sm_90 (H100, H200), without oneDNN (its 40 MB library
-# only speeds host bf16 products, which the CUDA tests use as a reference).
+# .gpu/pack.tar.xz (about 10 MiB; .gpu/ is ignored by git: name it in what a GPU machine is
+# sent, the device tool's `carry`) with scripts/cuda_run.sh as .gpu/run.sh, and run that there:
+#   .gpu/run.sh [tests|bench|inference|all]
+# The build is for sm_90 (H100, H200), without oneDNN (its 40 MB library only speeds host bf16
+# products, which the CUDA tests use as a reference).
 #   scripts/cuda_pack.sh [ARCH]      ARCH: CMAKE_CUDA_ARCHITECTURES (default 90)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,12 +14,13 @@ arch="${1:-90}"
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DREMAT_ENABLE_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="${CUDAToolkit_ROOT:-/usr/local/cuda}/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DREMAT_USE_ONEDNN=OFF -DREMAT_BUILD_TESTS=ON >/dev/null
-targets=(test_cuda bench_policies_cuda memory_budget_cuda)
+targets=(test_cuda bench_policies_cuda bench_inference_cuda memory_budget_cuda)
 grep -q 'build tests/cuda/test_dist_cuda:' build/gpu/build.ninja && targets+=(test_dist_cuda)
 cmake --build build/gpu --target "${targets[@]}" -j"$(nproc)"
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib" .gpu
-for t in tests/cuda/test_cuda bench/bench_policies_cuda examples/memory_budget_cuda tests/cuda/test_dist_cuda; do
+for t in tests/cuda/test_cuda bench/bench_policies_cuda bench/bench_inference_cuda examples/memory_budget_cuda \
+         tests/cuda/test_dist_cuda; do
   [ -x "build/gpu/$t" ] && cp "build/gpu/$t" "$stage/bin/"
 done
 # The host libraries the binaries load that are not part of CUDA (cuBLASLt, cuDNN, NCCL and MPI

@@ -9,9 +9,12 @@
 #             blocks) and the GPT (batch 64, 8 blocks) beside the machine's PyTorch, eager and
 #             torch.compile (bench/compare_torch.py --device cuda; PRECISIONS="bf16 fp32" for both
 #             precisions, CONFIGS for other MLP sizes, TORCH_POLICIES for more PyTorch policies
-#             than plain and checkpoint: each compiled run costs about a minute).
+#             than plain and checkpoint: each compiled run costs about a minute);
+#   inference the surrogates' inference latency (bench_inference_cuda: forward(x, out), an
+#             inference_graph's run and replay) beside PyTorch's eager and CUDA-graph calls
+#             (bench/inference_torch_cuda.py), in two interleaved rounds.
 # Results go to $OUT (or /tmp/out).
-#   .gpu/run.sh [tests|bench|all]
+#   .gpu/run.sh [tests|bench|inference|all]
 set -uo pipefail
 cd "$(dirname "$0")"
 here=$PWD
@@ -53,8 +56,19 @@ if [[ $mode == tests || $mode == all ]]; then
   timeout 300 bin/memory_budget_cuda > "$out/memory_budget_cuda.log" 2>&1 || status=1
   tail -12 "$out/memory_budget_cuda.log"
 fi
+if [[ $mode == inference || $mode == all ]]; then
+  for model in mlp conv; do
+    for round in 1 2; do
+      timeout 120 bin/bench_inference_cuda --model "$model" --rounds 5 --seconds 0.1 >> "$out/inference-cuda.log" 2>&1 \
+        || status=1
+      PYTHONUNBUFFERED=1 timeout 120 python3 ../bench/inference_torch_cuda.py --model "$model" --rounds 5 --seconds 0.1 \
+        >> "$out/inference-cuda.log" 2>&1 || status=1
+    done
+  done
+  grep -v '^json' "$out/inference-cuda.log"
+fi
 if [[ $mode == bench || $mode == all ]]; then
-  cd ..
+  cd "$here/.."
   for precision in ${PRECISIONS:-bf16}; do
     suffix=$([[ $precision == bf16 ]] && echo -bf16)
     common=(--device cuda --remat .gpu/bin/bench_policies_cuda --steps 5 --warmup 2 --precision "$precision"

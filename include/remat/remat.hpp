@@ -53,6 +53,7 @@
 #include "plan/step.hpp"
 #include "policy/policies.hpp"
 #include "runtime/check_gradients.hpp"
+#include "runtime/inference_graph.hpp"
 #include "runtime/model.hpp"
 #include "tensor/tensor.hpp"
 #include "train/loss_scale.hpp"

@@ -150,22 +150,49 @@ TEST_CASE("cuda gemm: a product at an odd offset (2-byte aligned operands) still
 }
 
 TEST_CASE("cuda gemm_batched: the attention layout (heads inside sequences) equals the host's", "[cuda][gemm]") {
-  // 3 sequences x 2 heads of (4 x 5) * (5 x 4)^T products, the heads interleaved in each row.
-  std::size_t const count = 6, group = 2;
+  // Up to 3 sequences x 2 heads of (4 x 5) * (5 x 4)^T products, the heads interleaved in each row:
+  // 6 and 5 products run as one batch per head (3 and 2 + 3 matrices a sequence apart), 2 as one.
+  std::size_t const group = 2;
   index_t const m = 4, n = 4, k = 5, ld = 2 * k;
   auto const av = random_values<float>(std::size_t(3 * m * ld), 7), bv = random_values<float>(std::size_t(3 * n * ld), 8);
   kernels::batch_stride const s_in{m * ld, k}, s_out{2 * m * n, m * n};
-  auto a = make<float>(3 * m, ld, av), b = make<float>(3 * n, ld, bv);
-  tensor<float, gpu> c(index_t(count) * m, n);
-  kernels::gemm_batched(gpu{}, {count, group}, kernels::lhs(a.data(), m, k, ld).batched(s_in),
-                        kernels::rhs(b.data(), n, k, ld).transposed().batched(s_in),
-                        kernels::result(c.data(), m, n).batched(s_out));
-  auto ah = make<float, host>(3 * m, ld, av), bh = make<float, host>(3 * n, ld, bv);
-  tensor<float, host> ch(index_t(count) * m, n);
-  kernels::gemm_batched(host{}, {count, group}, kernels::lhs(ah.data(), m, k, ld).batched(s_in),
-                        kernels::rhs(bh.data(), n, k, ld).transposed().batched(s_in),
-                        kernels::result(ch.data(), m, n).batched(s_out));
-  require_close(c.to_vector(), ch.to_vector(), 1e-5, "batched product");
+  for (std::size_t count : {6, 5, 2}) {
+    INFO(count << " products");
+    auto a = make<float>(3 * m, ld, av), b = make<float>(3 * n, ld, bv);
+    tensor<float, gpu> c(index_t(count) * m, n);
+    kernels::gemm_batched(gpu{}, {count, group}, kernels::lhs(a.data(), m, k, ld).batched(s_in),
+                          kernels::rhs(b.data(), n, k, ld).transposed().batched(s_in),
+                          kernels::result(c.data(), m, n).batched(s_out));
+    auto ah = make<float, host>(3 * m, ld, av), bh = make<float, host>(3 * n, ld, bv);
+    tensor<float, host> ch(index_t(count) * m, n);
+    kernels::gemm_batched(host{}, {count, group}, kernels::lhs(ah.data(), m, k, ld).batched(s_in),
+                          kernels::rhs(bh.data(), n, k, ld).transposed().batched(s_in),
+                          kernels::result(ch.data(), m, n).batched(s_out));
+    require_close(c.to_vector(), ch.to_vector(), 1e-5, "batched product");
+  }
+}
+
+TEST_CASE("cuda gemm: small products with split-K off or on follow the host's", "[cuda][gemm]") {
+  // A surrogate's batch of 16 through a 256-wide layer (the product cuBLASLt splits over k), and
+  // a tall one.
+  for (auto [m, n, k] : {std::array<index_t, 3>{16, 256, 256}, {1, 256, 5}, {300, 64, 1024}}) {
+    auto const av = random_values<float>(std::size_t(m * k), 3), bv = random_values<float>(std::size_t(k * n), 4);
+    auto ah = make<float, host>(m, k, av), bh = make<float, host>(k, n, bv);
+    tensor<float, host> ch(m, n);
+    kernels::gemm(ah.view(), kernels::trans::no, bh.view(), kernels::trans::no, ch.view());
+    for (bool split : {false, true}) {
+      INFO(m << " x " << n << " x " << k << (split ? ", split-K allowed" : ", split-K off"));
+      kernels::set_small_product_split_k(split);
+      auto a = make<float>(m, k, av), b = make<float>(k, n, bv);
+      tensor<float, gpu> c(m, n);
+      kernels::gemm(a.view(), kernels::trans::no, b.view(), kernels::trans::no, c.view());
+      require_close(c.to_vector(), ch.to_vector(), 1e-5, "small product");
+      tensor<float, gpu> again(m, n);
+      kernels::gemm(a.view(), kernels::trans::no, b.view(), kernels::trans::no, again.view());
+      CHECK(bitwise_equal(c.to_vector(), again.to_vector()));
+    }
+  }
+  kernels::set_small_product_split_k(false);  // (the default)
 }
 
 // ---------------------------------------------------------------- point-wise, reductions
@@ -254,13 +281,15 @@ void check_norms(index_t rows, index_t w, double tol) {
     require_close(got[k], want[k], tol, names[k]);
     CHECK(bitwise_equal(got[k], again[k]));
   }
-  // With the add: round(round(dx) + add), element by element, on each device.
+  // With the add: round(round(dx) + add), element by element, on each device (layer norm's dx
+  // is result 3, with the add 8; RMS norm's 7 and 9).
   for (auto const* res : {&got, &want})
-    for (std::size_t k : {std::size_t(3), std::size_t(7)}) {
+    for (auto [k, added] : {std::array<std::size_t, 2>{3, 8}, {7, 9}}) {
       std::vector<double> expect(n);
       for (std::size_t i = 0; i < n; ++i)
         expect[i] = double(to_compute<V>(from_compute<T>(V((*res)[k][i]) + to_compute<V>(av[i]))));
-      CHECK(bitwise_equal((*res)[k + 5], expect));
+      INFO(names[added]);
+      CHECK(bitwise_equal((*res)[added], expect));
     }
 }
 
@@ -458,20 +487,82 @@ TEST_CASE("cuda inference: forward(x, out) after reserve_inference asks for no m
   auto x = make<float>(batch, 12, inputs(12));
   tensor<float, gpu> y(batch, index_t(Plain::out_width));
   m.forward(x, y);  // (the first call, at the maximum batch: the products' first use takes their scratch)
-  auto const asked = [&] {
-    return alloc.stats().system_allocations + memory::default_allocator<gpu>().stats().system_allocations;
-  };
-  std::size_t const before = asked();
+  std::size_t const model_before = alloc.stats().system_allocations,
+                    scratch_before = memory::default_allocator<gpu>().stats().system_allocations;
   for (index_t rows = 1; rows <= batch; rows += 7) {
     m.forward(x.view().row_range(0, std::size_t(rows)), y.view().row_range(0, std::size_t(rows)));
     CHECK(m.last_forward().planned);
     CHECK(m.last_forward().unplanned == 0);
   }
-  CHECK(asked() == before);
+  CHECK(alloc.stats().system_allocations == model_before);
+  CHECK(memory::default_allocator<gpu>().stats().system_allocations == scratch_before);
   m.forward(x, y);
   CHECK(bitwise_equal(y.to_vector(), m.forward(x).to_vector()));
   tensor<float, gpu> too_many(batch + 1, 12), out(batch + 1, index_t(Plain::out_width));
   CHECK_THROWS_AS(m.forward(too_many, out), shape_error);
+}
+
+// A CUDA graph of the model's forward: captured once, replayed with the same bits as forward(x),
+// for every batch up to the captured one, asking nothing of the system; captured again when a
+// training pass grows the arena, and a bf16 model's recast weights read by the next replay.
+template <class P>
+void check_inference_graph() {
+  memory::caching_allocator<gpu> alloc;
+  model<Plain, gpu, P> m(seed{5}, alloc);
+  AdamW opt(m, {.lr = 1e-3});
+  m.reserve_inference(std::size_t(batch));
+  inference_graph g(m, std::size_t(batch));
+  static_assert(decltype(g)::captured);
+  CHECK(g.captures() == 1);
+  auto x = make<float>(batch, 12, inputs(12));
+  tensor<float, gpu> y(batch, index_t(Plain::out_width));
+  std::vector<float> want = m.forward(x).to_vector();
+  g.run(x, y);
+  CHECK(bitwise_equal(y.to_vector(), want));
+  std::size_t const model_before = alloc.stats().system_allocations,
+                    scratch_before = memory::default_allocator<gpu>().stats().system_allocations,
+                    own = g.bytes();
+  for (int i = 0; i < 200; ++i) {
+    std::size_t const rows = 1 + std::size_t(i * 5) % std::size_t(batch);
+    auto out = y.view().row_range(0, rows);
+    g.run(x.view().row_range(0, rows), out);
+    if (i % 40 == 0) {
+      INFO("rows " << rows);
+      std::vector<float> const got = tensor_to_host(out);
+      CHECK(bitwise_equal(got, std::vector<float>(want.begin(), want.begin() + std::ptrdiff_t(got.size()))));
+    }
+  }
+  CHECK(alloc.stats().system_allocations == model_before);
+  CHECK(memory::default_allocator<gpu>().stats().system_allocations == scratch_before);
+  CHECK(g.bytes() == own);
+  CHECK(g.captures() == 1);
+  // Zero copy: the staging tensors themselves.
+  tensor_from_host(g.input(), std::span<float const>(inputs(12, 33)));
+  g.replay();
+  auto x2 = make<float>(batch, 12, inputs(12, 33));
+  CHECK(bitwise_equal(tensor_to_host(g.output()), m.forward(x2).to_vector()));
+  // Training between replays: the first step's arena is larger (captured again); the weights
+  // change in place (a bf16 model's compute copy is recast before the replay).
+  auto labels_ = make<std::int32_t>(batch, 1, labels(5));
+  std::size_t const reserved = m.arena_bytes();
+  for (int step = 0; step < 2; ++step) {
+    m.template train_step<SoftmaxCrossEntropy>(x, labels_, opt);
+    want = m.forward(x).to_vector();
+    g.run(x, y);
+    CHECK(bitwise_equal(y.to_vector(), want));
+  }
+  CHECK(g.captures() == 1 + std::size_t(m.arena_bytes() != reserved));
+}
+
+TEST_CASE("cuda inference graph: captured once, replayed like forward(x) bit for bit, nothing asked of the system",
+          "[cuda][inference][graph]") {
+  check_inference_graph<fp32>();
+  check_inference_graph<mixed<bfloat16>>();
+  // Refused: no reservation; more rows than reserved.
+  model<Plain, gpu> m(seed{5});
+  CHECK_THROWS_AS(inference_graph(m, 8), argument_error);
+  m.reserve_inference(8);
+  CHECK_THROWS_AS(inference_graph(m, 9), shape_error);
 }
 
 TEST_CASE("cuda models: fp64 gradients on the GPU against central differences", "[cuda][model][grad]") {

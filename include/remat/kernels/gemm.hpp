@@ -496,7 +496,8 @@ void cuda_gemm(std::size_t batch, trans ta, trans tb, index_t m, index_t n, inde
   std::int64_t const et = sizeof(T), eo = sizeof(Out);
   lt_key const key{cuda_data_type<T>(), cuda_data_type<Out>(), ta == trans::yes, tb == trans::yes, m, n, k, lda, ldb,
                    ldc, std::int32_t(batch), sa, sb, sc, alignment_of(a, batch > 1 ? sa * et : 0),
-                   alignment_of(b, batch > 1 ? sb * et : 0), alignment_of(c, batch > 1 ? sc * eo : 0)};
+                   alignment_of(b, batch > 1 ? sb * et : 0), alignment_of(c, batch > 1 ? sc * eo : 0),
+                   m * n * k <= lt_small_product && !lt_small_split_k().load()};
   lt_matmul(key, &alpha, a, b, &beta, c);
 }
 
@@ -512,8 +513,11 @@ void gemm(cuda, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale
                             compute_type_t<T>(s.beta), c.data, c.ld, 0);
 }
 
-// On the GPU a batch is one strided-batched product when the matrices are evenly spaced, and one
-// per outer step (`group` products each) otherwise.
+// On the GPU a batch is one strided-batched product when the matrices are evenly spaced;
+// otherwise strided-batched products along whichever of the two strides makes fewer of them: one
+// per outer step (`group` products each, `inner` apart), or one per place in the group (a product
+// per outer step, `outer` apart). Attention's heads inside sequences: 8 launches (heads) rather
+// than 64 (sequences) for a batch of 64.
 template <class T, class Out>
   requires gemm_types<T, Out>
 void gemm_batched(cuda, batch n, lhs_operand<T> a, rhs_operand<T> b, result_operand<Out> c, scale s = {}) {
@@ -525,6 +529,16 @@ void gemm_batched(cuda, batch n, lhs_operand<T> a, rhs_operand<T> b, result_oper
   index_t const g = index_t(n.group);
   auto const even = [g](batch_stride st) { return st.outer == g * st.inner; };
   bool const one = n.count <= n.group || (even(a.stride) && even(b.stride) && even(c.stride));
+  std::size_t const outer_steps = (n.count + n.group - 1) / n.group;
+  if (!one && outer_steps > n.group) {
+    for (std::size_t j = 0; j < n.group && j < n.count; ++j) {  // matrices j, j + group, ...
+      std::size_t const n_j = (n.count - j + n.group - 1) / n.group;
+      detail::cuda_gemm<T, Out>(n_j, a.op, b.op, m, cols, k, compute_type_t<T>(s.alpha), a.data + a.stride.at(j, n.group),
+                                a.ld, a.stride.outer, b.data + b.stride.at(j, n.group), b.ld, b.stride.outer,
+                                compute_type_t<T>(s.beta), c.data + c.stride.at(j, n.group), c.ld, c.stride.outer);
+    }
+    return;
+  }
   std::size_t const step = one ? n.count : n.group;
   for (std::size_t i = 0; i < n.count; i += step) {
     std::size_t const n_i = n.count - i < step ? n.count - i : step;
@@ -534,6 +548,26 @@ void gemm_batched(cuda, batch n, lhs_operand<T> a, rhs_operand<T> b, result_oper
   }
 }
 #endif
+
+// Whether small GPU products (at most 2^22 multiply-adds) may split their sum over k (cuBLASLt's
+// split-K). Off by default: each runs as one dot product per element, which for a few rows (a
+// surrogate's batch of 16) avoids cuBLASLt's split into many slices and its reduction kernel
+// (H100: the MLP surrogate's batch-16 replay 84 us with it, 36 without; larger batches the same).
+inline void set_small_product_split_k([[maybe_unused]] bool on) {
+#if REMAT_HAS_CUDA
+  detail::lt_small_split_k().store(on);
+#endif
+}
+
+// Takes the products' scratch that a device holds across calls now rather than at a first use: on
+// the GPU cuBLASLt's workspace block, from memory::scratch_allocator (cached there); nothing on
+// the host. What model::reserve_inference calls, so no later product asks the system for memory.
+template <class D>
+void hold_product_workspace(D) {
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) detail::lt_hold_workspace();
+#endif
+}
 
 // The same on tensor views: C = alpha * op(A) * op(B) + beta * C, with the shapes checked.
 template <class A, class B, class C>

@@ -476,16 +476,53 @@ caching_allocator<Device>& default_allocator() {
   return instance;
 }
 
+namespace detail {
+template <class Device>
+caching_allocator<Device>*& scratch_slot() {
+  thread_local caching_allocator<Device>* a = nullptr;  // null: the default allocator
+  return a;
+}
+}  // namespace detail
+
+// The allocator this thread's scratch_buffer<Device> takes from: the default allocator, or the
+// one a scratch_scope names.
+template <class Device>
+caching_allocator<Device>& scratch_allocator() {
+  caching_allocator<Device>* a = detail::scratch_slot<Device>();
+  return a ? *a : default_allocator<Device>();
+}
+
+// While it lives, this thread's kernel scratch comes from `a` (which keeps the blocks when they
+// are given back): what a CUDA graph's capture needs, so that the addresses it records stay its
+// own after the capture ends (runtime/inference_graph.hpp). Scopes nest.
+template <class Device>
+class scratch_scope {
+ public:
+  // This thread's scratch from `a` until the end of the scope.
+  explicit scratch_scope(caching_allocator<Device>& a) : previous_(detail::scratch_slot<Device>()) {
+    detail::scratch_slot<Device>() = &a;
+  }
+  // The allocator before it serves the thread's scratch again.
+  ~scratch_scope() { detail::scratch_slot<Device>() = previous_; }
+  scratch_scope(scratch_scope const&) = delete;
+  scratch_scope& operator=(scratch_scope const&) = delete;
+
+ private:
+  caching_allocator<Device>* previous_;
+};
+
 // Temporary memory for one kernel (a reduction's partial results, a converting product's copies):
-// workspace in the device's default allocator, given back at the end of the scope. On the GPU the
-// block is reused by later work on the same stream only, which runs after this kernel.
+// workspace in scratch_allocator<Device>() (the device's default allocator unless a scratch_scope
+// says otherwise), given back at the end of the scope. On the GPU the block is reused by later
+// work on the same stream only, which runs after this kernel.
 template <class Device>
 class scratch_buffer {
  public:
-  // At least one byte, from the device's default allocator, tagged workspace.
+  // At least one byte, tagged workspace.
   explicit scratch_buffer(std::size_t bytes)
-      : p_(default_allocator<Device>().allocate(bytes ? bytes : 1, tag::workspace)) {}
-  ~scratch_buffer() { default_allocator<Device>().deallocate(p_); }
+      : a_(&scratch_allocator<Device>()), p_(a_->allocate(bytes ? bytes : 1, tag::workspace)) {}
+  // Gives the block back to the allocator it came from.
+  ~scratch_buffer() { a_->deallocate(p_); }
   scratch_buffer(scratch_buffer const&) = delete;
   scratch_buffer& operator=(scratch_buffer const&) = delete;
   void* get() const { return p_; }  // the memory
@@ -496,6 +533,7 @@ class scratch_buffer {
   }
 
  private:
+  caching_allocator<Device>* a_;
   void* p_;
 };
 

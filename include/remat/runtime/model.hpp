@@ -10,6 +10,7 @@
 
 #include "../graph/training_pass.hpp"
 #include "../graph/walk.hpp"
+#include "../kernels/gemm.hpp"
 #include "../numeric/precision.hpp"
 #include "../pass/step.hpp"
 #include "../train/loss_scale.hpp"
@@ -26,6 +27,9 @@
 #include <utility>
 
 namespace REMAT_NAMESPACE {
+
+template <class Model>
+class inference_graph;  // (runtime/inference_graph.hpp)
 
 // What the last training pass of a model did.
 struct pass_report {
@@ -44,6 +48,9 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   using inputs = detail::model_inputs<Net, Device, Precision>;
 
  public:
+  template <class Model>
+  friend class inference_graph;  // (runs and captures forward_reserved)
+
   using net = Net;              // the layer graph
   using device = Device;        // host or cuda
   using precision = Precision;  // fp32, fp64 or mixed<half or bfloat16, a loss scale>
@@ -112,22 +119,18 @@ class model : public detail::model_parameters<Net, Device, Precision> {
       inputs::check_whole_parameters(this->link_);
       check_inference_shape(x, out);
       inputs::check_input(x, seq_len_).raise_if_bad();
-      return in_forward_arena(x, forward_kind::into_caller, 0, arenas_.inference_shape(),
-                              [&](state_type& s, arena_layout const*) {
-                                act<C, Device> const y = forward_pass(s, x, false);
-                                evaluate(out, to_expr(*y));
-                                return true;
-                              });
+      return forward_into(x, out, false);
     });
   }
 
   // Plans forward(x, out) for every batch up to max_batch (of sequences of up to `sequence`
   // positions: a model reading token ids takes max_sequence unless told; one reading features, the
   // sequence_length set) and holds its arena now: inference_plan<Net, Precision>(max_batch) bytes,
-  // or fewer where the run-time layout search does better. Afterwards forward(x, out) makes no
-  // request of the system for its activations; the products' scratch (oneDNN's scratchpad, from the
-  // default allocator, which keeps it) is taken at their first use, so after a first call at
-  // max_batch no call asks the system for memory. An argument_error (nothing changed) when the model
+  // or fewer where the run-time layout search does better, and on the GPU cuBLASLt's workspace
+  // block (32 MiB, in the default allocator, which keeps it). Afterwards forward(x, out) makes no
+  // request of the system for its activations; the products' other scratch (oneDNN's scratchpad,
+  // likewise kept) is taken at their first use, so after a first call at max_batch no call asks
+  // the system for memory. An argument_error (nothing changed) when the model
   // has no plan (a layer written for pass_state only), the arena is off (use_planned_arena), or
   // max_batch is 0; out_of_memory when the arena cannot be had.
   void reserve_inference(std::size_t max_batch, std::size_t sequence = 0) {
@@ -143,6 +146,7 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     if (!arenas_.reserve_inference({max_batch, in_width == any_width ? 0 : in_width, sequence}, *this->alloc_))
       detail::raise<out_of_memory>("model::reserve_inference: the arena for ", max_batch,
                                    " rows could not be had\n", this->alloc_->summary());
+    kernels::hold_product_workspace(Device{});
   }
   // The batch reserve_inference planned for (0: none).
   std::size_t inference_batch() const {
@@ -316,12 +320,30 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     return Net::forward(s, gathered.at(this->weights()), detail::input_activation<Net, Precision>(s, x, training));
   }
 
+  // forward(x, out) on checked input and shapes. `reserved_only` (an inference_graph's capture, whose
+  // addresses must stay valid): in the arena reserve_inference holds, or an argument_error before
+  // anything runs; a pass that made anything outside it is an argument_error too.
+  bool forward_into(input_view x, tensor_view<T, Device> out, bool reserved_only) const {
+    return in_forward_arena(
+        x, forward_kind::into_caller, 0, arenas_.inference_shape(),
+        [&](state_type& s, arena_layout const*) {
+          act<C, Device> const y = forward_pass(s, x, false);
+          evaluate(out, to_expr(*y));
+          if (reserved_only && s.unplanned())
+            detail::raise<argument_error>("inference_graph: the forward made ", s.unplanned(),
+                                          " bytes outside the arena reserve_inference holds");
+          return true;
+        },
+        reserved_only);
+  }
+
   // Runs fn(state, layout), a forward of `kind` on checked input x, in the planned arena: the
   // layout reserved for `reserved`'s shape (reserve_inference; any batch up to its own), or the
-  // layout of x's shape. Outside it when the arena is off or another pass of this model holds it.
+  // layout of x's shape. Outside it when the arena is off or another pass of this model holds it
+  // (unless `arena_only`: then an argument_error, nothing run).
   template <class Fn>
   auto in_forward_arena(input_view x, forward_kind kind, std::size_t workspace, detail::pass_shape const* reserved,
-                        Fn&& fn) const {
+                        Fn&& fn, bool arena_only = false) const {
     bool const training = kind == forward_kind::training_loss;
     state_type s = make_state({.training = training, .keep = false, .stream = training ? dropout_stream() : 0}, x);
     struct holding {
@@ -340,6 +362,9 @@ class model : public detail::model_parameters<Net, Device, Precision> {
         s.use_arena({arenas_.base(), layout->offset.data(), layout->bytes.data(), layout->offset.size(), reserved != nullptr});
       window.emplace(*this->alloc_);
     }
+    if (arena_only && !layout)
+      detail::raise<argument_error>("inference_graph: expected the arena reserve_inference holds, found ",
+                                    hold.busy ? "none (reserve_inference first)" : "another pass of the model in it");
     auto result = fn(s, layout);
     if (hold.busy)
       forward_report_ = {0, 0, layout != nullptr, s.unplanned(), this->alloc_->close_peak_window(window->id)};

@@ -13,10 +13,12 @@
 #include "../../memory/allocator.hpp"
 #include "../../numeric/small_float.hpp"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 
@@ -41,6 +43,18 @@ inline std::uint32_t alignment_of(void const* p, std::int64_t batch_stride_bytes
   return std::uint32_t(v & (~v + 1));
 }
 
+// Products of at most this many multiply-adds (m n k, per matrix of a batch) are small: see
+// lt_small_split_k.
+inline constexpr std::int64_t lt_small_product = std::int64_t(1) << 22;
+// Whether a small product may split its sum over k (cuBLASLt's split-K, with a reduction
+// kernel after it); off (the default), it runs as one dot product per element. For every product
+// after the setting changes (kernels::set_small_product_split_k). Off because cuBLASLt's first
+// choice for a 16 x 256 x 256 fp32 product split k 132 ways and took 37 us (H100, 2026-11-26).
+inline std::atomic<bool>& lt_small_split_k() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
 struct lt_key {
   cudaDataType_t ab, c;
   bool ta, tb;
@@ -48,7 +62,10 @@ struct lt_key {
   std::int32_t batch;
   std::int64_t sa, sb, sc;  // batch strides in elements
   std::uint32_t align_a, align_b, align_c;
-  auto tie() const { return std::tie(ab, c, ta, tb, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, align_a, align_b, align_c); }
+  bool whole_k = false;  // no split-K (see lt_small_split_k)
+  auto tie() const {
+    return std::tie(ab, c, ta, tb, m, n, k, lda, ldb, ldc, batch, sa, sb, sc, align_a, align_b, align_c, whole_k);
+  }
   bool operator<(lt_key const& o) const { return tie() < o.tie(); }
 };
 
@@ -114,6 +131,11 @@ inline std::unique_ptr<lt_plan> make_lt_plan(lt_key const& key) {
                                                           &key.align_c, sizeof key.align_c));
   REMAT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                           &key.align_c, sizeof key.align_c));
+  if (key.whole_k) {
+    std::uint32_t const none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    REMAT_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof none));
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   REMAT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(REMAT_NAMESPACE::detail::cublaslt_handle::get(), plan->op, plan->first, plan->second,
@@ -133,11 +155,19 @@ inline void lt_matmul(lt_key const& key, void const* alpha, void const* a, void 
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, make_lt_plan(key)).first;
   lt_plan const& plan = *it->second;
-  memory::scratch_buffer<cuda> workspace(plan.workspace);
+  // Every product that wants workspace takes a block of the same size, lt_workspace_limit: the
+  // scratch allocator caches blocks by size, so one block serves all shapes (a product of a new
+  // shape asks the system for nothing), as cuBLAS's own per-handle workspace does.
+  std::optional<memory::scratch_buffer<cuda>> workspace;
+  if (plan.workspace) workspace.emplace(lt_workspace_limit);
   REMAT_CUBLAS_CHECK(cublasLtMatmul(REMAT_NAMESPACE::detail::cublaslt_handle::get(), plan.op, alpha, b, plan.first, a, plan.second, beta, c,
-                                    plan.out, c, plan.out, &plan.algo, workspace.get(), plan.workspace,
-                                    current_cuda_stream()));
+                                    plan.out, c, plan.out, &plan.algo, workspace ? workspace->get() : nullptr,
+                                    plan.workspace, current_cuda_stream()));
 }
+
+// Takes the products' workspace block once, so that the scratch allocator holds it before the
+// first product that wants it (see lt_matmul).
+inline void lt_hold_workspace() { memory::scratch_buffer<cuda> const held(lt_workspace_limit); }
 
 }  // namespace detail
 }  // namespace kernels

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""PyTorch's side of bench_inference_cuda: the same surrogates, fp32 (no TF32), on the GPU, each call
+waited for (torch.cuda.synchronize), three ways like remat's:
+  eager    net(x) under torch.inference_mode
+  graph    a torch.cuda.CUDAGraph of net on static tensors: x copied in, replayed, the output copied
+           out (what remat's inference_graph::run does)
+  replay   the graph's replay alone
+Prints JSON lines in bench_inference's format ("library": "pytorch").
+
+  python3 bench/inference_torch_cuda.py [--model mlp|conv] [--batches 1,16,256,4096] [--rounds 7] [--seconds 0.2]
+"""
+import argparse
+import json
+import time
+
+import torch
+
+from surrogates_torch import surrogate
+
+
+def per_call(call, rounds, seconds):
+    per = []
+    calls = 0
+    for _ in range(rounds):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            call()
+            torch.cuda.synchronize()
+            n += 1
+            if n >= 5 and time.perf_counter() - t0 >= seconds:
+                break
+        per.append((time.perf_counter() - t0) / n)
+        calls += n
+    per.sort()
+    return per[len(per) // 2], calls
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="mlp", choices=["mlp", "conv"])
+    ap.add_argument("--batches", default=None)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--seconds", type=float, default=0.2)
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(1)
+    net, x = surrogate(a.model, "cuda")
+    batches = [int(b) for b in (a.batches or ("1,16,256" if a.model == "conv" else "1,16,256,4096")).split(",")]
+    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}, {a.model}, fp32 without TF32")
+
+    def line(mode, b, t, calls):
+        print(f"batch {b:5d} {mode:8s}: {t * 1e6:10.2f} us per call, {b / t:12.0f} rows/s ({calls} calls)")
+        print("json: " + json.dumps({"library": "pytorch", "version": torch.__version__, "model": a.model,
+                                     "device": "cuda", "mode": mode, "batch": b, "latency_us": round(t * 1e6, 3),
+                                     "rows_per_s": round(b / t, 1), "calls": calls, "rounds": a.rounds}))
+
+    with torch.inference_mode():
+        for b in batches:
+            xb = x[:b].contiguous()
+            out = torch.empty_like(net(xb))
+            for _ in range(20):
+                net(xb)
+            torch.cuda.synchronize()
+            line("eager", b, *per_call(lambda: out.copy_(net(xb)), a.rounds, a.seconds))
+            static_in = xb.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    net(static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                static_out = net(static_in)
+
+            def run():
+                static_in.copy_(xb)
+                g.replay()
+                out.copy_(static_out)
+
+            for _ in range(20):
+                run()
+            torch.cuda.synchronize()
+            if not torch.equal(out, net(xb)):
+                print(f"  (the graph's output differs from eager at batch {b})")
+            line("graph", b, *per_call(run, a.rounds, a.seconds))
+            line("replay", b, *per_call(g.replay, a.rounds, a.seconds))
+
+
+if __name__ == "__main__":
+    main()
