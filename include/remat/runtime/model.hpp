@@ -49,7 +49,7 @@ class model : public detail::model_parameters<Net, Device, Precision> {
 
  public:
   template <class Model>
-  friend class inference_graph;  // (runs and captures forward_reserved)
+  friend class inference_graph;  // (runs and captures forward_into)
 
   using net = Net;              // the layer graph
   using device = Device;        // host or cuda
@@ -143,10 +143,10 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     if (sequence == 0)
       detail::raise<argument_error>("model::reserve_inference: a sequence model reading features needs "
                                     "set_sequence_length first");
+    kernels::hold_product_workspace(Device{});  // (first: if it fails, nothing is reserved)
     if (!arenas_.reserve_inference({max_batch, in_width == any_width ? 0 : in_width, sequence}, *this->alloc_))
       detail::raise<out_of_memory>("model::reserve_inference: the arena for ", max_batch,
                                    " rows could not be had\n", this->alloc_->summary());
-    kernels::hold_product_workspace(Device{});
   }
   // The batch reserve_inference planned for (0: none).
   std::size_t inference_batch() const {
