@@ -2,7 +2,7 @@
 """Inference latency of a surrogate, fp32: --model mlp, a per-cell closure model (5 -> 256 -> 256 ->
 256 -> 5, GELU) at batches 1, 16, 256 and 4096; --model conv, the convolutional surrogate of
 examples/surrogate (64 x 64 grid, three residual blocks of 16 channels with BatchNorm) at batches
-1, 16 and 256. remat's model::forward(x, out) after reserve_inference (bench_inference),
+1, 16 and 256 (and 4096 when asked: --batches 4096 --inner 1; each activation is then 1 GiB). remat's model::forward(x, out) after reserve_inference (bench_inference),
 libtorch from C++ under torch::InferenceMode (bench/inference_libtorch.cpp, built here against the
 libtorch inside the PyPI wheel of .venv-bench: scripts/setup.sh bench), and torch.compile from
 Python as one more row. Rounds are interleaved (remat, libtorch, torch.compile, then again); each
@@ -30,13 +30,16 @@ torch.manual_seed(1)
 seconds, rounds, conv = float(sys.argv[1]), int(sys.argv[2]), sys.argv[4] == "conv"
 sys.path.insert(0, sys.argv[5])
 from surrogates_torch import surrogate
-net, x = surrogate(sys.argv[4])
+net, x = surrogate(sys.argv[4], rows=max(256, *[int(v) for v in sys.argv[3].split(",")]))
 f = torch.compile(net, dynamic=False)
 for b in [int(v) for v in sys.argv[3].split(",")]:
     xb = x[:b].contiguous()
     with torch.inference_mode():
-        for _ in range(20):
+        t0 = time.perf_counter()
+        for w in range(20):  # (as bench/timing.hpp's warm_up: fewer, 2 at least, past a second)
             f(xb)
+            if w >= 1 and time.perf_counter() - t0 > 1.0:
+                break
         per = []
         for _ in range(rounds):
             n, t0 = 0, time.perf_counter()
@@ -61,7 +64,8 @@ def torch_dir(python):
 def build_libtorch(python, target):
     t = torch_dir(python)
     src = os.path.join(HERE, "inference_libtorch.cpp")
-    if os.path.exists(target) and os.path.getmtime(target) > os.path.getmtime(src):
+    deps = [src] + [os.path.join(HERE, h) for h in ("heap_count.hpp", "timing.hpp")]
+    if os.path.exists(target) and all(os.path.getmtime(target) > os.path.getmtime(d) for d in deps):
         return
     cmd = ["g++", "-O2", "-std=c++20", "-D_GLIBCXX_USE_CXX11_ABI=1", "-I" + t + "/include",
            "-I" + t + "/include/torch/csrc/api/include", src, "-o", target, "-L" + t + "/lib",
@@ -97,6 +101,7 @@ def main():
     common = ["--model", args.model, "--batches", args.batches, "--rounds", str(args.inner), "--seconds", str(args.seconds)]
     runs = {}  # (library, batch) -> [median latency per round]
     extra = {}
+    heap = {}  # (library, batch) -> [malloc and its kin per call] (bench/heap_count.hpp)
     heads = []
     for r in range(args.rounds):
         progs = [[args.remat] + common, [libtorch] + common]
@@ -111,6 +116,8 @@ def main():
                 runs.setdefault((row["library"], row["batch"]), []).append(row["latency_us"])
                 if "allocations_per_call" in row:
                     extra.setdefault((row["library"], row["batch"]), []).append(row["allocations_per_call"])
+                if "heap_allocations_per_call" in row:
+                    heap.setdefault((row["library"], row["batch"]), []).append(row["heap_allocations_per_call"])
         print("round %d of %d done" % (r + 1, args.rounds), flush=True)
     batches = [int(b) for b in args.batches.split(",")]
     libs = []
@@ -129,8 +136,9 @@ def main():
              (stamp, cpu, os.cpu_count(), args.rounds)]
     lines += heads
     lines.append("")
-    lines.append("| batch | library | latency (us) | rows/s | / libtorch | system allocations per call |")
-    lines.append("|---:|---|---:|---:|---:|---:|")
+    lines.append("| batch | library | latency (us) | rows/s | / libtorch | system allocations per call | "
+                 "heap allocations per call |")
+    lines.append("|---:|---|---:|---:|---:|---:|---:|")
     out_json = []
     lt = next((l for l in libs if l.startswith("libtorch")), None)
     for b in batches:
@@ -140,17 +148,24 @@ def main():
                 continue
             t = statistics.median(runs[(lib, b)])
             allocs = extra.get((lib, b))
+            mallocs = heap.get((lib, b))
             ratio = "%.2f" % (t / base) if base else ""
-            lines.append("| %d | %s | %.2f | %.0f | %s | %s |" % (
-                b, lib, t, b / (t * 1e-6), ratio, "%.3f" % max(allocs) if allocs else "not counted"))
+            lines.append("| %d | %s | %.2f | %.0f | %s | %s | %s |" % (
+                b, lib, t, b / (t * 1e-6), ratio, "%.3f" % max(allocs) if allocs else "not counted",
+                "%.1f" % max(mallocs) if mallocs else "not counted"))
             out_json.append({"model": args.model, "batch": b, "library": lib, "latency_us": t, "rounds": runs[(lib, b)],
                              "vs_libtorch": t / base if base else None,
-                             "allocations_per_call": max(allocs) if allocs else None, "cpu": cpu, "date": stamp})
+                             "allocations_per_call": max(allocs) if allocs else None,
+                             "heap_allocations_per_call": max(mallocs) if mallocs else None, "cpu": cpu, "date": stamp})
     lines.append("")
     lines.append("Each latency is the median over %d interleaved runs of each program's median of %d timed rounds "
                  "of at least %.2f s. remat: model::forward(x, out) after reserve_inference(%d); libtorch: "
                  "module->forward(x) under torch::InferenceMode; torch.compile(dynamic=False) under "
-                 "torch.inference_mode, from Python." % (args.rounds, args.inner, args.seconds, 256 if conv else 4096))
+                 "torch.inference_mode, from Python. System allocations: remat's allocators' requests for "
+                 "memory (libtorch caches nothing on the CPU: each of its tensors is a posix_memalign, one of "
+                 "its heap allocations); heap allocations: calls of malloc and its kin, over 100 more calls "
+                 "(fewer past a second: bench/heap_count.hpp)." % (args.rounds, args.inner, args.seconds,
+                                                  max(256, max(batches)) if conv else 4096))
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -3,7 +3,7 @@
 //   mlp   a per-cell closure model, 5 -> 256 -> 256 -> 256 -> 5 with GELU (batches up to 4096)
 //   conv  examples/surrogate's network on its 64 x 64 grid: 2 -> 16 channels, three residual
 //         blocks of two 3 x 3 convolutions with BatchNorm (running statistics) and GELU, 16 -> 2
-//         (batches up to 256)
+//         (planned for batch 256, or the largest batch asked for when larger)
 // For each batch it prints the median latency of a call over `--rounds` rounds, rows per second,
 // and the system allocations per call counted by the model's allocator and the default one (the
 // kernels' scratch), as JSON lines that bench/compare_inference.py puts beside libtorch's
@@ -18,7 +18,11 @@
 #include <remat/remat.hpp>
 
 #include "timing.hpp"
+#if !REMAT_BENCH_CUDA
+#include "heap_count.hpp"
+#endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -53,8 +57,10 @@ void wait() {}
 template <class Net, class F>
 void report(char const* name, char const* mode, std::size_t b, memory::caching_allocator<D>& alloc, int rounds,
             double seconds, F&& call) {
-  for (int w = 0; w < 20; ++w) call();  // warm: the products' first use
-  wait();
+  bench_timing::warm_up([&] {  // the products' first use
+    call();
+    wait();
+  });
   auto const asked = [&] {
     return alloc.stats().system_allocations + memory::default_allocator<D>().stats().system_allocations;
   };
@@ -78,12 +84,21 @@ void report(char const* name, char const* mode, std::size_t b, memory::caching_a
     profile::enable(false);
   }
   double const allocs = double(asked() - before) / double(calls);
-  std::printf("batch %5zu %-8s: %10.2f us per call, %12.0f rows/s, %.3f system allocations per call (%zu calls)\n",
-              b, mode, t * 1e6, double(b) / t, allocs, calls);
+  double heap = -1;  // malloc and its kin per call, over up to 100 more calls (host only)
+#if !REMAT_BENCH_CUDA
+  std::uint64_t const heap_before = heap_count::calls.load();
+  int const more = bench_timing::count_calls(t);
+  for (int i = 0; i < more; ++i) call();
+  heap = double(heap_count::calls.load() - heap_before) / double(more);
+#endif
+  std::printf("batch %5zu %-8s: %10.2f us per call, %12.0f rows/s, %.3f system allocations per call, %.2f heap "
+              "allocations per call (%zu calls)\n",
+              b, mode, t * 1e6, double(b) / t, allocs, heap, calls);
   std::printf("json: {\"library\": \"remat\", \"model\": \"%s\", \"device\": \"%s\", \"mode\": \"%s\", "
               "\"batch\": %zu, \"latency_us\": %.3f, \"rows_per_s\": %.1f, \"allocations_per_call\": %.4f, "
-              "\"calls\": %zu, \"rounds\": %d}\n",
-              name, std::is_same_v<D, host> ? "host" : "cuda", mode, b, t * 1e6, double(b) / t, allocs, calls, rounds);
+              "\"heap_allocations_per_call\": %.2f, \"calls\": %zu, \"rounds\": %d}\n",
+              name, std::is_same_v<D, host> ? "host" : "cuda", mode, b, t * 1e6, double(b) / t, allocs, heap, calls,
+              rounds);
 }
 
 template <class Net>
@@ -139,6 +154,7 @@ int main(int argc, char** argv) {
   }
   if (which == "conv")
     return measure<Conv>("conv", "the convolutional surrogate of examples/surrogate (64 x 64, 3 blocks of 16 channels)",
-                         256, batches, rounds, seconds);
+                         std::max<std::size_t>(256, *std::max_element(batches.begin(), batches.end())), batches, rounds,
+                         seconds);
   return measure<Mlp>("mlp", "MLP surrogate 5-256-256-256-5 GELU", 4096, batches, rounds, seconds);
 }

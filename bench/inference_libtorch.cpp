@@ -5,8 +5,10 @@
 // and libraries), not by the project's CMake. Same flags and JSON lines as bench_inference.
 #include <torch/torch.h>
 
+#include "heap_count.hpp"
 #include "timing.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -66,7 +68,7 @@ int main(int argc, char** argv) {
   }
   net->eval();
   torch::InferenceMode guard;
-  long const max_batch = conv ? 256 : 4096;
+  long const max_batch = conv ? std::max(256L, *std::max_element(batches.begin(), batches.end())) : 4096;
   std::vector<long> const shape = conv ? std::vector<long>{max_batch, 2, 64, 64} : std::vector<long>{max_batch, 5};
   long elements = 1;
   for (long d : shape) elements *= d;
@@ -76,12 +78,17 @@ int main(int argc, char** argv) {
     if (b < 1 || b > max_batch) continue;
     torch::Tensor const xb = x.narrow(0, 0, b).contiguous();
     torch::Tensor y;
-    for (int w = 0; w < 20; ++w) y = net->forward(xb);
+    bench_timing::warm_up([&] { y = net->forward(xb); });
     auto const [t, calls] = bench_timing::per_call([&] { y = net->forward(xb); }, rounds, seconds);
-    std::printf("batch %5ld: %10.2f us per call, %12.0f rows/s (%zu calls)\n", b, t * 1e6, double(b) / t, calls);
+    std::uint64_t const heap_before = heap_count::calls.load();  // malloc and its kin, over up to 100 more calls
+    int const more = bench_timing::count_calls(t);
+    for (int i = 0; i < more; ++i) y = net->forward(xb);
+    double const heap = double(heap_count::calls.load() - heap_before) / double(more);
+    std::printf("batch %5ld: %10.2f us per call, %12.0f rows/s, %.2f heap allocations per call (%zu calls)\n", b,
+                t * 1e6, double(b) / t, heap, calls);
     std::printf("json: {\"library\": \"libtorch %s\", \"model\": \"%s\", \"batch\": %ld, \"latency_us\": %.3f, \"rows_per_s\": %.1f, "
-                "\"calls\": %zu, \"rounds\": %d}\n",
-                TORCH_VERSION, which.c_str(), b, t * 1e6, double(b) / t, calls, rounds);
+                "\"heap_allocations_per_call\": %.2f, \"calls\": %zu, \"rounds\": %d}\n",
+                TORCH_VERSION, which.c_str(), b, t * 1e6, double(b) / t, heap, calls, rounds);
   }
   return 0;
 }

@@ -16,17 +16,18 @@ class Block(torch.nn.Module):
         return x + self.b(torch.nn.functional.gelu(self.bn(self.a(x))))
 
 
-def surrogate(name, device="cpu"):
-    """(the network in eval mode, its inputs for the largest batch: sin(0.01 i) as bench_inference's)"""
+def surrogate(name, device="cpu", rows=None):
+    """(the network in eval mode, its inputs for the largest batch, `rows` or the default 256 (conv)
+    and 4096 (mlp): sin(0.01 i) as bench_inference's)"""
     if name == "conv":
         net = torch.nn.Sequential(torch.nn.Conv2d(2, 16, 3, padding=1), torch.nn.GELU(), Block(), Block(), Block(),
                                   torch.nn.Conv2d(16, 2, 3, padding=1))
-        shape = (256, 2, 64, 64)
+        shape = (rows or 256, 2, 64, 64)
     else:
         net = torch.nn.Sequential(torch.nn.Linear(5, 256), torch.nn.GELU(), torch.nn.Linear(256, 256),
                                   torch.nn.GELU(), torch.nn.Linear(256, 256), torch.nn.GELU(),
                                   torch.nn.Linear(256, 5))
-        shape = (4096, 5)
+        shape = (rows or 4096, 5)
     numel = 1
     for s in shape:
         numel *= s

@@ -211,6 +211,39 @@ std::size_t broadcast_width(E const& e) {
     return 0;
 }
 
+// What one element of an op costs beside the loads, stores and adds a pass is made of, in their
+// units: 0 for arithmetic and comparisons, an op's own `cost` where it has one (exp, log, tanh,
+// sigmoid, erf, pow: a polynomial or a libm call, a few dozen instructions).
+template <class Op>
+inline constexpr std::size_t op_cost = [] {
+  if constexpr (requires { Op::cost; })
+    return std::size_t(Op::cost);
+  else
+    return std::size_t(0);
+}();
+
+// What one element of E costs, in the units of op_cost, 1 for the pass itself: a host pass weighs
+// its elements by it in deciding whether to split across threads (a GELU's erf makes 4,096
+// elements worth two threads; a plain add is not worth them below 32,768). It decides nothing
+// about bits: the elements of a point-wise pass are independent.
+template <class E>
+struct element_cost {
+  static constexpr std::size_t value = 0;  // a terminal or a constant: its load is the pass's
+};
+// (an op on its operand)
+template <class Op, class A>
+struct element_cost<unary<Op, A>> {
+  static constexpr std::size_t value = op_cost<Op> + element_cost<A>::value;  // the op's and its operand's
+};
+// (an op on two operands)
+template <class Op, class A, class B>
+struct element_cost<binary<Op, A, B>> {
+  static constexpr std::size_t value = op_cost<Op> + element_cost<A>::value + element_cost<B>::value;  // the three's
+};
+// E's cost per element: 1 for the pass, plus its ops' (see element_cost).
+template <class E>
+inline constexpr std::size_t element_cost_v = 1 + element_cost<std::remove_cvref_t<E>>::value;
+
 // The type an expression computes in when written to an Out.
 template <class E, class Out>
 using compute_t = std::conditional_t<E::is_double || std::is_same_v<std::remove_cv_t<Out>, double>, double, float>;

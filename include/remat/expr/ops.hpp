@@ -89,10 +89,12 @@ struct neg_op {
 };
 // e^x (math::exp: the same bits on the host and the GPU).
 struct exp_op {
+  static constexpr std::size_t cost = 16;  // (a polynomial or a libm call: see op_cost)
   template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::exp(x); }  // e^x
 };
 // The natural logarithm.
 struct log_op {
+  static constexpr std::size_t cost = 16;  // (a polynomial or a libm call: see op_cost)
   template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::log(x); }  // ln x
 };
 // The square root.
@@ -105,14 +107,17 @@ struct rsqrt_op {
 };
 // The hyperbolic tangent.
 struct tanh_op {
+  static constexpr std::size_t cost = 24;  // (two polynomials and an exp: see op_cost)
   template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::tanh(x); }  // tanh x
 };
 // The logistic function 1 / (1 + e^-x).
 struct sigmoid_op {
+  static constexpr std::size_t cost = 16;  // (a polynomial or a libm call: see op_cost)
   template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return V(1) / (V(1) + math::exp(-x)); }  // sigmoid x
 };
 // The error function.
 struct erf_op {
+  static constexpr std::size_t cost = 32;  // (two polynomials and an exp: see op_cost)
   template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::erf(x); }  // erf x
 };
 // |x|; its derivative is sign(x).
@@ -153,6 +158,7 @@ struct le_op {
 };
 // pow(x, p) with a constant exponent.
 struct pow_op {
+  static constexpr std::size_t cost = 32;  // (a polynomial or a libm call: see op_cost)
   double p;  // the exponent
   template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::pow(x, V(p)); }  // x^p
 };

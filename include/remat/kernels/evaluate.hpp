@@ -77,11 +77,11 @@ void evaluate(Out&& out, E const& e) {
     // A bias (a row broadcast): a pass over rows, each element's column known.
     std::size_t const w = broadcast_width(x);
     if (w != 0 && w != any_size && n % w == 0) {
-      kernels::transform_rows(D{}, n / w, w, out.data(), detail::store_at_fn<T, V, X>{x});
+      kernels::transform_rows(D{}, n / w, w, out.data(), detail::store_at_fn<T, V, X>{x}, element_cost_v<X>);
       return;
     }
   }
-  kernels::transform(D{}, n, out.data(), detail::store_fn<T, V, X>{x});
+  kernels::transform(D{}, n, out.data(), detail::store_fn<T, V, X>{x}, element_cost_v<X>);
 }
 
 namespace detail {

@@ -23,12 +23,7 @@
 // oneDNN serves host C++ only: nvcc's front end fails on its headers, and CUDA code has cuBLASLt.
 #if defined(REMAT_HAS_ONEDNN) && !defined(__CUDACC__)
 #define REMAT_GEMM_ONEDNN 1
-#include <oneapi/dnnl/dnnl.hpp>
-
-#include <cstdint>
-#include <map>
-#include <mutex>
-#include <tuple>
+#include "detail/onednn.hpp"
 #endif
 
 #include <algorithm>
@@ -290,61 +285,6 @@ void widen(T const* src, index_t rows, index_t cols, index_t ld, float* dst) {
   });
 }
 
-#if defined(REMAT_GEMM_ONEDNN)
-// One matmul primitive per shape, made once: oneDNN's descriptors cost tens of microseconds.
-struct onednn_key {
-  index_t m, n, k, lda, ldb, ldc;
-  bool ta, tb, out32;
-  float alpha, beta;
-  bool in32 = false;  // fp32 inputs (else bf16)
-  auto tie() const { return std::tie(m, n, k, lda, ldb, ldc, ta, tb, out32, alpha, beta, in32); }
-  bool operator<(onednn_key const& o) const { return tie() < o.tie(); }
-};
-
-struct onednn_context {
-  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  std::mutex mutex;  // guards the cache; primitives themselves may run on several threads at once
-  std::map<onednn_key, std::pair<dnnl::matmul, std::size_t>> cache;  // primitive, scratchpad bytes
-
-  static onednn_context& get() {
-    static onednn_context c;
-    return c;
-  }
-};
-
-inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, void* c) {
-  using dt = dnnl::memory::data_type;
-  using dims = dnnl::memory::dims;
-  onednn_context& ctx = onednn_context::get();
-  dt const in = key.in32 ? dt::f32 : dt::bf16;
-  dnnl::memory::desc const ad({key.m, key.k}, in, key.ta ? dims{1, key.lda} : dims{key.lda, 1});
-  dnnl::memory::desc const bd({key.k, key.n}, in, key.tb ? dims{1, key.ldb} : dims{key.ldb, 1});
-  dnnl::memory::desc const cd({key.m, key.n}, key.out32 ? dt::f32 : dt::bf16, dims{key.ldc, 1});
-  std::unique_lock lock(ctx.mutex);
-  auto it = ctx.cache.find(key);
-  if (it == ctx.cache.end()) {
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
-    if (key.beta != 0.0f) {
-      dnnl::post_ops po;
-      po.append_sum(key.beta);
-      attr.set_post_ops(po);
-    }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, ctx.eng);
-    it = ctx.cache.emplace(key, std::make_pair(dnnl::matmul(pd), pd.scratchpad_desc().get_size())).first;
-  }
-  dnnl::matmul const prim = it->second.first;
-  std::size_t const pad_bytes = it->second.second;
-  lock.unlock();
-  memory::scratch_buffer<host> pad(pad_bytes);
-  dnnl::memory am(ad, ctx.eng, const_cast<void*>(a)), bm(bd, ctx.eng, const_cast<void*>(b)), cm(cd, ctx.eng, c);
-  dnnl::memory pm(dnnl::memory::desc({index_t(pad_bytes)}, dt::u8, dims{1}), ctx.eng, pad.get());
-  thread_local dnnl::stream stream{ctx.eng};  // a stream is not to be shared between threads
-  prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, pm}});
-  stream.wait();
-}
-#endif
 
 }  // namespace detail
 

@@ -108,7 +108,10 @@ class caching_allocator {
   }
 
   // An allocator that throws out_of_memory rather than reserve more than `limit` bytes in all.
-  explicit caching_allocator(std::size_t limit = unlimited) { stats_.limit = limit; }
+  explicit caching_allocator(std::size_t limit = unlimited) {
+    stats_.limit = limit;
+    spare_.reserve(spare_nodes);
+  }
   caching_allocator(caching_allocator const&) = delete;
   caching_allocator& operator=(caching_allocator const&) = delete;
   // Returns cached blocks to the system. Blocks still in use belong to their owners' lifetimes.
@@ -150,7 +153,7 @@ class caching_allocator {
       ++stats_.system_allocations;
       add(stats_.by_tag[index(t)].reserved, stats_.total.reserved, size);
     }
-    live_.emplace(p, block{size, t});
+    remember(p, block{size, t});
     count_in(p, size, t);
     return p;
   }
@@ -213,7 +216,7 @@ class caching_allocator {
     auto it = live_.find(p);
     if (it == live_.end()) return;
     block const b = it->second;
-    live_.erase(it);
+    forget(it);
     stats_.by_tag[index(b.t)].in_use -= b.bytes;
     stats_.total.in_use -= b.bytes;
     if (timeline_) note(p, -std::int64_t(b.bytes), b.t);
@@ -363,11 +366,32 @@ class caching_allocator {
     void* p = static_cast<char*>(base) + offset;
     if (live_.count(p)) return nullptr;
     live.reserve(live.size() + 1);
-    live_.emplace(p, block{size, t, base, offset});
+    remember(p, block{size, t, base, offset});
     live.push_back({offset, offset + size});
     ++stats_.planned;
     count_in(p, size, t);
     return p;
+  }
+
+  // Records p as in use, in the map node of a block freed earlier when one is kept: a loop of
+  // passes that frees what it allocates then asks the heap for nothing.
+  void remember(void* p, block b) {
+    if (spare_.empty()) {
+      live_.emplace(p, b);
+      return;
+    }
+    auto node = std::move(spare_.back());
+    spare_.pop_back();
+    node.key() = p;
+    node.mapped() = b;
+    live_.insert(std::move(node));
+  }
+  // Forgets a block in use, keeping its node for the next (up to spare_nodes of them).
+  void forget(typename std::unordered_map<void*, block>::iterator it) noexcept {
+    if (spare_.size() < spare_.capacity())
+      spare_.push_back(live_.extract(it));  // (within the capacity reserved: no allocation, no throw)
+    else
+      live_.erase(it);
   }
 
   void drop_arena(typename std::unordered_map<void*, arena_record>::iterator it) noexcept {
@@ -463,6 +487,8 @@ class caching_allocator {
   timeline* timeline_ = nullptr;
   statistics stats_{};
   std::unordered_map<void*, block> live_;
+  static constexpr std::size_t spare_nodes = 256;  // freed blocks' map nodes kept (see remember)
+  std::vector<typename std::unordered_map<void*, block>::node_type> spare_;
   std::unordered_map<void*, arena_record> arenas_;
   planned_slot next_{};
   std::size_t fail_at_ = 0;  // the value of stats_.requests whose request fails (0: none)

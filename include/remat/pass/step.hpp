@@ -8,6 +8,7 @@
 #include "../kernels/evaluate.hpp"
 #include "../memory/allocator.hpp"
 #include "../memory/offload.hpp"
+#include "../memory/recycling.hpp"
 #include "../tensor/tensor.hpp"
 #include "vocabulary.hpp"
 
@@ -19,6 +20,12 @@ namespace REMAT_NAMESPACE {
 // when the last holder lets go.
 template <class T, class D>
 using act = std::shared_ptr<tensor<T, D>>;
+
+// A new activation object (its tensor and count in one block, recycled: memory/recycling.hpp).
+template <class T, class D, class... Args>
+act<T, D> make_act(Args&&... args) {
+  return std::allocate_shared<tensor<T, D>>(memory::recycling<tensor<T, D>>{}, std::forward<Args>(args)...);
+}
 
 // Told by backward as a layer's gradients become final: those from `offset` (in elements from the
 // start of the model's gradient buffer) to its end. A data-parallel wrapper starts reducing them.
@@ -128,7 +135,7 @@ class pass_state
   act_type make(std::size_t rows, std::size_t cols) {
     making_ = true;
     act_type a = arena_.base ? from_arena(rows, cols) : nullptr;
-    if (!a) a = std::make_shared<tensor<T, D>>(index_t(rows), index_t(cols), memory::tag::activations, *alloc_);
+    if (!a) a = make_act<T, D>(index_t(rows), index_t(cols), memory::tag::activations, *alloc_);
     making_ = false;
     ++makes_;
     return a;
@@ -175,7 +182,7 @@ class pass_state
   bool make_failed() const { return making_; }  // (see makes)
   // A shape without memory (what a selective recomputation passes on past its last product).
   act_type hollow(std::size_t rows, std::size_t cols) {
-    return std::make_shared<tensor<T, D>>(tensor<T, D>::shape_only, rows, cols);
+    return make_act<T, D>(tensor<T, D>::shape_only, rows, cols);
   }
   static bool is_hollow(act_type const& a) { return a && a->data() == nullptr; }  // a shape without values
   // Whether the pass made `a` (not the caller's input, read in place).
@@ -191,7 +198,7 @@ class pass_state
   template <class U>
   act_type borrow(tensor_view<U const, D> v) {
     static_assert(std::is_same_v<U, T>, "pass_state::borrow: only an input of the activation type is read in place");
-    return std::make_shared<tensor<T, D>>(tensor<T, D>::borrowed, const_cast<T*>(v.data()), v.rows(), v.cols());
+    return make_act<T, D>(tensor<T, D>::borrowed, const_cast<T*>(v.data()), v.rows(), v.cols());
   }
   // The caller's input of another type, converted into a new activation of T.
   template <class U>
@@ -238,7 +245,7 @@ class pass_state
     void* const p = arena_block(rows * cols * sizeof(T));
     if (!p) return nullptr;
     try {
-      return std::make_shared<tensor<T, D>>(tensor<T, D>::adopted, static_cast<T*>(p), rows, cols,
+      return make_act<T, D>(tensor<T, D>::adopted, static_cast<T*>(p), rows, cols,
                                             memory::tag::activations, *alloc_);
     } catch (...) {
       alloc_->deallocate(p);
