@@ -8,6 +8,11 @@ waited for (torch.cuda.synchronize), three ways like remat's:
 Prints JSON lines in bench_inference's format ("library": "pytorch").
 
   python3 bench/inference_torch_cuda.py [--model mlp|conv] [--batches 1,16,256,4096] [--rounds 7] [--seconds 0.2]
+                                        [--profile]
+--profile prints, instead, the GPU kernels of 20 eager calls per batch (torch.profiler: name, calls,
+microseconds per call of the network), to set beside remat's (bench/conv_algos_cuda.cu,
+REMAT_BENCH_PROFILE=1 bench_inference_cuda), and the time of each convolution alone with cuDNN's
+heuristic and with its benchmark mode (torch.backends.cudnn.benchmark).
 """
 import argparse
 import json
@@ -41,6 +46,7 @@ def main():
     ap.add_argument("--batches", default=None)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--seconds", type=float, default=0.2)
+    ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -55,6 +61,8 @@ def main():
                                      "device": "cuda", "mode": mode, "batch": b, "latency_us": round(t * 1e6, 3),
                                      "rows_per_s": round(b / t, 1), "calls": calls, "rounds": a.rounds}))
 
+    if a.profile:
+        return profile(net, x, batches)
     with torch.inference_mode():
         for b in batches:
             xb = x[:b].contiguous()
@@ -86,6 +94,51 @@ def main():
                 print(f"  (the graph's output differs from eager at batch {b})")
             line("graph", b, *per_call(run, a.rounds, a.seconds))
             line("replay", b, *per_call(g.replay, a.rounds, a.seconds))
+
+
+def profile(net, x, batches):
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    calls = 20
+    with torch.inference_mode():
+        for b in batches:
+            xb = x[:b].contiguous()
+            for _ in range(20):
+                net(xb)
+            torch.cuda.synchronize()
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    net(xb)
+                torch.cuda.synchronize()
+            kernels = {}
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    n, us = kernels.get(e.name, (0, 0.0))
+                    kernels[e.name] = (n + 1, us + e.device_time)
+            total = sum(us for _, us in kernels.values())
+            print(f"batch {b}: GPU kernels {total / calls:.1f} us per call")
+            for name, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1]):
+                print(f"  {us / calls:9.1f} us {n // calls:3d} x  {name[:150]}")
+            convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+            seen = set()
+            for m in convs:
+                key = (m.in_channels, m.out_channels)
+                if key in seen:
+                    continue
+                seen.add(key)
+                inp = torch.sin(torch.arange(b * m.in_channels * 64 * 64, device=x.device, dtype=torch.float32)
+                                ).reshape(b, m.in_channels, 64, 64)
+                for bench_mode in (False, True):
+                    torch.backends.cudnn.benchmark = bench_mode
+                    for _ in range(10):
+                        m(inp)
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(100):
+                        m(inp)
+                    torch.cuda.synchronize()
+                    print(f"  conv {key[0]} -> {key[1]}, cudnn.benchmark={bench_mode}: "
+                          f"{(time.perf_counter() - t0) * 1e4:.1f} us")
+                torch.backends.cudnn.benchmark = False
 
 
 if __name__ == "__main__":

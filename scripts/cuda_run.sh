@@ -12,9 +12,12 @@
 #             than plain and checkpoint: each compiled run costs about a minute);
 #   inference the surrogates' inference latency (bench_inference_cuda: forward(x, out), an
 #             inference_graph's run and replay) beside PyTorch's eager and CUDA-graph calls
-#             (bench/inference_torch_cuda.py), in two interleaved rounds.
+#             (bench/inference_torch_cuda.py), in two interleaved rounds;
+#   conv      where the convolutional surrogate's time goes: every cuDNN algorithm for its shapes
+#             beside remat's choice (bench/conv_algos_cuda.cu), remat's profile by kind of work
+#             (REMAT_BENCH_PROFILE), PyTorch's kernels (inference_torch_cuda.py --profile).
 # Results go to $OUT (or /tmp/out).
-#   .gpu/run.sh [tests|bench|inference|all]
+#   .gpu/run.sh [tests|bench|inference|conv|all]
 set -uo pipefail
 cd "$(dirname "$0")"
 here=$PWD
@@ -66,6 +69,15 @@ if [[ $mode == inference || $mode == all ]]; then
     done
   done
   grep -v '^json' "$out/inference-cuda.log"
+fi
+if [[ $mode == conv ]]; then
+  [ -x bin/conv_algos_cuda ] && { timeout 150 bin/conv_algos_cuda > "$out/conv-algos.log" 2>&1 || status=1; }
+  cat "$out/conv-algos.log"
+  REMAT_BENCH_PROFILE=1 timeout 90 bin/bench_inference_cuda --model conv --rounds 3 --seconds 0.1 \
+    > "$out/conv-profile.log" 2>&1 || status=1
+  PYTHONUNBUFFERED=1 timeout 120 python3 ../bench/inference_torch_cuda.py --model conv --profile \
+    >> "$out/conv-profile.log" 2>&1 || status=1
+  grep -v '^json' "$out/conv-profile.log"
 fi
 if [[ $mode == bench || $mode == all ]]; then
   cd "$here/.."

@@ -19,6 +19,7 @@
 #include "kernels/conv.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/image.hpp"
+#include "kernels/pooling.hpp"
 #include "kernels/norms.hpp"
 #include "kernels/optimizers.hpp"
 #include "kernels/pointwise.hpp"

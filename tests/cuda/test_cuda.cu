@@ -302,6 +302,111 @@ TEST_CASE("cuda norms: a block per row equals the host's rows, for narrow, odd a
   }
 }
 
+namespace {
+
+// The image kernels on the GPU against the host's: batch and group normalisation's statistics and
+// gradients (a block per channel or group there) to rounding and the same bits run to run; every
+// element pass (batch normalisation with running statistics, pooling, upsampling: a thread per
+// element there) bit for bit, ties in the pooling windows included.
+template <class T>
+void check_image_kernels(std::size_t batch, std::size_t channels, std::size_t h, std::size_t w, double tol) {
+  using V = compute_type_t<T>;
+  kernels::planes const p{batch, channels, h * w};
+  std::size_t const n = p.size(), groups = channels / 2;
+  unsigned const seed = unsigned(batch * 1000 + channels * 10 + h);
+  auto xv = random_values<T>(n, seed), dyv = random_values<T>(n, seed + 1);
+  for (auto& v : xv) v = T(std::round(double(as_double(v)) * 8) / 8);  // (ties in the pooling windows)
+  auto const gv = random_values<T>(channels, seed + 2, 0.5, 1.5), bv = random_values<T>(channels, seed + 3);
+  auto const rm = random_values<float>(channels, seed + 4), rv = random_values<float>(channels, seed + 5, 0.5, 2);
+  auto const pg = random_values<float>(channels, seed + 6), pb = random_values<float>(channels, seed + 7);
+  index_t const rows = index_t(batch), cols = index_t(p.image()), c = index_t(channels);
+  INFO("batch " << batch << ", channels " << channels << ", " << h << " x " << w);
+  auto statistics = [&]<class D>(D) {
+    auto x = make<T, D>(rows, cols, xv), dy = make<T, D>(rows, cols, dyv);
+    auto g = make<T, D>(c, 1, gv), b = make<T, D>(c, 1, bv);
+    tensor<T, D> y(rows, cols), dx(rows, cols), gy(rows, cols), gdx(rows, cols);
+    tensor<V, D> mean(c, 1), rstd(c, 1), var(c, 1), gmean(rows * index_t(groups), 1), grstd(rows * index_t(groups), 1);
+    auto dg = make<float, D>(c, 1, pg), db = make<float, D>(c, 1, pb), gdg = make<float, D>(c, 1, pg),
+         gdb = make<float, D>(c, 1, pb);
+    kernels::batch_norm_forward_training(D{}, p, x.data(), g.data(), b.data(), 1e-5, y.data(), mean.data(),
+                                         rstd.data(), var.data());
+    kernels::batch_norm_backward(D{}, p, x.data(), g.data(), mean.data(), rstd.data(), dy.data(), dx.data(), dg.data(),
+                                 db.data());
+    kernels::group_norm_forward(D{}, p, groups, x.data(), g.data(), b.data(), 1e-5, gy.data(), gmean.data(),
+                                grstd.data());
+    kernels::group_norm_backward(D{}, p, groups, x.data(), g.data(), gmean.data(), grstd.data(), dy.data(),
+                                 gdx.data(), gdg.data(), gdb.data());
+    // dx in place of dy gives the same bits as dx apart.
+    auto bn_alias = make<T, D>(rows, cols, dyv), gn_alias = make<T, D>(rows, cols, dyv);
+    auto dg2 = make<float, D>(c, 1, pg), db2 = make<float, D>(c, 1, pb);
+    kernels::batch_norm_backward(D{}, p, x.data(), g.data(), mean.data(), rstd.data(), bn_alias.data(),
+                                 bn_alias.data(), dg2.data(), db2.data());
+    kernels::group_norm_backward(D{}, p, groups, x.data(), g.data(), gmean.data(), grstd.data(), gn_alias.data(),
+                                 gn_alias.data(), dg2.data(), db2.data());
+    CHECK(bitwise_equal(bn_alias.to_vector(), dx.to_vector()));
+    CHECK(bitwise_equal(gn_alias.to_vector(), gdx.to_vector()));
+    return std::array<std::vector<double>, 12>{
+        to_doubles(y.to_vector()),     to_doubles(mean.to_vector()),  to_doubles(rstd.to_vector()),
+        to_doubles(var.to_vector()),   to_doubles(dx.to_vector()),    to_doubles(dg.to_vector()),
+        to_doubles(db.to_vector()),    to_doubles(gy.to_vector()),    to_doubles(gmean.to_vector()),
+        to_doubles(grstd.to_vector()), to_doubles(gdx.to_vector()),   to_doubles(gdg.to_vector())};
+  };
+  auto const got = statistics(gpu{}), again = statistics(gpu{}), want = statistics(host{});
+  char const* names[] = {"batch norm y", "mean", "rstd", "var", "batch norm dx", "batch norm dgamma",
+                         "batch norm dbeta", "group norm y", "group mean", "group rstd", "group norm dx",
+                         "group norm dgamma"};
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    require_close(got[k], want[k], tol, names[k]);
+    CHECK(bitwise_equal(got[k], again[k]));
+  }
+  // The element passes.
+  std::size_t const planes_count = batch * channels;
+  auto elements = [&]<class D>(D) {
+    std::vector<std::vector<T>> out;
+    auto x = make<T, D>(rows, cols, xv), dy = make<T, D>(rows, cols, dyv);
+    auto g = make<T, D>(c, 1, gv), b = make<T, D>(c, 1, bv);
+    auto m = make<float, D>(c, 1, rm), v = make<float, D>(c, 1, rv);
+    tensor<T, D> y(rows, cols);
+    kernels::batch_norm_forward_inference(D{}, p, x.data(), g.data(), b.data(), m.data(), v.data(), 1e-5, y.data());
+    out.push_back(y.to_vector());
+    for (auto [k, stride] : {std::array<std::size_t, 2>{2, 2}, {3, 1}, {3, 2}}) {
+      kernels::pool_shape const s{h, w, k, stride};
+      index_t const pooled = index_t(channels * s.out_height() * s.out_width());
+      tensor<T, D> py(rows, pooled), ay(rows, pooled), pdx(rows, cols), adx(rows, cols);
+      auto pdy = make<T, D>(rows, pooled, std::vector<T>(dyv.begin(), dyv.begin() + std::ptrdiff_t(batch) * pooled));
+      kernels::max_pool_forward(D{}, planes_count, s, x.data(), py.data());
+      kernels::max_pool_backward(D{}, planes_count, s, x.data(), pdy.data(), pdx.data());
+      kernels::avg_pool_forward(D{}, planes_count, s, x.data(), ay.data());
+      kernels::avg_pool_backward(D{}, planes_count, s, pdy.data(), adx.data());
+      for (auto* t : {&py, &pdx, &ay, &adx}) out.push_back(t->to_vector());
+    }
+    tensor<T, D> up(rows, cols * 4), upx(rows, cols);
+    auto updy = make<T, D>(rows, cols * 4, random_values<T>(n * 4, seed + 8));
+    kernels::upsample_nearest_forward(D{}, planes_count, h, w, 2, x.data(), up.data());
+    kernels::upsample_nearest_backward(D{}, planes_count, h, w, 2, updy.data(), upx.data());
+    out.push_back(up.to_vector());
+    out.push_back(upx.to_vector());
+    return out;
+  };
+  auto const eg = elements(gpu{}), eh = elements(host{});
+  REQUIRE(eg.size() == eh.size());
+  for (std::size_t k = 0; k < eg.size(); ++k) {
+    INFO("element pass " << k << " (0: batch norm with running statistics; then per window max y, max dx, "
+                            "average y, average dx; then upsampling y, dx)");
+    CHECK(bitwise_equal(eg[k], eh[k]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda image kernels: statistics a block per channel follow the host's, element passes bit for bit",
+          "[cuda][kernels][conv]") {
+  for (auto [batch, channels, h, w] : {std::array<std::size_t, 4>{1, 4, 8, 8}, {3, 6, 9, 7}, {16, 16, 64, 64}}) {
+    check_image_kernels<float>(batch, channels, h, w, 1e-4);  // (sums of up to 65,536 values in other orders)
+    check_image_kernels<bf16>(batch, channels, h, w, 2e-2);
+  }
+}
+
 TEST_CASE("cuda softmax cross-entropy: a block per row equals the host's rows, for few and many classes",
           "[cuda][kernels]") {
   for (auto [rows, classes] : {std::array<index_t, 2>{1, 5}, {37, 1000}, {300, 4099}}) {
@@ -930,6 +1035,34 @@ TEST_CASE("cuda convolutions: cuDNN and the image kernels follow the host; every
   m.train_step<MSE>(x, t, opt);
   CHECK(alloc.stats()[memory::tag::activations].peak ==
         activation_plan<ConvNet<Repeat<2, Checkpointed<ConvBlock>>>>(5).peak_bytes);
+}
+
+// At these shapes cuDNN's heuristic ranks first backward algorithms that add with atomics (found on
+// an H100, 2026-11-26): remat takes the first deterministic one, so a gradient's bits do not vary.
+TEST_CASE("cuda convolutions: the gradients are the same bits run to run at the surrogate's shapes",
+          "[cuda][conv]") {
+  for (auto [batch, in] : {std::array<std::size_t, 2>{16, 16}, {16, 2}, {256, 16}}) {
+    kernels::conv_shape const c{batch, in, 64, 64, 16, 3, 1, 1};
+    index_t const rows = index_t(batch);
+    auto x = make<float>(rows, index_t(c.in_features()), random_values<float>(batch * c.in_features(), 11));
+    auto dy = make<float>(rows, index_t(c.out_features()), random_values<float>(batch * c.out_features(), 12));
+    auto w = make<float>(index_t(c.weight_count()), 1, random_values<float>(c.weight_count(), 13));
+    auto run = [&] {
+      tensor<float, gpu> dx(rows, index_t(c.in_features()));
+      auto dw = make<float>(index_t(c.weight_count()), 1, std::vector<float>(c.weight_count(), 0.0f));
+      auto db = make<float>(16, 1, std::vector<float>(16, 0.0f));
+      kernels::conv2d_backward(gpu{}, c, x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data());
+      return std::array<std::vector<float>, 3>{dx.to_vector(), dw.to_vector(), db.to_vector()};
+    };
+    auto const first = run();
+    for (int again = 0; again < 3; ++again) {
+      auto const next = run();
+      INFO("batch " << batch << ", " << in << " -> 16 channels, run " << again + 2);
+      CHECK(bitwise_equal(next[0], first[0]));
+      CHECK(bitwise_equal(next[1], first[1]));
+      CHECK(bitwise_equal(next[2], first[2]));
+    }
+  }
 }
 
 TEST_CASE("cuda convolutions in mixed<bfloat16>: every policy bit for bit, gradients follow the host's",

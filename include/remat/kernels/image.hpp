@@ -1,22 +1,28 @@
-// Image kernels beside the convolution (kernels/conv.hpp): batch and group normalisation, max and
-// average pooling, nearest-neighbour upsampling. NCHW rows as there: image n is row n, its planes
-// channel by channel.
+// Image kernels beside the convolution (kernels/conv.hpp): batch and group normalisation (pooling
+// and upsampling: kernels/pooling.hpp). NCHW rows as there: image n is row n, its planes channel by
+// channel.
 //
 // Memory-bound passes over planes, written once for both devices as loops over an index
 // (for_each_index: OpenMP threads on the host, one GPU thread per index on CUDA): oneDNN's and
 // cuDNN's own versions would want their own layouts to pay off, and these are a few lines each
 // whose sums run in a fixed order (per channel or per group, over the batch in order), so the
 // results do not depend on the thread count and every storage policy stays bit for bit.
-// Statistics accumulate in the compute type (fp32 for fp32, fp64 for double). On the GPU the
-// per-channel passes (batch normalisation's statistics and gradients) are one thread per channel:
-// correct, not tuned (a block per channel is the next step).
+// Statistics accumulate in the compute type (fp32 for fp32, fp64 for double).
+// On the GPU the statistics and parameter gradients take a thread block per channel (batch
+// normalisation) or per image and group (group normalisation), sums in an order fixed by the shape
+// (detail/cuda_rows.hpp: reproducible, the host's to rounding), and every other pass a thread per
+// element, each element computed by the host's formula in the host's order (the same bits). One
+// thread per plane or per channel, as on the host, left a 64 x 64 surrogate's batch normalisation
+// at 300 us a call on an H100 (bench/conv_algos_cuda.cu, 2026-11-26).
 #pragma once
 
 #include "../numeric/math.hpp"
 #include "../numeric/compute.hpp"
+#include "detail/cuda_rows.hpp"
 #include "rows.hpp"
 
 #include <cstddef>
+#include <type_traits>
 
 namespace REMAT_NAMESPACE {
 namespace kernels {
@@ -42,12 +48,150 @@ REMAT_INLINE_HOST_DEVICE V channel_sum(planes const& p, std::size_t c, F&& f) {
   }
   return s;
 }
-// NaN is the only value unequal to itself (std::isnan is not a device function).
-template <class T>
-REMAT_INLINE_HOST_DEVICE bool is_nan(T v) {
-  return !(v == v);
-}
 }  // namespace detail
+
+#if REMAT_HAS_CUDA
+// The GPU's per-channel and per-group passes: a block per channel (or per image and group), the
+// host's formulas.
+namespace detail {
+
+// f(i) for every index i of channel c's values (images in order), the block's threads striding
+// each plane; block_channel_sum: the sum of f(i) over them, returned to every thread.
+template <class F>
+__device__ void for_block_channel(planes const& p, std::size_t c, F const& f) {
+  for (std::size_t n = 0; n < p.batch; ++n) {
+    std::size_t const base = n * p.image() + c * p.plane;
+    for_block_row(p.plane, [&](std::size_t i) { f(base + i); });
+  }
+}
+template <class V, class F>
+__device__ V block_channel_sum(planes const& p, std::size_t c, F const& f) {
+  V s = 0;
+  for_block_channel(p, c, [&](std::size_t i) { s += f(i); });
+  return block_sum(s);
+}
+
+template <class T, class V>
+__global__ void __launch_bounds__(row_threads)
+    batch_norm_forward_channels(planes p, T const* x, T const* gamma, T const* beta, V eps, T* y, V* mean, V* rstd,
+                                V* var) {
+  V const count = V(p.batch * p.plane);
+  for_block_rows(p.channels, [&](std::size_t c) {
+    V const m = block_channel_sum<V>(p, c, [&](std::size_t i) { return V(x[i]); }) / count;
+    V const q = block_channel_sum<V>(p, c, [&](std::size_t i) {
+      V const d = V(x[i]) - m;
+      return d * d;
+    });
+    V const v = q / count;
+    V const r = V(1) / math::sqrt(v + eps);
+    V const a = r * V(gamma[c]), b = V(beta[c]) - m * a;
+    for_block_channel(p, c, [&](std::size_t i) { y[i] = T(V(x[i]) * a + b); });
+    if (threadIdx.x == 0) {
+      mean[c] = m;
+      rstd[c] = r;
+      var[c] = v;
+    }
+  });
+}
+
+// (dx may alias dy: a block reads its channel's dy for both sums, which end synchronised, before
+// any of its threads writes dx, and each thread writes only what it reads.)
+template <class T, class V, class G>
+__global__ void __launch_bounds__(row_threads)
+    batch_norm_backward_channels(planes p, T const* x, T const* gamma, V const* mean, V const* rstd, T const* dy,
+                                 T* dx, G* dgamma, G* dbeta) {
+  V const count = V(p.batch * p.plane);
+  for_block_rows(p.channels, [&](std::size_t c) {
+    V const m = mean[c], r = rstd[c];
+    V const sd = block_channel_sum<V>(p, c, [&](std::size_t i) { return V(dy[i]); });
+    V const sdx = block_channel_sum<V>(p, c, [&](std::size_t i) { return V(dy[i]) * ((V(x[i]) - m) * r); });
+    if (threadIdx.x == 0) {
+      dgamma[c] = G(V(dgamma[c]) + sdx);
+      dbeta[c] = G(V(dbeta[c]) + sd);
+    }
+    if (!dx) return;
+    V const k = V(gamma[c]) * r, md = sd / count, mdx = sdx / count;
+    for_block_channel(p, c, [&](std::size_t i) {
+      V const xh = (V(x[i]) - m) * r;
+      dx[i] = T(k * (V(dy[i]) - md - xh * mdx));
+    });
+  });
+}
+
+template <class T, class V>
+__global__ void __launch_bounds__(row_threads)
+    group_norm_forward_groups(planes p, std::size_t groups, T const* x, T const* gamma, T const* beta, V eps, T* y,
+                              V* mean, V* rstd) {
+  std::size_t const per = p.channels / groups, span = per * p.plane;
+  for_block_rows(p.batch * groups, [&](std::size_t k) {
+    std::size_t const n = k / groups, g = k % groups;
+    T const* xg = x + n * p.image() + g * span;
+    V const m = block_row_sum<V>(span, [&](std::size_t i) { return V(xg[i]); }) / V(span);
+    V const q = block_row_sum<V>(span, [&](std::size_t i) {
+      V const d = V(xg[i]) - m;
+      return d * d;
+    });
+    V const r = V(1) / math::sqrt(q / V(span) + eps);
+    T* yg = y + n * p.image() + g * span;
+    for_block_row(span, [&](std::size_t i) {
+      std::size_t const c = g * per + i / p.plane;
+      V const a = r * V(gamma[c]), b = V(beta[c]) - m * a;
+      yg[i] = T(V(xg[i]) * a + b);
+    });
+    if (threadIdx.x == 0) {
+      if (mean) mean[k] = m;
+      if (rstd) rstd[k] = r;
+    }
+  });
+}
+
+template <class T, class V, class G>
+__global__ void __launch_bounds__(row_threads)
+    group_norm_parameter_gradients(planes p, std::size_t groups, T const* x, V const* mean, V const* rstd,
+                                   T const* dy, G* dgamma, G* dbeta) {
+  std::size_t const per = p.channels / groups;
+  for_block_rows(p.channels, [&](std::size_t c) {
+    std::size_t const g = c / per;
+    V sdx = 0, sd = 0;
+    for (std::size_t n = 0; n < p.batch; ++n) {
+      V const m = mean[n * groups + g], r = rstd[n * groups + g];
+      std::size_t const base = n * p.image() + c * p.plane;
+      for_block_row(p.plane, [&](std::size_t i) {
+        sdx += V(dy[base + i]) * ((V(x[base + i]) - m) * r);
+        sd += V(dy[base + i]);
+      });
+    }
+    sdx = block_sum(sdx);
+    sd = block_sum(sd);
+    if (threadIdx.x == 0) {
+      dgamma[c] = G(V(dgamma[c]) + sdx);
+      dbeta[c] = G(V(dbeta[c]) + sd);
+    }
+  });
+}
+
+// (dx may alias dy, as in batch_norm_backward_channels.)
+template <class T, class V>
+__global__ void __launch_bounds__(row_threads)
+    group_norm_input_gradient(planes p, std::size_t groups, T const* x, T const* gamma, V const* mean,
+                              V const* rstd, T const* dy, T* dx) {
+  std::size_t const per = p.channels / groups, span = per * p.plane;
+  for_block_rows(p.batch * groups, [&](std::size_t k) {
+    std::size_t const n = k / groups, g = k % groups;
+    std::size_t const base = n * p.image() + g * span;
+    V const m = mean[k], r = rstd[k];
+    auto h = [&](std::size_t i) { return V(dy[base + i]) * V(gamma[g * per + i / p.plane]); };
+    V const mh = block_row_sum<V>(span, h) / V(span);
+    V const mhx = block_row_sum<V>(span, [&](std::size_t i) { return h(i) * ((V(x[base + i]) - m) * r); }) / V(span);
+    for_block_row(span, [&](std::size_t i) {
+      V const xh = (V(x[base + i]) - m) * r;
+      dx[base + i] = T(r * (h(i) - mh - xh * mhx));
+    });
+  });
+}
+
+}  // namespace detail
+#endif
 
 // ---- batch normalisation (per channel, over the batch and the plane)
 
@@ -57,6 +201,13 @@ template <class T, device_tag D>
 void batch_norm_forward_training(D, planes const& p, T const* x, T const* gamma, T const* beta, double eps, T* y,
                                  compute_type_t<T>* mean, compute_type_t<T>* rstd, compute_type_t<T>* var) {
   using V = compute_type_t<T>;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {
+    detail::launch_rows(detail::batch_norm_forward_channels<T, V>, p.channels, p, x, gamma, beta, V(eps), y, mean,
+                        rstd, var);
+    return;
+  }
+#endif
   V const count = V(p.batch * p.plane);
   for_each_index(D{}, p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t c) {
     V const m = detail::channel_sum<V>(p, c, [&](std::size_t i) { return V(x[i]); }) / count;
@@ -82,6 +233,16 @@ template <class T, class B, device_tag D>
 void batch_norm_forward_inference(D, planes const& p, T const* x, T const* gamma, T const* beta, B const* running_mean,
                                   B const* running_var, double eps, T* y) {
   using V = compute_type_t<T>;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {  // a thread per element
+    for_each_index(cuda{}, p.size(), p.size(), [=] REMAT_LAMBDA(std::size_t e) {
+      std::size_t const c = e / p.plane % p.channels;
+      V const a = V(gamma[c]) / math::sqrt(V(running_var[c]) + V(eps)), b = V(beta[c]) - V(running_mean[c]) * a;
+      y[e] = T(V(x[e]) * a + b);
+    });
+    return;
+  }
+#endif
   for_each_index(D{}, p.batch * p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t k) {
     std::size_t const c = k % p.channels;
     V const a = V(gamma[c]) / math::sqrt(V(running_var[c]) + V(eps)), b = V(beta[c]) - V(running_mean[c]) * a;
@@ -109,6 +270,13 @@ template <class T, class G, device_tag D>
 void batch_norm_backward(D, planes const& p, T const* x, T const* gamma, compute_type_t<T> const* mean,
                          compute_type_t<T> const* rstd, T const* dy, T* dx, G* dgamma, G* dbeta) {
   using V = compute_type_t<T>;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {
+    detail::launch_rows(detail::batch_norm_backward_channels<T, V, G>, p.channels, p, x, gamma, mean, rstd, dy, dx,
+                        dgamma, dbeta);
+    return;
+  }
+#endif
   V const count = V(p.batch * p.plane);
   for_each_index(D{}, p.channels, 2 * p.size(), [=] REMAT_LAMBDA(std::size_t c) {
     V const m = mean[c], r = rstd[c];
@@ -135,6 +303,13 @@ template <class T, device_tag D>
 void group_norm_forward(D, planes const& p, std::size_t groups, T const* x, T const* gamma, T const* beta, double eps,
                         T* y, compute_type_t<T>* mean, compute_type_t<T>* rstd) {
   using V = compute_type_t<T>;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {
+    detail::launch_rows(detail::group_norm_forward_groups<T, V>, p.batch * groups, p, groups, x, gamma, beta, V(eps),
+                        y, mean, rstd);
+    return;
+  }
+#endif
   std::size_t const per = p.channels / groups, span = per * p.plane;
   for_each_index(D{}, p.batch * groups, p.size(), [=] REMAT_LAMBDA(std::size_t k) {
     std::size_t const n = k / groups, g = k % groups;
@@ -164,6 +339,16 @@ void group_norm_backward(D, planes const& p, std::size_t groups, T const* x, T c
                          compute_type_t<T> const* mean, compute_type_t<T> const* rstd, T const* dy, T* dx, G* dgamma,
                          G* dbeta) {
   using V = compute_type_t<T>;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {  // parameter gradients first: dx may overwrite dy
+    detail::launch_rows(detail::group_norm_parameter_gradients<T, V, G>, p.channels, p, groups, x, mean, rstd, dy,
+                        dgamma, dbeta);
+    if (dx)
+      detail::launch_rows(detail::group_norm_input_gradient<T, V>, p.batch * groups, p, groups, x, gamma, mean, rstd,
+                          dy, dx);
+    return;
+  }
+#endif
   std::size_t const per = p.channels / groups, span = per * p.plane;
   for_each_index(D{}, p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t c) {
     std::size_t const g = c / per;
@@ -189,134 +374,6 @@ void group_norm_backward(D, planes const& p, std::size_t groups, T const* x, T c
       V const xh = (V(x[base + i]) - m) * r;
       dx[base + i] = T(r * (h(i) - mh - xh * mhx));
     }
-  });
-}
-
-// ---- pooling and upsampling (per plane)
-
-// The window geometry of a pooling layer: square kernel, stride, no padding.
-struct pool_shape {
-  std::size_t height;  // the input plane's height
-  std::size_t width;   // the input plane's width
-  std::size_t kernel;  // the square window's side
-  std::size_t stride;  // the step between windows
-  constexpr std::size_t out_height() const { return (height - kernel) / stride + 1; }  // the output plane's height
-  constexpr std::size_t out_width() const { return (width - kernel) / stride + 1; }  // the output plane's width
-};
-
-// y = the largest value of each window (a NaN wins, as in PyTorch).
-template <class T, device_tag D>
-void max_pool_forward(D, std::size_t planes_count, pool_shape const& s, T const* x, T* y) {
-  std::size_t const ho = s.out_height(), wo = s.out_width();
-  for_each_index(D{}, planes_count, planes_count * s.height * s.width, [=] REMAT_LAMBDA(std::size_t k) {
-    T const* xp = x + k * s.height * s.width;
-    T* yp = y + k * ho * wo;
-    for (std::size_t oi = 0; oi < ho; ++oi)
-      for (std::size_t oj = 0; oj < wo; ++oj) {
-        T const* w0 = xp + oi * s.stride * s.width + oj * s.stride;
-        T best = w0[0];
-        for (std::size_t a = 0; a < s.kernel; ++a)
-          for (std::size_t b = 0; b < s.kernel; ++b) {
-            T const v = w0[a * s.width + b];
-            if (v > best || detail::is_nan(v)) best = v;
-            if (detail::is_nan(best)) break;
-          }
-        yp[oi * wo + oj] = best;
-      }
-  });
-}
-
-// dx = each window's dy at the window's first largest value (in row-major order), summed where
-// windows overlap.
-template <class T, device_tag D>
-void max_pool_backward(D, std::size_t planes_count, pool_shape const& s, T const* x, T const* dy, T* dx) {
-  std::size_t const ho = s.out_height(), wo = s.out_width(), hw = s.height * s.width;
-  for_each_index(D{}, planes_count, planes_count * hw, [=] REMAT_LAMBDA(std::size_t k) {
-    T const* xp = x + k * hw;
-    T* dxp = dx + k * hw;
-    for (std::size_t i = 0; i < hw; ++i) dxp[i] = T(0);
-    for (std::size_t oi = 0; oi < ho; ++oi)
-      for (std::size_t oj = 0; oj < wo; ++oj) {
-        std::size_t const w0 = oi * s.stride * s.width + oj * s.stride;
-        std::size_t at = w0;
-        for (std::size_t a = 0; a < s.kernel; ++a)
-          for (std::size_t b = 0; b < s.kernel; ++b) {
-            std::size_t const i = w0 + a * s.width + b;
-            if (xp[i] > xp[at] || (detail::is_nan(xp[i]) && !detail::is_nan(xp[at]))) at = i;
-          }
-        dxp[at] += dy[k * ho * wo + oi * wo + oj];
-      }
-  });
-}
-
-// y = the mean of each window.
-template <class T, device_tag D>
-void avg_pool_forward(D, std::size_t planes_count, pool_shape const& s, T const* x, T* y) {
-  using V = compute_type_t<T>;
-  std::size_t const ho = s.out_height(), wo = s.out_width();
-  V const inv = V(1) / V(s.kernel * s.kernel);
-  for_each_index(D{}, planes_count, planes_count * s.height * s.width, [=] REMAT_LAMBDA(std::size_t k) {
-    T const* xp = x + k * s.height * s.width;
-    T* yp = y + k * ho * wo;
-    for (std::size_t oi = 0; oi < ho; ++oi)
-      for (std::size_t oj = 0; oj < wo; ++oj) {
-        T const* w0 = xp + oi * s.stride * s.width + oj * s.stride;
-        V sum = 0;
-        for (std::size_t a = 0; a < s.kernel; ++a)
-          for (std::size_t b = 0; b < s.kernel; ++b) sum += V(w0[a * s.width + b]);
-        yp[oi * wo + oj] = T(sum * inv);
-      }
-  });
-}
-
-// dx = dy / kernel² spread over each window, summed where windows overlap.
-template <class T, device_tag D>
-void avg_pool_backward(D, std::size_t planes_count, pool_shape const& s, T const* dy, T* dx) {
-  using V = compute_type_t<T>;
-  std::size_t const ho = s.out_height(), wo = s.out_width(), hw = s.height * s.width;
-  V const inv = V(1) / V(s.kernel * s.kernel);
-  for_each_index(D{}, planes_count, planes_count * hw, [=] REMAT_LAMBDA(std::size_t k) {
-    T* dxp = dx + k * hw;
-    for (std::size_t i = 0; i < hw; ++i) dxp[i] = T(0);
-    for (std::size_t oi = 0; oi < ho; ++oi)
-      for (std::size_t oj = 0; oj < wo; ++oj) {
-        T const g = T(V(dy[k * ho * wo + oi * wo + oj]) * inv);
-        T* w0 = dxp + oi * s.stride * s.width + oj * s.stride;
-        for (std::size_t a = 0; a < s.kernel; ++a)
-          for (std::size_t b = 0; b < s.kernel; ++b) w0[a * s.width + b] += g;
-      }
-  });
-}
-
-// Nearest-neighbour upsampling by `factor` on both axes: y[i, j] = x[i / factor, j / factor].
-template <class T, device_tag D>
-void upsample_nearest_forward(D, std::size_t planes_count, std::size_t height, std::size_t width, std::size_t factor,
-                              T const* x, T* y) {
-  std::size_t const wo = width * factor, ho = height * factor;
-  for_each_index(D{}, planes_count, planes_count * ho * wo, [=] REMAT_LAMBDA(std::size_t k) {
-    T const* xp = x + k * height * width;
-    T* yp = y + k * ho * wo;
-    for (std::size_t i = 0; i < ho; ++i)
-      for (std::size_t j = 0; j < wo; ++j) yp[i * wo + j] = xp[(i / factor) * width + j / factor];
-  });
-}
-
-// dx[i, j] = the sum of dy over the factor x factor block that copied x[i, j] (in row-major order).
-template <class T, device_tag D>
-void upsample_nearest_backward(D, std::size_t planes_count, std::size_t height, std::size_t width, std::size_t factor,
-                               T const* dy, T* dx) {
-  using V = compute_type_t<T>;
-  std::size_t const wo = width * factor, ho = height * factor;
-  for_each_index(D{}, planes_count, planes_count * ho * wo, [=] REMAT_LAMBDA(std::size_t k) {
-    T const* dyp = dy + k * ho * wo;
-    T* dxp = dx + k * height * width;
-    for (std::size_t i = 0; i < height; ++i)
-      for (std::size_t j = 0; j < width; ++j) {
-        V s = 0;
-        for (std::size_t a = 0; a < factor; ++a)
-          for (std::size_t b = 0; b < factor; ++b) s += V(dyp[(i * factor + a) * wo + j * factor + b]);
-        dxp[i * width + j] = T(s);
-      }
   });
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "../kernels/image.hpp"
+#include "../kernels/pooling.hpp"
 #include "conv.hpp"
 #include "layer.hpp"
 #include "norm_affine.hpp"
