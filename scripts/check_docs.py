@@ -12,6 +12,10 @@ Each ```cpp block is preceded by an HTML comment that says how to check it (read
   <!-- check: nvcc -->                a whole program for the GPU: compiled by nvcc when it is here
   <!-- check: mpi -->                 a whole program using remat::dist: compiled and run on one rank
 
+A block in another language (C, Fortran, CMake) may be an excerpt of a file that a test compiles
+and runs: `<!-- check: excerpt of PATH -->` requires each of its non-blank lines in that file, in
+order.
+
 followed, optionally, by lines `before: <C++>` (namespace-scope code placed before the block: the
 types and data the surrounding text assumes), `setup: <C++>` (statements run first in main) and
 `after: <C++>` (code after the block, in its scope: checks that use what it declares).
@@ -66,6 +70,26 @@ def blocks(readme):
             out.append((start + 1, lang, directive, code))
         i = j + 1
     return out
+
+
+def check_excerpt(at, path, code):
+    """Problems unless every non-blank line of `code` appears in the repository's file `path`, in
+    order (leading and trailing blanks aside): a block in C, Fortran or CMake copied from a file a
+    test compiles and runs."""
+    full = os.path.join(ROOT, path)
+    if not os.path.isfile(full):
+        return [f"{at}: excerpt of {path}: no such file"]
+    lines = [l.strip() for l in open(full, encoding="utf-8").read().split("\n")]
+    k = 0
+    for want in (l.strip() for l in code.split("\n")):
+        if not want:
+            continue
+        while k < len(lines) and lines[k] != want:
+            k += 1
+        if k == len(lines):
+            return [f"{at}: excerpt of {path}: '{want}' is not in the file (after the lines before it)"]
+        k += 1
+    return []
 
 
 MAX_LINES = {"README.md": 250}
@@ -183,6 +207,9 @@ def main():
             varies = "|".join(d[len("varies:") :].strip() for d in directive[1:] if d.startswith("varies:"))
             if kind.startswith("output of "):
                 outputs.append((at, kind[len("output of ") :].split(), code, varies))
+                continue
+            if kind.startswith("excerpt of "):
+                problems += check_excerpt(at, kind[len("excerpt of ") :].strip(), code)
                 continue
             if kind not in ("program", "main", "namespace", "nvcc", "mpi"):
                 problems.append(f"{at}: unknown check '{kind}'")

@@ -11,7 +11,7 @@ import re
 import sys
 
 ORDER = ["", "numeric", "cuda", "memory", "tensor", "expr", "kernels", "pass", "layers", "graph",
-         "plan", "policy", "models", "train", "runtime", "io", "parallel"]
+         "plan", "policy", "models", "train", "runtime", "io", "parallel", "capi"]
 EXEMPT = {"remat.hpp"}
 FORWARDING = "dist"  # folder of one-line deprecated forwarding headers (remat 0.x: dist/ → parallel/)
 

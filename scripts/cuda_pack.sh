@@ -14,15 +14,15 @@ arch="${1:-90}"
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DREMAT_ENABLE_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="${CUDAToolkit_ROOT:-/usr/local/cuda}/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DREMAT_USE_ONEDNN=OFF -DREMAT_BUILD_TESTS=ON >/dev/null
-targets=(test_cuda bench_policies_cuda bench_inference_cuda memory_budget_cuda)
+targets=(test_cuda bench_policies_cuda bench_inference_cuda memory_budget_cuda capi_cuda)
 grep -q 'build tests/cuda/test_dist_cuda:' build/gpu/build.ninja && targets+=(test_dist_cuda)
 grep -q 'build bench/conv_algos_cuda:' build/gpu/build.ninja && targets+=(conv_algos_cuda)
 cmake --build build/gpu --target "${targets[@]}" -j"$(nproc)"
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib" .gpu
 for t in tests/cuda/test_cuda bench/bench_policies_cuda bench/bench_inference_cuda examples/memory_budget_cuda \
-         tests/cuda/test_dist_cuda bench/conv_algos_cuda; do
-  [ -x "build/gpu/$t" ] && cp "build/gpu/$t" "$stage/bin/"
+         tests/cuda/test_dist_cuda bench/conv_algos_cuda tests/cuda/capi_cuda tests/cuda/libcapi_surrogate_cuda.so.0; do
+  [ -e "build/gpu/$t" ] && cp -L "build/gpu/$t" "$stage/bin/"
 done
 # The host libraries the binaries load that are not part of CUDA (cuBLASLt, cuDNN, NCCL and MPI
 # are found on the GPU machine).

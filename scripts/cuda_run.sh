@@ -55,6 +55,10 @@ if [[ $mode == tests || $mode == all ]]; then
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --oversubscribe -np 1 bin/test_dist_cuda \
       || status=1
   fi
+  if [ -x bin/capi_cuda ]; then
+    echo "=== capi_cuda (a GPU model library's C interface)"
+    LD_LIBRARY_PATH=$here/bin:$LD_LIBRARY_PATH timeout 120 bin/capi_cuda || status=1
+  fi
   echo "=== memory_budget_cuda"
   timeout 300 bin/memory_budget_cuda > "$out/memory_budget_cuda.log" 2>&1 || status=1
   tail -12 "$out/memory_budget_cuda.log"

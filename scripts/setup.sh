@@ -31,7 +31,8 @@ demo=(cmake make g++ gzip libopenblas-dev libopenblas0-openmp)
 if [ ! -f "$cuda_root/include/cccl/thrust/version.h" ] && [ ! -f "$cuda_root/include/thrust/version.h" ]; then
   demo+=(libthrust-dev libcub-dev)
 fi
-peers=(catch2 libdnnl-dev libopenmpi-dev openmpi-bin python3-torch python3-matplotlib fortunes)
+# (gcc and gfortran: the C interface's C11 and Fortran test programs, tests/capi/.)
+peers=(catch2 gcc gfortran libdnnl-dev libopenmpi-dev openmpi-bin python3-torch python3-matplotlib fortunes)
 # Today's PyTorch, the benchmarks' anchor: pinned, so figures taken on different days compare.
 torch_version="${REMAT_TORCH_VERSION:-2.15.0}"
 venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-bench"

@@ -39,7 +39,7 @@ cmake --build --preset default -j"$jobs"
 ctest --preset default -j"$jobs"
 
 step "build and test with clang under address and undefined-behaviour sanitizers"
-cmake --preset sanitize -DCMAKE_CXX_COMPILER=clang++-19 >/dev/null
+cmake --preset sanitize -DCMAKE_CXX_COMPILER=clang++-19 -DCMAKE_C_COMPILER=clang-19 >/dev/null
 cmake --build --preset sanitize -j"$jobs"
 ctest --preset sanitize -j"$jobs"
 
@@ -54,6 +54,20 @@ cmake -S tests/consumer -B "$prefix/consumer" -DCMAKE_PREFIX_PATH="$prefix/insta
   "${cuda_args[@]}" >/dev/null
 cmake --build "$prefix/consumer" -j"$jobs"
 "$prefix/consumer/consumer"
+# A model library's C interface from the installed remat (C and Fortran programs), and its install:
+# the library with its soname, its header and remat_c.h, its CMake package.
+"$prefix/consumer/model_user_c"
+"$prefix/consumer/model_user_fortran"
+cmake --install "$prefix/consumer" --prefix "$prefix/model" >/dev/null
+for f in lib/libconsumer_model.so.2 include/consumer_model.h include/remat/capi/remat_c.h \
+         include/fortran/consumer_model.mod lib/cmake/consumer_model/consumer_model-config.cmake; do
+  [ -e "$prefix/model/$f" ] || { echo "remat_install_model_library: $f was not installed" >&2; exit 1; }
+done
+# A C and Fortran project with no remat uses the installed model package.
+cmake -S tests/consumer/model_package -B "$prefix/model_package" -DCMAKE_PREFIX_PATH="$prefix/model" >/dev/null
+cmake --build "$prefix/model_package" -j"$jobs" >/dev/null
+"$prefix/model_package/model_package_c"
+"$prefix/model_package/model_package_fortran"
 if [ -x "$prefix/consumer/consumer_cuda" ]; then
   # (77: built and linked, no GPU here to run it)
   status=0
@@ -94,6 +108,7 @@ cmake -S tests/consumer/via_add_subdirectory -B "$prefix/subdirectory" -DCMAKE_B
   -DCMAKE_CXX_COMPILER=clang++-16 >/dev/null
 cmake --build "$prefix/subdirectory" -j"$jobs"
 "$prefix/subdirectory/consumer"
+"$prefix/subdirectory/model_user_c"
 # FetchContent from a source archive of the checkout (what a release tarball holds).
 tar -czf "$prefix/remat.tar.gz" --transform 's,^,remat/,' CMakeLists.txt CMakePresets.json cmake include
 cmake -S tests/consumer/via_fetchcontent -B "$prefix/fetchcontent" -DCMAKE_BUILD_TYPE=Release \
