@@ -11,8 +11,8 @@
 // (features, batch) without a copy). On a GPU model the pointers may be host or device memory:
 // device memory is used where it lies, host memory copied through a staging buffer.
 //
-// Not yet: token-id inputs (Embedding-first models), losses other than MSE, data parallelism
-// through an MPI communicator.
+// Data parallelism: export_mpi.hpp's REMAT_EXPORT_C_MODEL_MPI adds `name_create_distributed`.
+// Not yet: token-id inputs (Embedding-first models), losses other than MSE.
 #pragma once
 
 #include "../io/checkpoint.hpp"
@@ -108,9 +108,25 @@ auto optimizer_options(remat_options const& o) {
         .lr = o.learning_rate, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay};
 }
 
+// How an exported model's passes run: on this process alone (export_mpi.hpp's mpi_parallel runs
+// them through remat::dist::data_parallel when the model was made with a communicator).
+template <class Model>
+struct no_parallel {
+  explicit no_parallel(Model&) {}
+  template <class Loss, class X, class Target, class Optimizer>
+  double train_step(Model& m, X x, Target t, Optimizer& opt) {
+    return m.template train_step<Loss>(x, t, opt);
+  }
+  template <class Loss, class X, class Target>
+  double accumulate(Model& m, X x, Target t, double weight) {
+    return m.template accumulate<Loss>(x, t, weight);
+  }
+};
+
 // One exported model: the model, its optimizer and the staging for data that does not lie where
 // or as the model reads it.
-template <class Net, class Device, class Precision, template <class, class, class> class Optimizer, class Loss>
+template <class Net, class Device, class Precision, template <class, class, class> class Optimizer, class Loss,
+          template <class> class Parallel = no_parallel>
 class exported {
  public:
   using model_type = REMAT_NAMESPACE::model<Net, Device, Precision>;
@@ -126,8 +142,11 @@ class exported {
 
   // The model and optimizer in an allocator of their own, so that what it measures is theirs
   // alone (the staging of data that must be converted or copied comes from the default one).
-  explicit exported(remat_options const& o)
-      : model_(seed{o.seed}, alloc_), optimizer_(model_, optimizer_options<Optimizer>(o)) {}
+  // (`parallel` goes to Parallel's constructor after the model's: a communicator, or nothing. The
+  // optimizer is made last, after a data-parallel wrapper, as the wrapper asks.)
+  template <class... A>
+  explicit exported(remat_options const& o, A... parallel)
+      : model_(seed{o.seed}, alloc_), parallel_(model_, parallel...), optimizer_(model_, optimizer_options<Optimizer>(o)) {}
   exported(exported const&) = delete;  // (the optimizer holds the model)
   exported& operator=(exported const&) = delete;
 
@@ -135,13 +154,13 @@ class exported {
     std::size_t const rows = rows_of(batch);
     auto const xv = input(x, rows, in, x_staging_, "x");
     auto const tv = input(target, rows, out, t_staging_, "target");
-    return model_.template train_step<Loss>(xv, tv, optimizer_);
+    return parallel_.template train_step<Loss>(model_, xv, tv, optimizer_);
   }
   double accumulate(float const* x, float const* target, std::int64_t batch, double weight) {
     std::size_t const rows = rows_of(batch);
     auto const xv = input(x, rows, in, x_staging_, "x");
     auto const tv = input(target, rows, out, t_staging_, "target");
-    return model_.template accumulate<Loss>(xv, tv, weight);
+    return parallel_.template accumulate<Loss>(model_, xv, tv, weight);
   }
   void zero_grad() { model_.zero_grad(); }
   void step() { optimizer_.step(); }
@@ -257,6 +276,7 @@ class exported {
 
   memory::caching_allocator<Device> alloc_;
   model_type model_;
+  Parallel<model_type> parallel_;
   optimizer_type optimizer_;
   tensor<T, Device> x_staging_, t_staging_, y_staging_;
 };
@@ -272,9 +292,13 @@ class exported {
 // model<Net, Device, Precision> trained with Optimizer (AdamW or SGD) on Loss (MSE). Use once, in
 // one C++ source of a shared library, at global scope; the declarations are those of the header
 // remat_add_model_library generates from cmake/remat_model_library.h.in.
-#define REMAT_EXPORT_C_MODEL(name, Net, Device, Precision, Optimizer, Loss)                                   \
+#define REMAT_EXPORT_C_MODEL(name, Net, Device, Precision, Optimizer, Loss) \
+  REMAT_EXPORT_C_MODEL_WITH(name, Net, Device, Precision, Optimizer, Loss, ::REMAT_NAMESPACE::capi::no_parallel)
+
+// (REMAT_EXPORT_C_MODEL with the way passes run: no_parallel, or export_mpi.hpp's mpi_parallel.)
+#define REMAT_EXPORT_C_MODEL_WITH(name, Net, Device, Precision, Optimizer, Loss, Parallel)                    \
   struct name##_model {                                                                                      \
-    ::REMAT_NAMESPACE::capi::exported<Net, Device, Precision, Optimizer, Loss> impl;                         \
+    ::REMAT_NAMESPACE::capi::exported<Net, Device, Precision, Optimizer, Loss, Parallel> impl;                         \
   };                                                                                                         \
   extern "C" {                                                                                               \
   REMAT_C_EXPORT remat_options name##_default_options(void) { return ::REMAT_NAMESPACE::capi::default_options<Optimizer>(); } \
@@ -288,7 +312,7 @@ class exported {
                                                                                    "a pointer to a handle, found NULL"); \
       *out = nullptr;                                                                                        \
       remat_options const o = options ? *options : name##_default_options();                                 \
-      *out = new name##_model{::REMAT_NAMESPACE::capi::exported<Net, Device, Precision, Optimizer, Loss>(o)}; \
+      *out = new name##_model{::REMAT_NAMESPACE::capi::exported<Net, Device, Precision, Optimizer, Loss, Parallel>(o)}; \
     });                                                                                                      \
   }                                                                                                          \
   REMAT_C_EXPORT void name##_destroy(name##_model* m) { delete m; }                                                        \
@@ -333,7 +357,7 @@ class exported {
       if (!out) ::REMAT_NAMESPACE::detail::raise<::REMAT_NAMESPACE::argument_error>(#name "_memory_plan: "  \
                                                                                    "expected a pointer, found NULL"); \
       remat_options const o = options ? *options : name##_default_options();                                 \
-      *out = ::REMAT_NAMESPACE::capi::exported<Net, Device, Precision, Optimizer, Loss>::plan(o, batch);     \
+      *out = ::REMAT_NAMESPACE::capi::exported<Net, Device, Precision, Optimizer, Loss, Parallel>::plan(o, batch); \
     });                                                                                                      \
   }                                                                                                          \
   REMAT_C_EXPORT int name##_memory_measured(name##_model const* m, remat_memory_plan* out) {                               \
