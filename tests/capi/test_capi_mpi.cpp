@@ -1,7 +1,8 @@
 // A model library's C interface with data parallelism (remat_add_model_library(... MPI)), under
 // mpirun: a model made by capi_surrogate_mpi_create_distributed on MPI_COMM_WORLD trains each
 // rank's rows with the same losses, bit for bit, as remat::dist::data_parallel over the same
-// model type in C++ in the same process; every rank ends with the same outputs; a NaN in one
+// model type in C++ in the same process, gradient accumulation included; every rank ends with the
+// same outputs; a NaN in one
 // rank's target fails the step on every rank (that rank REMAT_ERROR_ARGUMENT, the others
 // REMAT_ERROR_DISTRIBUTED) and changes nothing.
 #include "capi_surrogate_mpi.h"
@@ -53,6 +54,22 @@ int main(int argc, char** argv) {
       check(capi_surrogate_mpi_train_step(h, x.data(), t.data(), std::int64_t(rows), &lc) == REMAT_OK, "train_step");
       double const lp = dp.train_step<remat::MSE>(view(x), view(t), opt);
       check(lc == lp, "the C interface's loss is data_parallel's, bit for bit");
+    }
+    // Gradient accumulation, two micro-batches a step: reduced once, in the step, as data_parallel
+    // does with reduce::later.
+    for (int step = 15; step < 18; ++step) {
+      check(capi_surrogate_mpi_zero_grad(h) == REMAT_OK, "zero_grad");
+      m.zero_grad();
+      for (int micro = 0; micro < 2; ++micro) {
+        fill(step * 2 + micro);
+        double lc = 0;
+        check(capi_surrogate_mpi_accumulate(h, x.data(), t.data(), std::int64_t(rows), 0.5, &lc) == REMAT_OK,
+              "accumulate");
+        double const lp = dp.accumulate<remat::MSE>(view(x), view(t), 0.5, remat::dist::reduce::later);
+        check(lc == lp, "a micro-batch's loss is data_parallel's, bit for bit");
+      }
+      check(capi_surrogate_mpi_step(h) == REMAT_OK, "step");
+      opt.step();
     }
     check(capi_surrogate_mpi_forward(h, x.data(), std::int64_t(rows), yc.data()) == REMAT_OK, "forward");
     std::vector<float> const yp = m.forward(view(x)).to_vector();

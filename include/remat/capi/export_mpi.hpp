@@ -5,7 +5,8 @@
 // as a Fortran handle (MPI_Comm_c2f(comm) in C; a Fortran program's communicator as it is): each
 // rank trains on its own rows, the gradients are averaged over the ranks, every rank holds the same
 // weights, and a failure on one rank is an error on every rank (REMAT_ERROR_DISTRIBUTED on the
-// others). The program initialises MPI itself. remat_add_model_library(... MPI) compiles it
+// others). Gradient accumulation (zero_grad, accumulate per micro-batch, step) reduces once, in the
+// step; accumulate returns the rank's own loss. The program initialises MPI itself. remat_add_model_library(... MPI) compiles it
 // against remat::dist (remat::dist_cuda on the GPU).
 #pragma once
 
@@ -31,9 +32,12 @@ struct mpi_parallel {
   double train_step(Model& m, X x, Target t, Optimizer& opt) {
     return dp ? dp->template train_step<Loss>(x, t, opt) : m.template train_step<Loss>(x, t, opt);
   }
+  // (Each micro-batch's gradients stay on the rank, reduce::later; the optimizer's step reduces
+  // their sum, so any number of micro-batches may come before it. The loss is this rank's.)
   template <class Loss, class X, class Target>
   double accumulate(Model& m, X x, Target t, double weight) {
-    return dp ? dp->template accumulate<Loss>(x, t, weight) : m.template accumulate<Loss>(x, t, weight);
+    return dp ? dp->template accumulate<Loss>(x, t, weight, dist::reduce::later)
+              : m.template accumulate<Loss>(x, t, weight);
   }
 };
 
