@@ -51,8 +51,8 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(1)
-    net, x = surrogate(a.model, "cuda")
     batches = [int(b) for b in (a.batches or ("1,16,256" if a.model == "conv" else "1,16,256,4096")).split(",")]
+    net, x = surrogate(a.model, "cuda", max(batches + [256 if a.model == "conv" else 4096]))
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}, {a.model}, fp32 without TF32")
 
     def line(mode, b, t, calls):
