@@ -79,6 +79,7 @@ int guarded(F&& f) noexcept {
 // Whether Optimizer is SGD (else AdamW: static_assert in exported).
 template <template <class, class, class> class Optimizer>
 inline constexpr bool is_sgd_v = std::is_same_v<Optimizer<float, host, float>, SGD<float, host, float>>;
+// Whether Optimizer is AdamW.
 template <template <class, class, class> class Optimizer>
 inline constexpr bool is_adamw_v = std::is_same_v<Optimizer<float, host, float>, AdamW<float, host, float>>;
 
@@ -112,11 +113,13 @@ auto optimizer_options(remat_options const& o) {
 // them through remat::dist::data_parallel when the model was made with a communicator).
 template <class Model>
 struct no_parallel {
-  explicit no_parallel(Model&) {}
+  explicit no_parallel(Model&) {}  // (nothing to hold)
+  // m's train_step.
   template <class Loss, class X, class Target, class Optimizer>
   double train_step(Model& m, X x, Target t, Optimizer& opt) {
     return m.template train_step<Loss>(x, t, opt);
   }
+  // m's accumulate.
   template <class Loss, class X, class Target>
   double accumulate(Model& m, X x, Target t, double weight) {
     return m.template accumulate<Loss>(x, t, weight);
@@ -129,16 +132,17 @@ template <class Net, class Device, class Precision, template <class, class, clas
           template <class> class Parallel = no_parallel>
 class exported {
  public:
-  using model_type = REMAT_NAMESPACE::model<Net, Device, Precision>;
-  using T = typename model_type::value_type;
-  using optimizer_type = Optimizer<T, Device, typename model_type::compute_type>;
+  using model_type = REMAT_NAMESPACE::model<Net, Device, Precision>;  // the model
+  using T = typename model_type::value_type;                          // its master type
+  using optimizer_type = Optimizer<T, Device, typename model_type::compute_type>;  // its optimizer
   static_assert(!model_type::reads_ids,
                 "remat C interface: the model reads token ids (an Embedding first); the C interface takes "
                 "float features only for now");
   static_assert(std::is_same_v<Loss, MSE>, "remat C interface: only MSE (float targets) is exported for now");
   static_assert(is_sgd_v<Optimizer> || is_adamw_v<Optimizer>,
                 "remat C interface: the optimizer must be remat::AdamW or remat::SGD");
-  static constexpr std::size_t in = model_type::in_width, out = model_type::out_width;
+  static constexpr std::size_t in = model_type::in_width;    // features per input row
+  static constexpr std::size_t out = model_type::out_width;  // features per output row
 
   // The model and optimizer in an allocator of their own, so that what it measures is theirs
   // alone (the staging of data that must be converted or copied comes from the default one).
@@ -150,25 +154,30 @@ class exported {
   exported(exported const&) = delete;  // (the optimizer holds the model)
   exported& operator=(exported const&) = delete;
 
+  // One training step on `batch` rows of x and target; the loss.
   double train_step(float const* x, float const* target, std::int64_t batch) {
     std::size_t const rows = rows_of(batch);
     auto const xv = input(x, rows, in, x_staging_, "x");
     auto const tv = input(target, rows, out, t_staging_, "target");
     return parallel_.template train_step<Loss>(model_, xv, tv, optimizer_);
   }
+  // A micro-batch's gradients, scaled by weight, added to the model's; its loss.
   double accumulate(float const* x, float const* target, std::int64_t batch, double weight) {
     std::size_t const rows = rows_of(batch);
     auto const xv = input(x, rows, in, x_staging_, "x");
     auto const tv = input(target, rows, out, t_staging_, "target");
     return parallel_.template accumulate<Loss>(model_, xv, tv, weight);
   }
-  void zero_grad() { model_.zero_grad(); }
-  void step() { optimizer_.step(); }
+  void zero_grad() { model_.zero_grad(); }  // gradients to zero (before accumulating)
+  void step() { optimizer_.step(); }        // the optimizer's step on what was accumulated
+  // The learning rate of the next steps (>= 0, else argument_error).
   void set_learning_rate(double lr) {
     if (!(lr >= 0)) detail::raise<argument_error>("set_learning_rate: expected a rate >= 0, found ", lr);
     optimizer_.set_lr(lr);
   }
+  // model::reserve_inference for up to max_batch rows.
   void reserve_inference(std::int64_t max_batch) { model_.reserve_inference(rows_of(max_batch)); }
+  // y (batch x out floats, host or device memory) = the model's output for x.
   void forward(float const* x, std::int64_t batch, float* y) {
     std::size_t const rows = rows_of(batch);
     if (!y) detail::raise<argument_error>("forward: expected an output pointer, found NULL");
@@ -188,6 +197,7 @@ class exported {
     }
     for (std::size_t i = 0; i < h.size(); ++i) y[i] = float(h[i]);
   }
+  // The model's file, and the optimizer's unless optimizer_path is null.
   void save(char const* model_path, char const* optimizer_path) const {
     if (!model_path) detail::raise<argument_error>("save: expected a path for the model's file, found NULL");
     REMAT_NAMESPACE::save(model_, model_path);
@@ -218,8 +228,8 @@ class exported {
     r.inference_arena = st.arena;
     return r;
   }
-  model_type& wrapped_model() { return model_; }
-  optimizer_type& wrapped_optimizer() { return optimizer_; }
+  model_type& wrapped_model() { return model_; }              // the model itself
+  optimizer_type& wrapped_optimizer() { return optimizer_; }  // its optimizer
 
   // The plan of a training step and of inference for `batch` rows, before anything is allocated.
   static remat_memory_plan plan(remat_options const& o, std::int64_t batch) {

@@ -23,11 +23,12 @@ namespace capi {
 // Passes through a data_parallel when the model was made with a communicator, alone otherwise.
 template <class Model>
 struct mpi_parallel {
-  std::optional<dist::data_parallel<Model>> dp;
+  std::optional<dist::data_parallel<Model>> dp;  // the wrapper, when made with a communicator
 
-  explicit mpi_parallel(Model&) {}
-  mpi_parallel(Model& m, MPI_Comm comm) { dp.emplace(m, comm); }
+  explicit mpi_parallel(Model&) {}                                // alone
+  mpi_parallel(Model& m, MPI_Comm comm) { dp.emplace(m, comm); }  // data-parallel over comm
 
+  // A training step, through the wrapper when there is one.
   template <class Loss, class X, class Target, class Optimizer>
   double train_step(Model& m, X x, Target t, Optimizer& opt) {
     return dp ? dp->template train_step<Loss>(x, t, opt) : m.template train_step<Loss>(x, t, opt);
