@@ -1,12 +1,10 @@
 // surrogate: a convolutional network learns one time step of a simulation, beside the solver that
 // made its data. No download: the example solves the PDE itself.
 //
-// The simulation: Gray–Scott reaction–diffusion of two species u and v on a G x G grid,
-//   du/dt = Du ∇²u - u v² + F (1 - u),   dv/dt = Dv ∇²v + u v² - (F + k) v,
-// Du = 0.16, Dv = 0.08, F = 0.035, k = 0.065 (spots that grow and split), explicit Euler with
-// dt = 1 on a unit grid, five-point Laplacian; the domain sits in a reservoir of fresh feed
-// (u = 1, v = 0 outside the grid). Runs start from u = 1, v = 0 with random squares of
-// u = 0.5, v = 0.25, and are sampled every 40 steps after a burn-in.
+// The simulation: Gray–Scott reaction–diffusion of two species u and v on a G x G grid
+// (gray_scott.hpp: spots that grow and split, in a reservoir of fresh feed u = 1, v = 0). Runs
+// start from u = 1, v = 0 with random squares of u = 0.5, v = 0.25, and are sampled every 40 steps
+// after a burn-in. (examples/online trains the same network while the solver runs.)
 //
 // The task: from the state at time t, the state `Steps` solver steps later (4 by default). The
 // network reads (u - 1, v) scaled, so its first convolution's zero padding is the reservoir
@@ -31,6 +29,8 @@
 // the next state <= 0.5), or the budget demonstration fails. On an Intel Xeon with 2 cores the
 // default run (400 steps, 29 s stored, 40 s checkpointed) reaches 0.225 either way (checkpointing
 // changes no value), --quick (150 steps) 0.30.
+#include "gray_scott.hpp"
+
 #include <remat/remat.hpp>
 
 #include <algorithm>
@@ -59,44 +59,17 @@ struct nets {
   using Checkpointed_ = Net<Repeat<blocks, Checkpointed<Block>>>;
 };
 
-// ---- the solver
+// ---- the solver (gray_scott.hpp), in vectors
 
-struct gray_scott {
+struct gray_scott_run {
   std::size_t g;
-  std::vector<double> u, v;
-  static constexpr double Du = 0.16, Dv = 0.08, F = 0.035, K = 0.065;
-
-  gray_scott(std::size_t grid, std::uint64_t seed, std::uint64_t run) : g(grid), u(grid * grid, 1.0), v(grid * grid, 0.0) {
-    // 4 to 8 squares of 4 to 12 cells, at random places.
-    std::uint64_t k = 0;
-    auto rnd = [&] { return philox::uniform(seed, 1000 + run, k++); };
-    std::size_t const squares = 4 + std::size_t(rnd() * 5);
-    for (std::size_t q = 0; q < squares; ++q) {
-      std::size_t const side = 4 + std::size_t(rnd() * 9);
-      std::size_t const i0 = std::size_t(rnd() * double(g - side)), j0 = std::size_t(rnd() * double(g - side));
-      for (std::size_t i = i0; i < i0 + side; ++i)
-        for (std::size_t j = j0; j < j0 + side; ++j) {
-          u[i * g + j] = 0.5 + 0.02 * (rnd() - 0.5);
-          v[i * g + j] = 0.25 + 0.02 * (rnd() - 0.5);
-        }
-    }
-  }
-  double at(std::vector<double> const& a, std::ptrdiff_t i, std::ptrdiff_t j, double outside) const {
-    if (i < 0 || j < 0 || i >= std::ptrdiff_t(g) || j >= std::ptrdiff_t(g)) return outside;
-    return a[std::size_t(i) * g + std::size_t(j)];
+  std::vector<double> u, v, nu, nv;
+  gray_scott_run(std::size_t grid, std::uint64_t seed, std::uint64_t run)
+      : g(grid), u(grid * grid), v(grid * grid), nu(grid * grid), nv(grid * grid) {
+    gray_scott::start(u.data(), v.data(), g, seed, run);
   }
   void step() {
-    std::vector<double> nu(u.size()), nv(v.size());
-    for (std::size_t i = 0; i < g; ++i)
-      for (std::size_t j = 0; j < g; ++j) {
-        auto const a = std::ptrdiff_t(i), b = std::ptrdiff_t(j);
-        double const uc = u[i * g + j], vc = v[i * g + j];
-        double const lu = at(u, a - 1, b, 1) + at(u, a + 1, b, 1) + at(u, a, b - 1, 1) + at(u, a, b + 1, 1) - 4 * uc;
-        double const lv = at(v, a - 1, b, 0) + at(v, a + 1, b, 0) + at(v, a, b - 1, 0) + at(v, a, b + 1, 0) - 4 * vc;
-        double const r = uc * vc * vc;
-        nu[i * g + j] = uc + Du * lu - r + F * (1 - uc);
-        nv[i * g + j] = vc + Dv * lv + r - (F + K) * vc;
-      }
+    gray_scott::step(u.data(), v.data(), nu.data(), nv.data(), g);
     u.swap(nu);
     v.swap(nv);
   }
@@ -118,12 +91,12 @@ dataset simulate(std::size_t g, std::size_t runs, std::uint64_t seed, std::uint6
   d.g = g;
   std::size_t const n = g * g;
   for (std::size_t r = 0; r < runs; ++r) {
-    gray_scott s(g, seed, first_run + r);
+    gray_scott_run s(g, seed, first_run + r);
     for (std::size_t t = 0; t < 200; ++t) s.step();  // burn-in
     for (std::size_t k = 0; k < per_run; ++k) {
       for (std::size_t t = 0; t < 40; ++t) s.step();
       std::vector<double> const u0 = s.u, v0 = s.v;
-      gray_scott ahead = s;
+      gray_scott_run ahead = s;
       for (std::size_t t = 0; t < steps_ahead; ++t) ahead.step();
       for (std::size_t i = 0; i < n; ++i) {
         d.x.push_back(float((u0[i] - 1) * in_scale));

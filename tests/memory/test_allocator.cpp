@@ -141,16 +141,43 @@ TEST_CASE("allocator: zero bytes is an argument_error", "[memory]") {
   CHECK_THROWS_WITH(a.allocate(0, tag::activations), Catch::Contains("found 0"));
 }
 
-TEST_CASE("allocator: the summary has a row per tag and a total", "[memory]") {
+TEST_CASE("allocator: the summary has a row per tag of remat's and a total", "[memory]") {
   alloc_t a;
   void* p = a.allocate(3 << 20, tag::optimizer_state);
   std::string const s = a.summary();
-  for (auto t : memory::all_tags) CHECK(s.find(memory::name(t)) != std::string::npos);
+  for (auto t : memory::all_tags) CHECK((s.find(memory::name(t)) != std::string::npos) == !memory::is_user(t));
   CHECK(s.find("total") != std::string::npos);
   CHECK(s.find("3.00 MiB") != std::string::npos);
   CHECK(memory::format_bytes(1536) == "1.50 KiB");
   CHECK(memory::format_bytes(100) == "100 B");
   a.deallocate(p);
+}
+
+TEST_CASE("allocator: the program's own tags are counted apart, named, and in the summary once used", "[memory]") {
+  alloc_t a(4096);
+  a.name_tag(tag::user1, "solver");
+  CHECK(a.tag_name(tag::user1) == "solver");
+  CHECK(a.tag_name(tag::user2) == "user 2");
+  CHECK(a.tag_name(tag::gradients) == "gradients");
+  CHECK_THROWS_AS(a.name_tag(tag::activations, "mine"), argument_error);
+  CHECK(a.tag_name(tag::activations) == "activations");  // (unchanged)
+  {
+    tensor<double> u(4, 100, tag::user1, a);  // 3200 bytes -> 3328
+    void* q = a.allocate(100, tag::user3);    // 256
+    auto const s = a.stats();
+    CHECK(s[tag::user1].in_use == 3328);
+    CHECK(s[tag::user3].reserved == 256);
+    CHECK(s[tag::user2].peak == 0);
+    CHECK(s.total.in_use == 3584);
+    std::string const table = a.summary();
+    CHECK(table.find("solver") != std::string::npos);
+    CHECK(table.find("user 3") != std::string::npos);
+    CHECK(table.find("user 2") == std::string::npos);  // never used: no row
+    // Past the limit: the message names the tag as the program named it.
+    CHECK_THROWS_WITH(a.allocate(1024, tag::user1), Catch::Contains("of solver, found 3.50 KiB"));
+    a.deallocate(q);
+  }
+  CHECK(a.stats().total.in_use == 0);
 }
 
 TEST_CASE("allocator: tensors allocate through it with their tag", "[memory][tensor]") {

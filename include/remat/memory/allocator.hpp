@@ -1,5 +1,6 @@
 // The caching allocator: one per device, every byte tagged with what it holds (parameters,
-// gradients, optimizer state, activations, workspace). It counts bytes in use, the peak and the
+// gradients, optimizer state, activations, workspace, or one of the program's own tags:
+// memory/tags.hpp). It counts bytes in use, the peak and the
 // bytes reserved from the system, per tag and in total; the activation plan is checked against it.
 //
 // Rounding: every request is rounded up to a multiple of `granularity` (256) bytes, and all
@@ -16,6 +17,7 @@
 #include "../device.hpp"
 #include "../error.hpp"
 #include "system.hpp"
+#include "tags.hpp"
 #include "trace.hpp"
 
 #include <array>
@@ -31,68 +33,6 @@
 
 namespace REMAT_NAMESPACE {
 namespace memory {
-
-// What a block of memory holds; every allocation names one, and the allocator counts each apart.
-enum class tag : std::uint8_t { parameters, gradients, optimizer_state, activations, workspace };
-inline constexpr std::size_t tag_count = 5;  // the number of tags
-// Every tag, in the order of tag's values (and of statistics::by_tag).
-inline constexpr std::array<tag, tag_count> all_tags{tag::parameters, tag::gradients, tag::optimizer_state,
-                                                     tag::activations, tag::workspace};
-
-// A tag's name in tables and messages ("optimizer state").
-constexpr char const* name(tag t) {
-  switch (t) {
-    case tag::parameters: return "parameters";
-    case tag::gradients: return "gradients";
-    case tag::optimizer_state: return "optimizer state";
-    case tag::activations: return "activations";
-    case tag::workspace: return "workspace";
-  }
-  return "?";
-}
-
-// A limit that is no limit (the default of caching_allocator).
-inline constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
-
-// Bytes in use, the largest in-use value since the last reset_peak, and bytes held from the
-// system (in use plus cached for reuse).
-struct usage {
-  std::size_t in_use = 0;    // handed out and not given back
-  std::size_t peak = 0;      // the most in use since the last reset_peak
-  std::size_t reserved = 0;  // held from the system: in use plus cached
-};
-
-// An allocator's counts at one moment (all bytes rounded to caching_allocator::granularity).
-struct statistics {
-  std::array<usage, tag_count> by_tag{};  // per tag, in the order of all_tags
-  usage total{};                          // all tags together (peak: of the sum)
-  std::size_t limit = unlimited;          // reserved bytes allowed in total
-  std::size_t system_allocations = 0;  // requests that went to the system
-  std::size_t cache_hits = 0;          // requests served from the cache
-  std::size_t arena = 0;               // bytes reserved as arenas (part of activations' reserved)
-  std::size_t planned = 0;             // requests served from an arena
-  std::size_t requests = 0;            // allocate and reserve_arena calls (what fail_request counts)
-  usage const& operator[](tag t) const { return by_tag[static_cast<std::size_t>(t)]; }  // by_tag's, by tag
-};
-
-// "1.50 MiB"-style, exact bytes below 1 KiB.
-inline std::string format_bytes(std::size_t bytes) {
-  if (bytes == unlimited) return "unlimited";
-  char buf[32];
-  if (bytes < 1024) {
-    std::snprintf(buf, sizeof buf, "%zu B", bytes);
-    return buf;
-  }
-  static constexpr char const* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  double v = double(bytes) / 1024.0;
-  int u = 0;
-  while (v >= 1024.0 && u < 3) {
-    v /= 1024.0;
-    ++u;
-  }
-  std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-  return buf;
-}
 
 // The caching allocator of one device (see the top of this header): tagged blocks, cached per tag
 // and size, with counts, a limit, arenas for planned steps and fault injection for tests.
@@ -309,6 +249,21 @@ class caching_allocator {
     return stats_.limit;
   }
 
+  // Names one of the program's tags (user1 to user3) in summary() and in out_of_memory's messages
+  // ("solver", "replay buffer"); argument_error for remat's own tags.
+  void name_tag(tag t, std::string label) {
+    if (!is_user(t))
+      detail::raise<argument_error>("caching_allocator::name_tag: expected a user tag (user1 to user3), found ",
+                                    name(t), ", which is remat's");
+    std::lock_guard<std::mutex> lock(mutex_);
+    names_[index(t)] = std::move(label);
+  }
+  // A tag's name here: name_tag's for a user tag so named, else memory::name(t).
+  std::string tag_name(tag t) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return label(t);
+  }
+
   // Every allocation and free from now on is reported to `t` (which records them while it is
   // recording); detach() stops it. The timeline must outlive the attachment.
   void attach(timeline& t) {
@@ -403,6 +358,7 @@ class caching_allocator {
   }
 
   static constexpr std::size_t index(tag t) { return static_cast<std::size_t>(t); }
+  std::string label(tag t) const { return names_[index(t)].empty() ? std::string(name(t)) : names_[index(t)]; }
 
   // Counts a request; true when it is the one fail_request armed (which it disarms).
   bool injected_hit() noexcept {
@@ -440,7 +396,7 @@ class caching_allocator {
     std::string const layer = current_layer();
     phase const when = current_phase();
     detail::raise<out_of_memory>("out of memory on ", Device::name, ": expected room for ", format_bytes(size),
-                                 " (", bytes, " bytes requested) of ", name(t), ", found ",
+                                 " (", bytes, " bytes requested) of ", label(t), ", found ",
                                  format_bytes(stats_.total.reserved), " already reserved against ", what,
                                  " (limit ", format_bytes(stats_.limit), ")",
                                  when == phase::none ? std::string()
@@ -455,14 +411,16 @@ class caching_allocator {
     std::snprintf(line, sizeof line, "remat memory on %s (limit %s)\n", Device::name,
                   format_bytes(stats_.limit).c_str());
     out += line;
-    auto row = [&](char const* label, usage const& u) {
-      std::snprintf(line, sizeof line, "  %-16s %12s %12s %12s\n", label, format_bytes(u.in_use).c_str(),
+    auto row = [&](std::string const& what, usage const& u) {
+      std::snprintf(line, sizeof line, "  %-16s %12s %12s %12s\n", what.c_str(), format_bytes(u.in_use).c_str(),
                     format_bytes(u.peak).c_str(), format_bytes(u.reserved).c_str());
       out += line;
     };
     std::snprintf(line, sizeof line, "  %-16s %12s %12s %12s\n", "", "in use", "peak", "reserved");
     out += line;
-    for (tag t : all_tags) row(name(t), stats_.by_tag[index(t)]);
+    for (tag t : all_tags)  // (a user tag never used has no row)
+      if (!is_user(t) || stats_.by_tag[index(t)].peak || stats_.by_tag[index(t)].reserved)
+        row(label(t), stats_.by_tag[index(t)]);
     row("total", stats_.total);
     std::snprintf(line, sizeof line, "  %zu system allocations, %zu served from the cache\n",
                   stats_.system_allocations, stats_.cache_hits);
@@ -493,6 +451,7 @@ class caching_allocator {
   planned_slot next_{};
   std::size_t fail_at_ = 0;  // the value of stats_.requests whose request fails (0: none)
   std::array<std::unordered_map<std::size_t, std::vector<void*>>, tag_count> cache_;
+  std::array<std::string, tag_count> names_{};  // name_tag's (empty: memory::name's)
 };
 
 // The allocator that tensors use unless given another: one per device, for the whole program.

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "../config.hpp"
+#include "tags.hpp"
 
 #include <array>
 #include <chrono>
@@ -176,7 +177,7 @@ class timeline {
     phase allocated_in = phase::none;  // for a free: the phase its block was allocated in
     std::uint32_t path = 0;            // index into paths(): the layer that allocated the block
     std::size_t in_use = 0;            // the allocator's total in use after it
-    std::array<std::size_t, 5> in_use_by_tag{};  // the allocator's in use per tag after it
+    std::array<std::size_t, tag_count> in_use_by_tag{};  // the allocator's in use per tag after it
   };
   // One leaf layer call.
   struct span {
@@ -224,7 +225,7 @@ class timeline {
 
   // Called by an attached allocator (under its lock) for every allocation and free.
   void on_allocation(void const* p, std::int64_t bytes, std::uint8_t tag, std::size_t in_use,
-                     std::array<std::size_t, 5> const& by_tag) {
+                     std::array<std::size_t, tag_count> const& by_tag) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!on_) return;
     tracing::trace_context const& c = tracing::current_trace();

@@ -60,7 +60,8 @@ struct memory_plan_result {
            memory::format_bytes(activations.peak_bytes) + ", workspace " + memory::format_bytes(workspace) +
            "; peak " + memory::format_bytes(peak) + (arena ? ", reserved " + memory::format_bytes(reserved) : "");
   }
-  // The peak of tag t, as the model's allocator reports it in stats()[t].peak after reset_peak.
+  // The peak of tag t, as the model's allocator reports it in stats()[t].peak after reset_peak
+  // (0 for the program's own tags, user1 to user3: the step allocates nothing under them).
   constexpr std::size_t operator[](memory::tag t) const {
     switch (t) {
       case memory::tag::parameters:
@@ -73,6 +74,10 @@ struct memory_plan_result {
         return activations.peak_bytes;
       case memory::tag::workspace:
         return workspace;
+      case memory::tag::user1:
+      case memory::tag::user2:
+      case memory::tag::user3:
+        return 0;
     }
     return 0;
   }
