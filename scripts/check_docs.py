@@ -12,8 +12,8 @@ Each ```cpp block is preceded by an HTML comment that says how to check it (read
   <!-- check: nvcc -->                a whole program for the GPU: compiled by nvcc when it is here
   <!-- check: mpi -->                 a whole program using remat::dist: compiled and run on one rank
 
-A block in another language (C, Fortran, CMake) may be an excerpt of a file that a test compiles
-and runs: `<!-- check: excerpt of PATH -->` requires each of its non-blank lines in that file, in
+A block (C++, C, Fortran, CMake) may instead be an excerpt of a file that a test compiles and
+runs: `<!-- check: excerpt of PATH -->` requires each of its non-blank lines in that file, in
 order.
 
 followed, optionally, by lines `before: <C++>` (namespace-scope code placed before the block: the

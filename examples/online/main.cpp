@@ -28,6 +28,7 @@
 // Exits non-zero when the rollout's error is not below half of persistence's, the memory measured
 // differs from the plan, or the plan exceeds --limit (before allocating anything).
 #include "../surrogate/gray_scott.hpp"
+#include "../surrogate/network.hpp"
 
 #include <remat/remat.hpp>
 
@@ -50,9 +51,7 @@ constexpr double in_scale = 3.0;  // the network reads (u - 1, v) times this (ex
 constexpr std::size_t burn_in = 200;  // solver steps of a run before its first sample
 constexpr std::uint64_t held_out_run = 1000;  // the rollout's run (the training runs are 0, 1, ...)
 
-using Block = Residual<Seq<Conv2d<Width, Width, 3, G, G, 1, 1, false>, BatchNorm2d<Width, G, G>, GELU,
-                           Conv2d<Width, Width, 3, G, G, 1, 1>>>;
-using Net = Seq<Conv2d<2, Width, 3, G, G, 1, 1>, GELU, Repeat<3, Block>, Conv2d<Width, 2, 3, G, G, 1, 1>>;
+using Net = gray_scott_surrogate<G, Width, 3>::stored;  // the surrogate example's network
 using Model = model<Net>;
 using Optimizer = AdamW<float>;  // (what AdamW(m) deduces for an fp32 model on the host)
 
@@ -223,15 +222,20 @@ void load_all(program& p, Model& m, Optimizer& opt) {
 
 // ---- the time loop
 
+struct timer {
+  double seconds = 0;
+  std::size_t calls = 0;
+};
 struct clocks {
-  double solver = 0, inference = 0, training = 0, files = 0;
+  timer solver, inference, training, files;
 };
 
 template <class F>
-void timed(double& into, F&& f) {
+void timed(timer& c, F&& f) {
   auto const t0 = std::chrono::steady_clock::now();
   f();
-  into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  c.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++c.calls;
 }
 
 void run(program& p, Model& m, Optimizer& opt, clocks& time) {
@@ -450,8 +454,10 @@ int train_online(options const& o, program_plan const& plan, std::size_t limit) 
   run(p, m, opt, time);
   double const e = rollout(p, m, time);
   double const wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("time %.1f s: solver %.1f s, inference %.2f s, training %.1f s, files %.2f s\n", wall, time.solver,
-              time.inference, time.training, time.files);
+  std::printf("time %.1f s: solver %.2f s (%zu steps), inference %.2f s (%zu calls), training %.1f s (%zu steps), "
+              "files %.2f s (%zu sets)\n",
+              wall, time.solver.seconds, time.solver.calls, time.inference.seconds, time.inference.calls,
+              time.training.seconds, time.training.calls, time.files.seconds, time.files.calls);
   std::printf("fingerprint %a %a\n", e, p.s.smooth_loss);  // (what the restart test compares)
   bool const memory_ok = check_memory(plan, alloc);
   if (!memory_ok) std::printf("FAILED: the memory measured differs from the plan\n%s", alloc.summary().c_str());

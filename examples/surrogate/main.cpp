@@ -30,6 +30,7 @@
 // default run (400 steps, 29 s stored, 40 s checkpointed) reaches 0.225 either way (checkpointing
 // changes no value), --quick (150 steps) 0.30.
 #include "gray_scott.hpp"
+#include "network.hpp"
 
 #include <remat/remat.hpp>
 
@@ -49,15 +50,7 @@ namespace {
 constexpr std::size_t Width = 16;  // channels of the hidden layers
 
 template <std::size_t G>
-struct nets {
-  using Block = Residual<Seq<Conv2d<Width, Width, 3, G, G, 1, 1, false>, BatchNorm2d<Width, G, G>, GELU,
-                             Conv2d<Width, Width, 3, G, G, 1, 1>>>;
-  template <class Middle>
-  using Net = Seq<Conv2d<2, Width, 3, G, G, 1, 1>, GELU, Middle, Conv2d<Width, 2, 3, G, G, 1, 1>>;
-  static constexpr std::size_t blocks = 3;
-  using Stored = Net<Repeat<blocks, Block>>;
-  using Checkpointed_ = Net<Repeat<blocks, Checkpointed<Block>>>;
-};
+using nets = gray_scott_surrogate<G, Width, 3>;  // (network.hpp)
 
 // ---- the solver (gray_scott.hpp), in vectors
 
@@ -212,8 +205,8 @@ double train(options const& o, dataset const& train_set, dataset const& val) {
 int budget_demo() {
   using n = nets<128>;
   constexpr std::size_t batch = 32, g = 128;
-  constexpr auto stored = memory_plan<n::Stored, fp32, AdamW>(batch);
-  constexpr auto ckpt = memory_plan<n::Checkpointed_, fp32, AdamW>(batch);
+  constexpr auto stored = memory_plan<n::stored, fp32, AdamW>(batch);
+  constexpr auto ckpt = memory_plan<n::checkpointed, fp32, AdamW>(batch);
   static_assert(ckpt.reserved < stored.reserved, "checkpointing must lower the 128² step's plan");
   std::size_t const limit = (stored.reserved + ckpt.reserved) / 2;
   std::printf("\na budget only checkpointing fits: grid %zu², batch %zu, allocator limit %s\n", g, batch,
@@ -226,7 +219,7 @@ int budget_demo() {
   bool stored_failed = false;
   {
     memory::caching_allocator<host> alloc(limit);
-    model<n::Stored> m(seed{1}, alloc);
+    model<n::stored> m(seed{1}, alloc);
     AdamW opt(m, {.lr = 1e-3});
     try {
       m.train_step<MSE>(x, t, opt);
@@ -237,7 +230,7 @@ int budget_demo() {
     }
   }
   memory::caching_allocator<host> alloc(limit);
-  model<n::Checkpointed_> m(seed{1}, alloc);
+  model<n::checkpointed> m(seed{1}, alloc);
   AdamW opt(m, {.lr = 1e-3});
   m.train_step<MSE>(x, t, opt);
   std::printf("  checkpointed: trains; reserved %s of %s (plan %s)\n",
@@ -286,18 +279,18 @@ int main(int argc, char** argv) {
   dataset const val = simulate(g, 3, o.seed, 1000, ahead, 8);
   std::printf("%zu training samples, %zu validation samples\n", train_set.count, val.count);
   std::printf("model: %zu residual blocks of %zu channels, %zu parameters; %s; %s\n", n::blocks, Width,
-              std::size_t(model<n::Stored>::parameter_count),
+              std::size_t(model<n::stored>::parameter_count),
               o.checkpoint ? "every block checkpointed" : "activations stored",
               o.bf16 ? "mixed<bfloat16> (bf16 activations, fp32 master weights)" : "fp32");
   using B = mixed<bfloat16>;
-  double const e = o.bf16 ? (o.checkpoint ? train<n::Checkpointed_, B>(o, train_set, val)
-                                          : train<n::Stored, B>(o, train_set, val))
-                          : (o.checkpoint ? train<n::Checkpointed_, fp32>(o, train_set, val)
-                                          : train<n::Stored, fp32>(o, train_set, val));
+  double const e = o.bf16 ? (o.checkpoint ? train<n::checkpointed, B>(o, train_set, val)
+                                          : train<n::stored, B>(o, train_set, val))
+                          : (o.checkpoint ? train<n::checkpointed, fp32>(o, train_set, val)
+                                          : train<n::stored, fp32>(o, train_set, val));
 
-  constexpr auto stored = activation_plan<n::Stored>(16), ckpt = activation_plan<n::Checkpointed_>(16);
-  constexpr auto stored16 = activation_plan<n::Stored, mixed<bfloat16>>(16),
-                 ckpt16 = activation_plan<n::Checkpointed_, mixed<bfloat16>>(16);
+  constexpr auto stored = activation_plan<n::stored>(16), ckpt = activation_plan<n::checkpointed>(16);
+  constexpr auto stored16 = activation_plan<n::stored, mixed<bfloat16>>(16),
+                 ckpt16 = activation_plan<n::checkpointed, mixed<bfloat16>>(16);
   std::printf("\nactivation plans at %zu², batch 16: stored %s, checkpointed %s (%.1fx less); in bf16 %s and %s\n",
               g, memory::format_bytes(stored.peak_bytes).c_str(), memory::format_bytes(ckpt.peak_bytes).c_str(),
               double(stored.peak_bytes) / double(ckpt.peak_bytes), memory::format_bytes(stored16.peak_bytes).c_str(),
