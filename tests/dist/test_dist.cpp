@@ -535,6 +535,104 @@ TEST_CASE("an allocation failure on one rank at any request of a step fails ever
     }
 }
 
+namespace {
+
+template <class M>
+using SGD_of = SGD<typename M::value_type, typename M::device, typename M::compute_type>;
+
+// An optimizer of kind Opt for m, with settings that make every step change every state tensor.
+template <template <class> class Opt, class M>
+Opt<M> optimizer_for(M& m) {
+  if constexpr (std::is_same_v<Opt<M>, SGD_of<M>>) return Opt<M>(m, {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-2});
+  else return Opt<M>(m, {.lr = 1e-2, .weight_decay = 1e-2, .clip_norm = 1.0});
+}
+
+// Three steps in which step 1 fails on rank `bad` inside the optimizer's step (fail_next_step;
+// -1: on none). Every rank must throw, the failing one its own error and the others dist_error
+// quoting it; no rank's parameters, optimizer state, step count or loss scale may change; then
+// every rank takes the step again (opt.step(): the gradients are still the reduced ones). Returns
+// this rank's parameters (ZeRO-3: its shard) and optimizer state at the end, as bytes.
+template <class NetT, class P, template <class> class Opt>
+std::vector<unsigned char> fail_one_step(int level, int bad) {
+  using M = model<NetT, host, P>;
+  using T = typename M::value_type;
+  M m(seed{7});
+  if (m.scaler().dynamic()) m.scaler().configure({.init_scale = 256.0, .growth_interval = 2});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level));
+  Opt<M> opt = optimizer_for<Opt>(m);
+  param_range const r = my_rows(dp.rank(), dp.size());
+  param_range const kept = level >= 3 ? dp.shard() : param_range{0, M::parameter_count};
+  auto state = [&] {
+    std::vector<unsigned char> bytes = remat_test::bytes_of<T>(m.parameters().row_range(kept.begin, kept.size()));
+    for (auto const& s : opt.state_tensors()) {
+      std::vector<unsigned char> const b = remat_test::bytes_of<T>(s.tensor->view());
+      bytes.insert(bytes.end(), b.begin(), b.end());
+    }
+    double const scale = m.scaler().scale();
+    std::uint64_t const counts[] = {opt.steps(), m.scaler().growth_tracker(), m.scaler().skipped_steps()};
+    bytes.insert(bytes.end(), reinterpret_cast<unsigned char const*>(&scale),
+                 reinterpret_cast<unsigned char const*>(&scale) + sizeof scale);
+    bytes.insert(bytes.end(), reinterpret_cast<unsigned char const*>(counts),
+                 reinterpret_cast<unsigned char const*>(counts) + sizeof counts);
+    return bytes;
+  };
+  for (int t = 0; t < 3; ++t) {
+    batch b = whole_batch(t);
+    if (t != 1 || bad < 0) {
+      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+      continue;
+    }
+    auto const before = state();
+    if (dp.rank() == bad) opt.fail_next_step();
+    bool threw = false;
+    try {
+      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+    } catch (dist_error const& e) {
+      threw = true;
+      std::string const what = e.what();
+      INFO(what);
+      CHECK(dp.rank() != bad);
+      CHECK(what.find("an optimizer's step: rank " + std::to_string(bad) + " of " + std::to_string(dp.size()) +
+                      " failed") != std::string::npos);
+      CHECK(what.find("injected") != std::string::npos);  // (the failing rank's message, quoted)
+    } catch (error const& e) {
+      threw = true;
+      CHECK(dp.rank() == bad);
+      CHECK(std::string(e.what()).find("a failure injected by fail_next_step") != std::string::npos);
+    }
+    CHECK(threw);
+    CHECK(state() == before);
+    opt.step();  // (every rank: the step taken again)
+  }
+  dp.gather_parameters();
+  std::vector<unsigned char> out = state();
+  dp.release_parameters();
+  return out;
+}
+
+template <class NetT, class P, template <class> class Opt>
+void fail_each_rank(std::initializer_list<int> levels) {
+  for (int level : levels) {
+    std::vector<unsigned char> const clean = fail_one_step<NetT, P, Opt>(level, -1);
+    for (int bad = 0; bad < world_size(); ++bad) {
+      INFO("ZeRO level " << level << ", the step fails on rank " << bad << " of " << world_size());
+      CHECK(fail_one_step<NetT, P, Opt>(level, bad) == clean);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a failure inside an optimizer's step on one rank fails every rank and changes nothing", "[dist][errors]") {
+  using B = mixed<bfloat16, DynamicLossScale>;
+  fail_each_rank<Net, fp32, AdamW_of>({0, 1, 2, 3});
+  fail_each_rank<CheckpointedNet, B, AdamW_of>({0, 1, 3});
+  fail_each_rank<Net, fp32, SGD_of>({0, 1, 2, 3});
+  fail_each_rank<Net, B, SGD_of>({1});
+  fail_each_rank<Net, fp32, OffloadedAdamW>({0, 1});
+  fail_each_rank<CheckpointedNet, B, OffloadedAdamW>({0, 1});
+}
+
 TEST_CASE("ranks with different models or options fail at the start on every rank", "[dist][errors]") {
   if (world_size() == 1) return;
   bool const odd = world_rank() == world_size() - 1;

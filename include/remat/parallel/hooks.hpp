@@ -103,6 +103,11 @@ class model_hooks final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (s_.pending) s_.reduced = true;
     s_.pending = false;
   }
+  void step_prepared(std::exception_ptr failed) override {
+    s_.c.agree("data_parallel: an optimizer's step", [&] {
+      if (failed) std::rethrow_exception(failed);
+    });
+  }
   double agree_squares(double local) override {
     // Sharded: the parts add up. Whole: every rank holds the same gradients; the maximum makes the
     // decision one even if an MPI sums in different orders on different ranks.

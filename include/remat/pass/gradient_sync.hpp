@@ -63,6 +63,12 @@ class gradient_sync {
   virtual param_range shard() const = 0;
   // Before an optimizer reads the gradients: every reduction finished.
   virtual void finish() = 0;
+  // An optimizer's step has done what may fail on this rank (`failed`: what it threw, or null)
+  // and changed nothing yet. A wrapper agrees with the other ranks: when any failed, every rank
+  // throws (the failing rank its own exception, the others dist_error) and no step is taken.
+  virtual void step_prepared(std::exception_ptr failed) {
+    if (failed) std::rethrow_exception(failed);
+  }
   // The sum of squares of all gradients, from this rank's part (its shard, or all when not
   // sharded); +inf when any rank's part is not finite. The same value on every rank.
   virtual double agree_squares(double local) = 0;

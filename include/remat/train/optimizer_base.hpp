@@ -13,7 +13,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <limits>
+#include <utility>
 
 namespace REMAT_NAMESPACE {
 
@@ -28,15 +30,29 @@ struct grad_prelude {
   double norm = std::numeric_limits<double>::quiet_NaN();  // of the unscaled gradients
 };
 
-template <class T, class D>
+//
+// What may fail on one rank (the reduction's scratch; `fallible`: what else the step does before it
+// changes anything) runs first, and under data parallelism the ranks agree on it before any of
+// them goes on (gradient_sync::step_prepared): a failure on any rank is an error on every rank,
+// with nothing changed. What follows, the update included, allocates nothing on the host.
+template <class T, class D, class F>
 grad_prelude prepare_gradients(tensor_view<T const, D> g, double max_norm, loss_scaler const* scaler,
-                               gradient_sync* sync = nullptr) {
+                               gradient_sync* sync, F&& fallible) {
   grad_prelude r;
   double const scale = scaler ? scaler->scale() : 1.0;
   bool const check = scaler && scaler->checks();
   r.factor = 1.0 / scale;
+  double squares = 0;
+  std::exception_ptr failed;
+  try {
+    fallible();
+    if (check || max_norm > 0) squares = kernels::grad_check(D{}, g.size(), g.data());
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  if (sync) sync->step_prepared(failed);
+  else if (failed) std::rethrow_exception(failed);
   if (!check && max_norm <= 0) return r;
-  double squares = kernels::grad_check(D{}, g.size(), g.data());
   // Data parallel: every rank decides on the same norm (and overflow) from all ranks' gradients.
   if (sync) squares = sync->agree_squares(std::isfinite(squares) ? squares : std::numeric_limits<double>::infinity());
   if (!std::isfinite(squares)) {
@@ -85,6 +101,10 @@ class optimizer_base {
   loss_scaler* scaler() const { return scaler_; }
   // The parameters of its model that this optimizer updates (a data-parallel shard, or all).
   param_range range() const { return range_; }
+  // Fault injection, for testing what code above the optimizer does when its step fails: the next
+  // step throws remat::error where a failure of its own would (before it changes anything; under
+  // data parallelism, before the ranks agree on it). Fails once.
+  void fail_next_step() { fail_next_ = true; }
 
  protected:
   template <class Model>
@@ -111,7 +131,9 @@ class optimizer_base {
   template <class GD>
   bool begin_step(tensor_view<T const, GD> g, double clip_norm, grad_prelude& pre) {
     gradient_sync* const sync = finish_reduction();
-    pre = prepare_gradients(g, clip_norm, scaler_, sync);
+    pre = prepare_gradients(g, clip_norm, scaler_, sync, [&] {
+      if (std::exchange(fail_next_, false)) raise<error>(who_, ": a failure injected by fail_next_step");
+    });
     last_norm_ = pre.norm;
     last_skipped_ = pre.overflow;
     if (scaler_) scaler_->update(pre.overflow);
@@ -136,6 +158,7 @@ class optimizer_base {
   }
 
   C* pc_ = nullptr;
+  bool fail_next_ = false;
   loss_scaler* scaler_ = nullptr;
   gradient_sync* const* sync_slot_ = nullptr;
   param_range range_{};
