@@ -769,6 +769,39 @@ TEST_CASE("each rank's step measures its whole-step plan, per tag and in total",
   }
 }
 
+TEST_CASE("each rank's offloaded step measures its plan on the device and on the host", "[dist][memory][plan][offload]") {
+  auto check = [](auto tag_model, auto precision, bool shard) {
+    using NetT = decltype(tag_model);
+    using P = decltype(precision);
+    using M = model<NetT, host, P>;
+    INFO(P::name << ", shard_optimizer " << shard << ", rank " << world_rank() << " of " << world_size());
+    memory::caching_allocator<host> device, on_the_host;
+    M m(seed{7}, device);
+    dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard});
+    OffloadedAdamW opt(m, opts, dp.shard(), &on_the_host);
+    param_range const r = my_rows(dp.rank(), dp.size());
+    auto const plan = memory_plan<NetT, P, OffloadedAdamW, SoftmaxCrossEntropy>(
+        r.size(), {.ranks = std::size_t(dp.size()), .rank = std::size_t(dp.rank()), .shard_optimizer = shard});
+    for (int t = 0; t < 2; ++t) {
+      batch b = whole_batch(t);
+      device.reset_peak();
+      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+      auto const d = device.stats(), h = on_the_host.stats();
+      for (memory::tag g : memory::all_tags) {
+        INFO(memory::name(g));
+        CHECK(d[g].peak == plan[g]);
+        CHECK(h[g].peak == plan.host_pageable[g]);
+      }
+      CHECK(d.total.peak == plan.peak);
+      CHECK(h.total.reserved == plan.host_pageable.total());
+    }
+  };
+  for (bool shard : {false, true}) {
+    check(Net{}, fp32{}, shard);
+    check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, shard);
+  }
+}
+
 TEST_CASE("a loss scale's overflow skips the step on every rank together", "[dist][precision]") {
   using P = mixed<bfloat16, DynamicLossScale>;
   for (int level : {0, 1, 2, 3}) {

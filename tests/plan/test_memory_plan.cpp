@@ -160,3 +160,58 @@ TEST_CASE("memory_plan: equals the allocator per tag and in total", "[plan]") {
     require_step_plans<GptCheckpointed, mixed<bfloat16>, SGD, SoftmaxCrossEntropy>();
   }
 }
+
+TEST_CASE("memory_plan: OffloadedAdamW's step, on the device and on the host apart", "[plan][offload]") {
+  // Linear<4, 8> (40 parameters) in fp32: AdamW's 512 B of moments leave the device's plan; the
+  // host holds them (pageable, 2 x 256 B) and the buffers that cross: the weights' copy (256 B,
+  // optimizer state) and the gradients' landing buffer (256 B), page-locked for a GPU model, in
+  // the host allocator for a host model.
+  using L = Seq<Linear<4, 8>>;
+  constexpr auto adamw = memory_plan<L, fp32, AdamW>(2);
+  constexpr auto on_host = memory_plan<L, fp32, OffloadedAdamW>(2);
+  static_assert(on_host.optimizer_state == 0 && on_host.parameters() == adamw.parameters());
+  static_assert(on_host.peak == adamw.peak - 512 && on_host.reserved == adamw.reserved - 512);
+  static_assert(on_host.host_pageable.optimizer_state == 512 + 256 && on_host.host_pageable.gradients == 256);
+  static_assert(on_host.host_page_locked.total() == 0);
+  constexpr auto on_gpu = memory_plan<L, mixed<bfloat16>, OffloadedAdamW, MSE, cuda>(2);
+  static_assert(on_gpu.host_pageable.total() == 512 && on_gpu.host_pageable.gradients == 0);
+  // (bf16: the compute copy's host buffer, 80 B -> 256, beside the fp32 weights' copy)
+  static_assert(on_gpu.host_page_locked.optimizer_state == 256 + 256 && on_gpu.host_page_locked.gradients == 256);
+  // ZeRO-1 over 3 ranks, the last rank's shard: 14 parameters, each buffer one 256-byte block.
+  constexpr auto sharded = memory_plan<L, fp32, OffloadedAdamW, MSE, cuda>(2, {.ranks = 3, .rank = 2, .shard_optimizer = true});
+  static_assert(sharded.host_pageable.total() == 512 && sharded.host_page_locked.total() == 512);
+  // What a program asks before it allocates: a device of N bytes and a host of M.
+  static_assert(on_gpu.fits(on_gpu.reserved, 1280) && !on_gpu.fits(on_gpu.reserved - 1, 1280) &&
+                !on_gpu.fits(on_gpu.reserved, 1279));
+  static_assert(memory_plan<L, fp32, AdamW>(2).host_pageable.total() == 0);
+
+  // Measured: the model's allocator holds the device's part, the optimizer's host allocator the
+  // host's (a host model: the buffers that cross live there too), per tag and in total.
+  auto measure = [](auto precision) {
+    using P = decltype(precision);
+    using NetT = Net<Repeat<3, Checkpointed<Block>>>;
+    memory::caching_allocator<host> device, on_the_host;
+    model<NetT, host, P> m(seed{3}, device);
+    OffloadedAdamW opt(m, {.lr = 1e-3}, {0, model<NetT, host, P>::parameter_count}, &on_the_host);
+    auto const plan = memory_plan<NetT, P, OffloadedAdamW>(16);
+    tensor<float> x(16, index_t(NetT::in_width)), t(16, index_t(NetT::out_width));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i)));
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.1f * float(i % 3);
+    for (int step = 0; step < 2; ++step) {
+      device.reset_peak();
+      m.template train_step<MSE>(x, t, opt);
+      auto const d = device.stats(), h = on_the_host.stats();
+      for (memory::tag g : memory::all_tags) {
+        INFO(P::name << ", step " << step << ", " << memory::name(g));
+        CHECK(d[g].peak == plan[g]);
+        CHECK(h[g].reserved == plan.host_pageable[g]);
+        CHECK(h[g].peak == plan.host_pageable[g]);
+      }
+      CHECK(d.total.peak == plan.peak);
+      CHECK(d.total.reserved == plan.reserved);
+      CHECK(h.total.reserved == plan.host_pageable.total());
+    }
+  };
+  measure(fp32{});
+  measure(mixed<bfloat16, DynamicLossScale>{});
+}

@@ -6,7 +6,9 @@
 //   parameters       the fp32 master weights, and in mixed precision the 16-bit compute copy
 //   gradients        one per parameter, in the master type
 //   optimizer state  AdamW: two moments; SGD: a momentum buffer (none without momentum); over this
-//                    rank's shard when a data-parallel run shards the optimizer (ZeRO-1)
+//                    rank's shard when a data-parallel run shards the optimizer (ZeRO-1);
+//                    OffloadedAdamW: none on the device, its host's part apart (host_pageable,
+//                    host_page_locked)
 //   activations      the activation plan (plan/activation.hpp)
 //   workspace        what the loss allocates while it runs (SoftmaxCrossEntropy: one fp32 value per row)
 //   peak             the most in use at once: what lives for the model's life (parameters,
@@ -33,11 +35,26 @@
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace REMAT_NAMESPACE {
 
+// Memory of a step that lies on the host, beside the model's device: an optimizer's state kept
+// there (OffloadedAdamW), per tag, in bytes rounded as the allocator rounds.
+struct host_place_plan {
+  std::size_t gradients = 0;        // the gradients' landing buffer
+  std::size_t optimizer_state = 0;  // moments, the master weights' host copy, their compute copy
+  constexpr std::size_t total() const { return gradients + optimizer_state; }  // all of it
+  // The bytes of tag t (the host allocator's stats()[t].peak and reserved).
+  constexpr std::size_t operator[](memory::tag t) const {
+    return t == memory::tag::gradients ? gradients : t == memory::tag::optimizer_state ? optimizer_state : 0;
+  }
+};
+
 // A whole training step's memory, per tag of the allocator, as plan_step computes it at compile
-// time (in bytes, rounded as the allocator rounds): what the allocator's peaks measure.
+// time (in bytes, rounded as the allocator rounds): what the allocator's peaks measure. The tags
+// are the model's allocator's (the device's); an optimizer that keeps its state on the host
+// (OffloadedAdamW) has it in host_pageable and host_page_locked, and none in optimizer_state.
 struct memory_plan_result {
   std::size_t master_weights = 0;  // tag parameters
   std::size_t compute_copy = 0;    // tag parameters (mixed precision's 16-bit weights)
@@ -50,6 +67,15 @@ struct memory_plan_result {
   std::size_t peak = 0;                  // the total in use at the step's peak
   std::size_t arena = 0;                 // reserved for activations and workspace (>= their peak; 0: not laid out)
   std::size_t reserved = 0;              // the total reserved: persistent + arena
+  // On the host, beside the device (OffloadedAdamW): in the optimizer's host_allocator() (pageable
+  // memory), and in its staging_allocator() when that is page-locked memory (a model on the GPU).
+  host_place_plan host_pageable{}, host_page_locked{};
+
+  // Whether the step fits a device of `device_bytes` (what the model's allocator reserves: the
+  // arena's plan, or the peak without one) and a host of `host_bytes`.
+  constexpr bool fits(std::size_t device_bytes, std::size_t host_bytes) const {
+    return (arena ? reserved : peak) <= device_bytes && host_pageable.total() + host_page_locked.total() <= host_bytes;
+  }
 
   // Tag parameters in all: master weights, compute copy and running state.
   constexpr std::size_t parameters() const { return master_weights + compute_copy + buffers; }
@@ -117,6 +143,39 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
     r.arena = detail::lay_out(mem).size;
     r.reserved = r.persistent + r.arena;
   }
+  return r;
+}
+
+template <class Model>
+class OffloadedAdamW;
+
+// The whole step with OffloadedAdamW (ZeRO-Offload's optimizer) for a model on Device: AdamW's
+// step with its state moved out of the device's allocator, to the host's: the two moments in its
+// host allocator (pageable), and the buffers that cross to and from the device (the master
+// weights' host copy, the gradients' landing buffer and, in mixed precision, the compute copy)
+// page-locked for a model on the GPU, in the host allocator for a model on the host. Over this
+// rank's shard when a data-parallel run shards the optimizer. The same signature as the other
+// memory_plan, with the device named last:
+//   memory_plan<Net, mixed<bfloat16>, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(8, {.sequence = 1024})
+template <class Net, class Precision, template <class> class Optimizer, class Loss = MSE, class Device = host>
+  requires std::is_same_v<Optimizer<void>, OffloadedAdamW<void>>
+constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {}) {
+  using T = typename Precision::master;
+  using C = typename Precision::compute;
+  constexpr auto rounded = [](std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); };
+  memory_plan_result r = memory_plan<Net, Precision, AdamW, Loss>(batch, o);
+  std::size_t const moved = r.optimizer_state;  // (AdamW's two moments, over the shard)
+  r.persistent -= moved;
+  r.peak -= moved;
+  if (o.arena) r.reserved -= moved;
+  r.optimizer_state = 0;
+  std::size_t const p = o.ranks > 0 ? o.ranks : 1;
+  std::size_t const shard =
+      o.shard_optimizer ? Net::param_count * (o.rank + 1) / p - Net::param_count * o.rank / p : Net::param_count;
+  r.host_pageable.optimizer_state = moved;
+  host_place_plan& staged = std::is_same_v<Device, host> ? r.host_pageable : r.host_page_locked;
+  staged.optimizer_state += rounded(shard * sizeof(T)) + (is_mixed_v<Precision> ? rounded(shard * sizeof(C)) : 0);
+  staged.gradients += rounded(shard * sizeof(T));
   return r;
 }
 
