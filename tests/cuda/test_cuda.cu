@@ -741,6 +741,17 @@ TEST_CASE("cuda OffloadedAdamW: the update on the host follows AdamW on the GPU;
       CHECK(attr.type == cudaMemoryTypeHost);
       CHECK(opt.staging_allocator().stats()[memory::tag::gradients].in_use > 0);
       CHECK(opt.host_allocator().stats()[memory::tag::gradients].in_use == 0);
+      // The plan per place: the device's tags (no optimizer state), the host's pageable part (the
+      // moments) and its page-locked part (the weights' copy, the gradients' landing buffer, the
+      // compute copy), each equal to its allocator's peak, per tag.
+      auto const plan = memory_plan<Plain, P, OffloadedAdamW, SoftmaxCrossEntropy, gpu>(std::size_t(batch));
+      for (memory::tag g : memory::all_tags) {
+        INFO(memory::name(g));
+        CHECK(alloc.stats()[g].peak == plan[g]);
+        CHECK(opt.host_allocator().stats()[g].peak == plan.host_pageable[g]);
+        CHECK(opt.staging_allocator().stats()[g].peak == plan.host_page_locked[g]);
+      }
+      CHECK(alloc.stats().total.peak == plan.peak);
     } else {
       AdamW opt(m, {.lr = 1e-2, .clip_norm = 1.0});
       for (int s = 0; s < 3; ++s) losses.push_back(m.template train_step<SoftmaxCrossEntropy>(x, y, opt));

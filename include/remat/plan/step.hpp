@@ -67,9 +67,11 @@ struct memory_plan_result {
   std::size_t peak = 0;                  // the total in use at the step's peak
   std::size_t arena = 0;                 // reserved for activations and workspace (>= their peak; 0: not laid out)
   std::size_t reserved = 0;              // the total reserved: persistent + arena
-  // On the host, beside the device (OffloadedAdamW): in the optimizer's host_allocator() (pageable
-  // memory), and in its staging_allocator() when that is page-locked memory (a model on the GPU).
-  host_place_plan host_pageable{}, host_page_locked{};
+  // On the host, beside the device (OffloadedAdamW): in the optimizer's host_allocator(), pageable
+  // memory (for a model on the host, the buffers that cross too)...
+  host_place_plan host_pageable{};
+  // ... and in its staging_allocator(), page-locked memory, for a model on the GPU.
+  host_place_plan host_page_locked{};
 
   // Whether the step fits a device of `device_bytes` (what the model's allocator reserves: the
   // arena's plan, or the peak without one) and a host of `host_bytes`.
