@@ -184,6 +184,11 @@ TEST_CASE("memory_plan: OffloadedAdamW's step, on the device and on the host apa
   static_assert(on_gpu.fits(on_gpu.reserved, 1280) && !on_gpu.fits(on_gpu.reserved - 1, 1280) &&
                 !on_gpu.fits(on_gpu.reserved, 1279));
   static_assert(memory_plan<L, fp32, AdamW>(2).host_pageable.total() == 0);
+  // Offloaded<S>'s activations count on the host too.
+  constexpr auto offloaded = memory_plan<Net<Repeat<3, Offloaded<Block>>>, fp32, OffloadedAdamW>(16);
+  static_assert(offloaded.activations.offloaded_bytes > 0);
+  static_assert(offloaded.host_bytes() == offloaded.host_pageable.total() + offloaded.activations.offloaded_bytes);
+  static_assert(!offloaded.fits(offloaded.reserved, offloaded.host_bytes() - 1));
 
   // Measured: the model's allocator holds the device's part, the optimizer's host allocator the
   // host's (a host model: the buffers that cross live there too), per tag and in total.

@@ -73,10 +73,15 @@ struct memory_plan_result {
   // ... and in its staging_allocator(), page-locked memory, for a model on the GPU.
   host_place_plan host_page_locked{};
 
+  // All of the step's host memory: the optimizer's (host_pageable, host_page_locked) and the
+  // activations Offloaded<S> keeps there at its peak (activations.offloaded_bytes).
+  constexpr std::size_t host_bytes() const {
+    return host_pageable.total() + host_page_locked.total() + activations.offloaded_bytes;
+  }
   // Whether the step fits a device of `device_bytes` (what the model's allocator reserves: the
-  // arena's plan, or the peak without one) and a host of `host_bytes`.
-  constexpr bool fits(std::size_t device_bytes, std::size_t host_bytes) const {
-    return (arena ? reserved : peak) <= device_bytes && host_pageable.total() + host_page_locked.total() <= host_bytes;
+  // arena's plan, or the peak without one) and a host of `host_bytes` (host_bytes()).
+  constexpr bool fits(std::size_t device_bytes, std::size_t host_bytes_available) const {
+    return (arena ? reserved : peak) <= device_bytes && host_bytes() <= host_bytes_available;
   }
 
   // Tag parameters in all: master weights, compute copy and running state.
