@@ -728,23 +728,28 @@ TEST_CASE("cuda OffloadedAdamW: the update on the host follows AdamW on the GPU;
     std::vector<double> losses;
     if constexpr (decltype(opt_tag)::value) {
       OffloadedAdamW opt(m, {.lr = 1e-2, .clip_norm = 1.0});
-      if (chunk)
+      if (chunk) {
         opt.set_chunk(chunk);
-      else
+        opt.staging_allocator().reset_peak();  // (the slots of the default chunk were given back)
+      } else {
         CHECK(opt.chunk() == std::size_t(8) << 20);
+      }
       for (int s = 0; s < 3; ++s) losses.push_back(m.template train_step<SoftmaxCrossEntropy>(x, y, opt));
       CHECK(alloc.stats()[memory::tag::optimizer_state].in_use == 0);
       CHECK(bitwise_equal(tensor_to_host(opt.master_weights().view()), tensor_to_host(std::as_const(m).parameters())));
-      // What crosses the link is page-locked: the weights' copy and the gradients' landing buffer.
+      // What crosses the link is page-locked: the weights' copy and the slots the gradients come
+      // down through (none of it in the pageable allocator).
       cudaPointerAttributes attr{};
       REQUIRE(cudaPointerGetAttributes(&attr, opt.master_weights().data()) == cudaSuccess);
       CHECK(attr.type == cudaMemoryTypeHost);
       CHECK(opt.staging_allocator().stats()[memory::tag::gradients].in_use > 0);
       CHECK(opt.host_allocator().stats()[memory::tag::gradients].in_use == 0);
       // The plan per place: the device's tags (no optimizer state), the host's pageable part (the
-      // moments) and its page-locked part (the weights' copy, the gradients' landing buffer, the
-      // compute copy), each equal to its allocator's peak, per tag.
-      auto const plan = memory_plan<Plain, P, OffloadedAdamW, SoftmaxCrossEntropy, gpu>(std::size_t(batch));
+      // moments) and its page-locked part (the weights' copy, the slots of the gradients and of the
+      // compute copy: two of 100 values each when chunked), each equal to its allocator's peak,
+      // per tag.
+      step_options const planned{.offload_chunk = chunk ? chunk : std::size_t(8) << 20};
+      auto const plan = memory_plan<Plain, P, OffloadedAdamW, SoftmaxCrossEntropy, gpu>(std::size_t(batch), planned);
       for (memory::tag g : memory::all_tags) {
         INFO(memory::name(g));
         CHECK(alloc.stats()[g].peak == plan[g]);

@@ -72,6 +72,12 @@ double max_abs_diff(std::vector<float> const& a, std::vector<float> const& b) {
 template <class M>
 using AdamW_of = AdamW<typename M::value_type, typename M::device, typename M::compute_type>;
 
+// OffloadedAdamW with the model's master weights moved to the host (offload_options::master_weights).
+template <class M>
+struct OffloadedMaster : OffloadedAdamW<M> {
+  OffloadedMaster(M& m, adamw_options o) : OffloadedAdamW<M>(m, o, {.master_weights = true}) {}
+};
+
 // One process on the whole batch: `steps` AdamW steps.
 template <class NetT, class P = fp32>
 std::vector<float> reference(int steps, adamw_options o, std::vector<double>* losses = nullptr) {
@@ -890,6 +896,32 @@ TEST_CASE("rank 0 saves; a sharded optimizer's file is the whole state", "[dist]
     MPI_Barrier(MPI_COMM_WORLD);
   }
   if (world_size() <= 2) CHECK(full_m == sharded_m);
+}
+
+TEST_CASE("with the master weights on the host, an offloaded optimizer trains bit for bit as AdamW does",
+          "[dist][offload][master]") {
+  using P = mixed<bfloat16, DynamicLossScale>;
+  for (int level : {0, 1, 2}) {
+    INFO("ZeRO-" << level << ", " << world_size() << " ranks");
+    std::vector<double> la, lo;
+    std::vector<float> const a = data_parallel_run<Net, P, AdamW_of>(3, opts, sharding(level), &la);
+    std::vector<float> const o = data_parallel_run<Net, P, OffloadedMaster>(3, opts, sharding(level), &lo);
+    CHECK(std::memcmp(a.data(), o.data(), a.size() * sizeof(float)) == 0);
+    CHECK(la == lo);
+    CHECK(same_on_every_rank(o));
+  }
+  if (world_size() > 1) {
+    // A wrapper that shards the parameters (ZeRO-3): refused, the model unchanged.
+    model<Net, host, P> m(seed{7});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(3));
+    CHECK_THROWS_WITH(OffloadedAdamW(m, opts, {.master_weights = true}), Catch::Contains("ZeRO-3"));
+    CHECK_FALSE(m.master_on_host());
+  }
+  // A model built with its master weights on the host is refused by a ZeRO-3 wrapper, on every rank.
+  memory::caching_allocator<host> host_side;
+  model<Net, host, P> built(seed{7}, memory::default_allocator<host>(), host_master_weights{host_side});
+  CHECK_THROWS_WITH(dist::data_parallel(built, MPI_COMM_WORLD, sharding(3)), Catch::Contains("ZeRO-3"));
+  CHECK(built.link().gradient_sync() == nullptr);
 }
 
 TEST_CASE("an offloaded optimizer, whole or sharded, trains bit for bit as AdamW does and saves the same state",

@@ -20,6 +20,8 @@ using Gpt = GPT<11, 16, 16, 2, 2, 0.1>;
 template <class B>
 using CheckpointedRepeat = Checkpointed<B>;
 using GptCheckpointed = GPT<11, 16, 16, 2, 2, 0.1, CheckpointedRepeat>;
+template <class B>
+using EachBlockCheckpointed = CheckpointSequential<32, B>;  // (32 blocks: each its own run)
 
 template <class P>
 constexpr bool scaled = !std::is_same_v<typename P::loss_scale, StaticLossScale<>>;
@@ -163,20 +165,24 @@ TEST_CASE("memory_plan: equals the allocator per tag and in total", "[plan]") {
 
 TEST_CASE("memory_plan: OffloadedAdamW's step, on the device and on the host apart", "[plan][offload]") {
   // Linear<4, 8> (40 parameters) in fp32: AdamW's 512 B of moments leave the device's plan; the
-  // host holds them (pageable, 2 x 256 B) and the buffers that cross: the weights' copy (256 B,
-  // optimizer state) and the gradients' landing buffer (256 B), page-locked for a GPU model, in
-  // the host allocator for a host model.
+  // host holds them (pageable, 2 x 256 B) and the weights' copy (256 B, optimizer state),
+  // page-locked for a GPU model, in the host allocator for a host model. A GPU model's gradients
+  // and compute copy cross through page-locked slots (one of 40 values here, 256 B each); a host
+  // model's are read and written in place.
   using L = Seq<Linear<4, 8>>;
   constexpr auto adamw = memory_plan<L, fp32, AdamW>(2);
   constexpr auto on_host = memory_plan<L, fp32, OffloadedAdamW>(2);
   static_assert(on_host.optimizer_state == 0 && on_host.parameters() == adamw.parameters());
   static_assert(on_host.peak == adamw.peak - 512 && on_host.reserved == adamw.reserved - 512);
-  static_assert(on_host.host_pageable.optimizer_state == 512 + 256 && on_host.host_pageable.gradients == 256);
+  static_assert(on_host.host_pageable.optimizer_state == 512 + 256 && on_host.host_pageable.gradients == 0);
   static_assert(on_host.host_page_locked.total() == 0);
   constexpr auto on_gpu = memory_plan<L, mixed<bfloat16>, OffloadedAdamW, MSE, cuda>(2);
   static_assert(on_gpu.host_pageable.total() == 512 && on_gpu.host_pageable.gradients == 0);
-  // (bf16: the compute copy's host buffer, 80 B -> 256, beside the fp32 weights' copy)
+  // (bf16: the compute copy's slot, 80 B -> 256, beside the fp32 weights' copy)
   static_assert(on_gpu.host_page_locked.optimizer_state == 256 + 256 && on_gpu.host_page_locked.gradients == 256);
+  // By chunks of 16 values: two slots of each kind (64 B and 32 B, one block each).
+  constexpr auto chunked = memory_plan<L, mixed<bfloat16>, OffloadedAdamW, MSE, cuda>(2, {.offload_chunk = 16});
+  static_assert(chunked.host_page_locked.gradients == 2 * 256 && chunked.host_page_locked.optimizer_state == 256 + 2 * 256);
   // ZeRO-1 over 3 ranks, the last rank's shard: 14 parameters, each buffer one 256-byte block.
   constexpr auto sharded = memory_plan<L, fp32, OffloadedAdamW, MSE, cuda>(2, {.ranks = 3, .rank = 2, .shard_optimizer = true});
   static_assert(sharded.host_pageable.total() == 512 && sharded.host_page_locked.total() == 512);
@@ -184,6 +190,20 @@ TEST_CASE("memory_plan: OffloadedAdamW's step, on the device and on the host apa
   static_assert(on_gpu.fits(on_gpu.reserved, 1280) && !on_gpu.fits(on_gpu.reserved - 1, 1280) &&
                 !on_gpu.fits(on_gpu.reserved, 1279));
   static_assert(memory_plan<L, fp32, AdamW>(2).host_pageable.total() == 0);
+  // The master weights on the host too (offload_options::master_weights): their 160 B (one block)
+  // leave the device for the host's pageable memory, tag parameters, and the optimizer keeps no
+  // copy of its own: page-locked are the slots of the bf16 copy and of the gradients.
+  constexpr auto master = memory_plan<L, mixed<bfloat16>, OffloadedAdamW, MSE, cuda>(2, {.offload_master_weights = true});
+  static_assert(master.master_weights == 0 && master.compute_copy == on_gpu.compute_copy);
+  static_assert(master.peak == on_gpu.peak - 256 && master.reserved == on_gpu.reserved - 256);
+  static_assert(master.host_pageable.parameters == 256 && master.host_pageable.optimizer_state == 512);
+  static_assert(master.host_page_locked.optimizer_state == 256 && master.host_page_locked.gradients == 256);
+  static_assert(master.host_pageable[memory::tag::parameters] == 256 && master.host_bytes() == on_gpu.host_bytes());
+  // Under ZeRO-1 every rank keeps all the master weights (the wrapper gathers the others' parts).
+  constexpr auto master_sharded =
+      memory_plan<L, mixed<bfloat16>, OffloadedAdamW>(2, {.ranks = 3, .rank = 2, .shard_optimizer = true,
+                                                          .offload_master_weights = true});
+  static_assert(master_sharded.host_pageable.parameters == 256 && master_sharded.master_weights == 0);
   // Offloaded<S>'s activations count on the host too.
   constexpr auto offloaded = memory_plan<Net<Repeat<3, Offloaded<Block>>>, fp32, OffloadedAdamW>(16);
   static_assert(offloaded.activations.offloaded_bytes > 0);
@@ -192,13 +212,15 @@ TEST_CASE("memory_plan: OffloadedAdamW's step, on the device and on the host apa
 
   // Measured: the model's allocator holds the device's part, the optimizer's host allocator the
   // host's (a host model: the buffers that cross live there too), per tag and in total.
-  auto measure = [](auto precision) {
+  auto measure = [](auto precision, bool master_on_host) {
     using P = decltype(precision);
     using NetT = Net<Repeat<3, Checkpointed<Block>>>;
+    INFO("master weights on the host: " << master_on_host);
     memory::caching_allocator<host> device, on_the_host;
     model<NetT, host, P> m(seed{3}, device);
-    OffloadedAdamW opt(m, {.lr = 1e-3}, {0, model<NetT, host, P>::parameter_count}, &on_the_host);
-    auto const plan = memory_plan<NetT, P, OffloadedAdamW>(16);
+    OffloadedAdamW opt(m, {.lr = 1e-3}, {0, model<NetT, host, P>::parameter_count}, &on_the_host,
+                       {.master_weights = master_on_host});
+    auto const plan = memory_plan<NetT, P, OffloadedAdamW>(16, {.offload_master_weights = master_on_host});
     tensor<float> x(16, index_t(NetT::in_width)), t(16, index_t(NetT::out_width));
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i)));
     for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.1f * float(i % 3);
@@ -217,6 +239,55 @@ TEST_CASE("memory_plan: OffloadedAdamW's step, on the device and on the host apa
       CHECK(h.total.reserved == plan.host_pageable.total());
     }
   };
-  measure(fp32{});
-  measure(mixed<bfloat16, DynamicLossScale>{});
+  measure(fp32{}, false);
+  measure(mixed<bfloat16, DynamicLossScale>{}, false);
+  measure(mixed<bfloat16, DynamicLossScale>{}, true);
+  measure(mixed<half, DynamicLossScale>{}, true);
+}
+
+TEST_CASE("memory_plan: a GPT of Llama-7B's size trains on one 80 GB GPU with 120 GiB of host memory",
+          "[plan][offload][master]") {
+  // 32 blocks of width 4096 (32 heads), a vocabulary of 32,000, sequences of 2048, batch 1,
+  // each block checkpointed, bf16 with fp32 master weights, OffloadedAdamW with the master weights on
+  // the host. Planned at run time (a constant evaluation of this size is past the compilers'
+  // limits), before anything is allocated, as a program does.
+  using Llama7B = GPT<32000, 2048, 4096, 32, 32, 0.0, EachBlockCheckpointed>;
+  using P = mixed<bfloat16, DynamicLossScale>;
+  // Hand-counted: the embeddings (32000 + 2048 rows of 4096), per block two LayerNorms (2 x 8192),
+  // the attention's products (4096 x 12288 + 12288, 4096 x 4096 + 4096) and the MLP's (4096 x 16384
+  // + 16384, 16384 x 4096 + 4096), the final LayerNorm and the head (4096 x 32000 + 32000).
+  constexpr std::size_t block = 2 * 8192 + (4096 * 12288 + 12288) + (4096 * 4096 + 4096) +
+                                (4096 * 16384 + 16384) + (16384 * 4096 + 4096);
+  constexpr std::size_t n = (32000 + 2048) * 4096 + 32 * block + 8192 + (4096 * 32000 + 32000);
+  static_assert(Llama7B::param_count == n);
+  static_assert(n > 6'700'000'000 && n < 6'800'000'000);
+  step_options const o{.sequence = 2048, .offload_master_weights = true};
+  auto const plan = memory_plan<Llama7B, P, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(1, o);
+  auto const rounded = [](std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); };
+  // The device: the bf16 weights (2 bytes a parameter) and the fp32 gradients (4), no master
+  // weights and no optimizer state, and the step's activations laid out in their arena.
+  CHECK(plan.master_weights == 0);
+  CHECK(plan.compute_copy == rounded(n * 2));
+  CHECK(plan.gradients == rounded(n * 4));
+  CHECK(plan.optimizer_state == 0);
+  CHECK(plan.reserved == plan.compute_copy + plan.gradients + plan.arena);
+  // The host: the master weights and the two moments pageable (12 bytes a parameter); page-locked
+  // only the slots the gradients and the bf16 copy cross through, two of 8 Mi values each.
+  CHECK(plan.host_pageable.total() == rounded(n * 4) * 3);
+  CHECK(plan.host_page_locked.total() == 2 * (std::size_t(8) << 20) * (4 + 2));
+  constexpr std::size_t GB = 1'000'000'000, GiB = std::size_t(1) << 30;
+  CHECK(plan.fits(80 * GB, 120 * GiB));
+  // Without the placement the device holds the fp32 master weights as well: 4 bytes a parameter
+  // more, and the host the same.
+  auto const today = memory_plan<Llama7B, P, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(1, {.sequence = 2048});
+  CHECK(today.reserved == plan.reserved + rounded(n * 4));
+  CHECK(today.host_bytes() == plan.host_bytes());
+  // AdamW on the device: 16 bytes a parameter before any activation, past 80 GB.
+  auto const adamw = memory_plan<Llama7B, P, AdamW, SoftmaxCrossEntropy>(1, {.sequence = 2048});
+  CHECK_FALSE(adamw.fits(80 * GB, 120 * GiB));
+  WARN("7B GPT, batch 1 x 2048: device " << memory::format_bytes(plan.reserved) << " (arena "
+                                         << memory::format_bytes(plan.arena) << "), host "
+                                         << memory::format_bytes(plan.host_bytes()) << "; without the placement "
+                                         << memory::format_bytes(today.reserved) << "; AdamW "
+                                         << memory::format_bytes(adamw.reserved));
 }

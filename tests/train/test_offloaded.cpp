@@ -26,6 +26,12 @@ tensor<float> inputs(std::size_t rows, std::size_t cols, double phase = 0.0) {
   return x;
 }
 
+// The mixed precision the memory cases use, its model's parameter count, and the allocator's
+// rounding of a block.
+using Mixed = mixed<bfloat16, DynamicLossScale>;
+constexpr std::size_t n_mixed = model<Net, host, Mixed>::parameter_count;
+constexpr std::size_t rounded(std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); }
+
 // The bytes of a view, read without asking the model for a writable one.
 template <class V>
 std::vector<unsigned char> bytes_of(V const& v) {
@@ -66,23 +72,39 @@ void require_same(M& ma, A const& a, M& mo, O const& o, std::string const& what)
 // Eight steps of each optimizer on two models built alike, compared after every step; the fifth
 // step's targets are far enough to overflow a half model's scaled gradients (a skipped step), and
 // after the third both models' weights are written from outside. The offloaded optimizer updates
-// `chunk` parameters at a time (0: all at once).
+// `chunk` parameters at a time (0: all at once), with the placement w. With `micro` above 1 each
+// step sums the gradients of that many micro-batches (accumulate) before the optimizer's step.
 template <class P>
-void run_alike(adamw_options opts, std::size_t chunk = 0) {
+void run_alike(adamw_options opts, std::size_t chunk = 0, offload_options w = {}, int micro = 1) {
   model<Net, host, P> ma(seed{7}), mo(seed{7});
   AdamW a(ma, opts);
-  OffloadedAdamW o(mo, opts);
+  OffloadedAdamW o(mo, opts, w);
   REQUIRE(o.chunk() == 0);  // (on the host: all at once)
+  REQUIRE(mo.master_on_host() == w.master_weights);
+  REQUIRE(o.offloads_master_weights() == w.master_weights);
   o.set_chunk(chunk);
-  INFO("chunk " << chunk);
+  INFO("chunk " << chunk << ", master weights on the host " << w.master_weights << ", micro-batches " << micro);
   tensor<float> const x = inputs(16, 12);
   tensor<float> const t = inputs(16, 6, 0.4);
   tensor<float> far(16, 6);
   for (std::size_t i = 0; i < far.size(); ++i) far[i] = 1e4f;
   for (int step = 0; step < 8; ++step) {
     tensor<float> const& target = step == 4 ? far : t;
-    double const la = ma.template train_step<MSE>(x, target, a);
-    double const lo = mo.template train_step<MSE>(x, target, o);
+    double la = 0, lo = 0;
+    if (micro == 1) {
+      la = ma.template train_step<MSE>(x, target, a);
+      lo = mo.template train_step<MSE>(x, target, o);
+    } else {
+      ma.zero_grad();
+      mo.zero_grad();
+      for (int k = 0; k < micro; ++k) {
+        tensor<float> const xk = inputs(16, 12, 0.1 * k);
+        la += ma.template accumulate<MSE>(xk, target, 1.0 / micro);
+        lo += mo.template accumulate<MSE>(xk, target, 1.0 / micro);
+      }
+      a.step();
+      o.step();
+    }
     REQUIRE(lo == la);
     require_same(ma, a, mo, o, "after step " + std::to_string(step));
     if (step == 2) {
@@ -133,10 +155,94 @@ TEST_CASE("OffloadedAdamW: mixed bfloat16 and half with a dynamic scale, bit for
   CHECK(m.scaler().skipped_steps() == 1);
 }
 
+TEST_CASE("OffloadedAdamW with the master weights on the host: bit for bit AdamW's",
+          "[train][optim][offload][mixed][master]") {
+  offload_options const master{.master_weights = true};
+  // Clipping, skipped steps under a dynamic scale (the half run's far step), weights written from
+  // outside through parameters() (host memory now: the compute copy is cast again), by chunks.
+  run_alike<mixed<bfloat16, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0}, 0, master);
+  run_alike<mixed<half, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0}, 0, master);
+  run_alike<mixed<bfloat16>>({.lr = 3e-3, .weight_decay = 0.1}, 13, master);
+  // Gradient accumulation over three micro-batches, with and without the placement.
+  run_alike<mixed<bfloat16, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 0.5}, 0, master, 3);
+  run_alike<mixed<half, DynamicLossScale>>({.lr = 1e-2}, 0, {}, 3);
+}
+
+TEST_CASE("OffloadedAdamW with the master weights on the host: the device keeps the compute copy only",
+          "[train][optim][offload][memory][master]") {
+  using P = Mixed;
+  constexpr std::size_t n = n_mixed;
+  memory::caching_allocator<host> device, host_side;
+  model<Net, host, P> m(seed{1}, device);
+  REQUIRE(device.stats()[memory::tag::parameters].in_use == rounded(n * 4) + rounded(n * 2));
+  auto const before = weights(m);
+  {
+    OffloadedAdamW o(m, {}, {0, n}, &host_side, {.master_weights = true});
+    // The device's fp32 weights are given back (not kept in its cache); the host holds them and
+    // the moments, no second fp32 copy (a host model's gradients and compute copy are read and
+    // written in place).
+    CHECK(device.stats()[memory::tag::parameters].in_use == rounded(n * 2));
+    CHECK(device.stats()[memory::tag::parameters].reserved == rounded(n * 2));
+    CHECK(host_side.stats()[memory::tag::parameters].in_use == rounded(n * 4));
+    CHECK(host_side.stats()[memory::tag::optimizer_state].in_use == 2 * rounded(n * 4));
+    CHECK(host_side.stats()[memory::tag::gradients].in_use == 0);
+    CHECK(weights(m) == before);
+    CHECK(o.master_weights().data() == m.parameters().data());
+    m.train_step<MSE>(inputs(16, 12), inputs(16, 6, 0.4), o);
+    CHECK(weights(m) != before);
+  }
+  // The placement is the model's for its life: it trains on with a second offloaded optimizer.
+  CHECK(m.master_on_host());
+  CHECK(host_side.stats()[memory::tag::parameters].in_use == rounded(n * 4));
+  CHECK(host_side.stats()[memory::tag::optimizer_state].in_use == 0);
+  OffloadedAdamW again(m, {}, {.master_weights = true});
+  auto const kept = weights(m);
+  m.train_step<MSE>(inputs(16, 12), inputs(16, 6, 0.4), again);
+  CHECK(weights(m) != kept);
+}
+
+TEST_CASE("A model built with its master weights in host memory: never on the device, trained as AdamW trains",
+          "[train][optim][offload][memory][master]") {
+  using P = Mixed;
+  constexpr std::size_t n = n_mixed;
+  memory::caching_allocator<host> device, host_side;
+  model<Net, host, P> ma(seed{7});
+  model<Net, host, P> mo(seed{7}, device, host_master_weights{host_side});
+  CHECK(mo.master_on_host());
+  CHECK(weights(mo) == weights(ma));  // (initialised in place, to the same values)
+  CHECK(device.stats()[memory::tag::parameters].peak == rounded(n * 2));
+  CHECK(host_side.stats()[memory::tag::parameters].in_use == rounded(n * 4));
+  AdamW a(ma, {.lr = 1e-2, .clip_norm = 1.0});
+  OffloadedAdamW o(mo, {.lr = 1e-2, .clip_norm = 1.0}, {0, n}, &host_side);  // (it updates them there)
+  CHECK(o.offloads_master_weights());
+  tensor<float> const x = inputs(16, 12);
+  tensor<float> const t = inputs(16, 6, 0.4);
+  for (int step = 0; step < 5; ++step) {
+    CHECK(mo.train_step<MSE>(x, t, o) == ma.train_step<MSE>(x, t, a));
+    require_same(ma, a, mo, o, "after step " + std::to_string(step));
+  }
+  // The device never held the fp32 master weights.
+  CHECK(device.stats()[memory::tag::parameters].peak == rounded(n * 2));
+}
+
+TEST_CASE("OffloadedAdamW refuses to move an fp32 model's master weights, and changes nothing",
+          "[train][optim][offload][errors][master]") {
+  memory::caching_allocator<host> device;
+  model<Net> m(seed{1}, device);
+  auto const before = weights(m);
+  auto const held = device.stats().total;
+  CHECK_THROWS_WITH(OffloadedAdamW(m, {}, {.master_weights = true}),
+                    Catch::Contains("master_weights expects a mixed-precision model"));
+  CHECK_FALSE(m.master_on_host());
+  CHECK(weights(m) == before);
+  CHECK(device.stats().total.in_use == held.in_use);
+  step_options const master{.offload_master_weights = true};
+  CHECK_THROWS_AS((memory_plan<Net, fp32, OffloadedAdamW>(16, master)), argument_error);
+}
+
 TEST_CASE("OffloadedAdamW keeps no optimizer state on the model's allocator", "[train][optim][offload][memory]") {
-  using P = mixed<bfloat16, DynamicLossScale>;
-  constexpr std::size_t n = model<Net, host, P>::parameter_count;
-  auto rounded = [](std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); };
+  using P = Mixed;
+  constexpr std::size_t n = n_mixed;
   memory::caching_allocator<host> with_adamw, with_offloaded, host_side;
   model<Net, host, P> ma(seed{1}, with_adamw), mo(seed{1}, with_offloaded);
   AdamW a(ma);
@@ -146,12 +252,13 @@ TEST_CASE("OffloadedAdamW keeps no optimizer state on the model's allocator", "[
   ma.train_step<MSE>(x, t, a);
   mo.train_step<MSE>(x, t, o);
   // AdamW: two moments of n fp32 values beside the model. Offloaded: none; its host allocator holds
-  // the moments, the weights' copy and their bf16 copy, and the gradients' landing buffer.
+  // the moments and the weights' copy (a host model's gradients and compute copy are read and
+  // written in place: nothing is staged for them).
   CHECK(with_adamw.stats()[memory::tag::optimizer_state].in_use == 2 * rounded(n * 4));
   CHECK(with_offloaded.stats()[memory::tag::optimizer_state].in_use == 0);
   CHECK(with_offloaded.stats()[memory::tag::parameters].in_use == with_adamw.stats()[memory::tag::parameters].in_use);
-  CHECK(host_side.stats()[memory::tag::optimizer_state].in_use == 3 * rounded(n * 4) + rounded(n * 2));
-  CHECK(host_side.stats()[memory::tag::gradients].in_use == rounded(n * 4));
+  CHECK(host_side.stats()[memory::tag::optimizer_state].in_use == 3 * rounded(n * 4));
+  CHECK(host_side.stats()[memory::tag::gradients].in_use == 0);
   CHECK(&o.host_allocator() == &host_side);
   // On the host what crosses to the device is staged in the host allocator itself.
   CHECK(&o.staging_allocator() == &host_side);
@@ -163,6 +270,7 @@ TEST_CASE("OffloadedAdamW and AdamW resume from each other's files", "[train][op
   std::string const weights_file = dir + "offload_weights.safetensors";
   std::string const state_a = dir + "offload_adamw.safetensors";
   std::string const state_o = dir + "offload_offloaded.safetensors";
+  std::string const other_file = dir + "offload_other.safetensors";
   tensor<float> const x = inputs(16, 12);
   tensor<float> const t = inputs(16, 6, 0.4);
 
@@ -175,9 +283,12 @@ TEST_CASE("OffloadedAdamW and AdamW resume from each other's files", "[train][op
   for (int i = 0; i < 3; ++i) ref.train_step<MSE>(x, t, a);
 
   // An offloaded optimizer built first, then the weights and its state loaded: the weights are
-  // read again before its first step, and the last 3 steps are AdamW's, bit for bit.
+  // read again before its first step, and the last 3 steps are AdamW's, bit for bit. With the
+  // master weights on the host, load writes them there and the compute copy is cast again.
+  for (bool const on_host : {true, false}) {  // (true first: the way back rewrites the weights' file)
+  INFO("master weights on the host: " << on_host);
   model<Net, host, P> m(seed{2});
-  OffloadedAdamW o(m, {.lr = 1e-2});
+  OffloadedAdamW o(m, {.lr = 1e-2}, {.master_weights = on_host});
   load(m, weights_file);
   load(o, state_a);
   CHECK(o.steps() == 3);
@@ -186,6 +297,7 @@ TEST_CASE("OffloadedAdamW and AdamW resume from each other's files", "[train][op
   CHECK(compute_weights(m) == compute_weights(ref));
   CHECK(bytes_of(o.exp_avg().view()) == bytes_of(a.exp_avg().view()));
 
+  if (on_host) continue;  // (the way back reads the same files)
   // And back: the offloaded state loaded into an AdamW continues as the offloaded one does.
   save(o, state_o);
   model<Net, host, P> back(seed{3});
@@ -203,12 +315,12 @@ TEST_CASE("OffloadedAdamW and AdamW resume from each other's files", "[train][op
   using Other = Seq<Linear<12, 6>>;
   model<Other> other(seed{1});
   AdamW oa(other);
-  std::string const other_file = dir + "offload_other.safetensors";
   save(oa, other_file);
   auto const moments = bytes_of(o.exp_avg().view());
   CHECK_THROWS_AS(load(o, other_file), io_error);
   CHECK(bytes_of(o.exp_avg().view()) == moments);
   CHECK(o.steps() == 7);
+  }
   for (auto const& f : {weights_file, state_a, state_o, other_file}) std::remove(f.c_str());
 }
 

@@ -79,12 +79,13 @@ struct system<cuda> {
       return {};
     }
   }
+  // (cudaMemcpyDefault: a model's master weights may lie in host memory, model::master_on_host)
   static void copy_to_host(void* dst, void const* src, std::size_t bytes) {
-    REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, current_cuda_stream()));
+    REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_cuda_stream()));
     synchronize_current_stream();
   }
   static void copy_from_host(void* dst, void const* src, std::size_t bytes) {
-    REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, current_cuda_stream()));
+    REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_cuda_stream()));
     synchronize_current_stream();
   }
 };

@@ -22,11 +22,23 @@ struct step_options {
   std::size_t rank = 0;          // this rank's index, in [0, ranks)
   bool shard_optimizer = false;  // ZeRO-1: this rank's optimizer keeps 1/ranks of the state
   bool momentum = true;  // SGD only: a momentum buffer (SGD with momentum 0 keeps no state)
+  // OffloadedAdamW only (offload_options::master_weights): a mixed-precision model's master
+  // weights live in the host's memory, not the device's.
+  bool offload_master_weights = false;
+  // OffloadedAdamW only, a GPU model: its set_chunk (parameters a step moves at a time; 0: all).
+  std::size_t offload_chunk = std::size_t(8) << 20;
   // Also lay out the step's arena (fills `arena` and `reserved`). A constant expression over a
   // model of hundreds of activations can pass a compiler's evaluation limits with it (nvcc's
   // front end first): there, leave it out and plan the arena at run time.
   bool arena = true;
 };
+
+// The parameters of `count` whose optimizer state this rank keeps: all, or with o.shard_optimizer
+// its shard (remat::dist::data_parallel::shard's size).
+constexpr std::size_t optimizer_shard(std::size_t count, step_options const& o) {
+  std::size_t const p = o.ranks > 0 ? o.ranks : 1;
+  return o.shard_optimizer ? count * (o.rank + 1) / p - count * o.rank / p : count;
+}
 
 // How many parameter-sized buffers of state an optimizer keeps. A user's optimizer specialises it.
 template <template <class, class, class> class Optimizer>

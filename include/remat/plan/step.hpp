@@ -28,6 +28,7 @@
 //   static_assert(plan.peak <= (std::size_t(8) << 30), "the training step must fit in 8 GiB");
 #pragma once
 
+#include "../error.hpp"
 #include "../layers/loss.hpp"
 #include "activation.hpp"
 #include "arena.hpp"
@@ -42,12 +43,16 @@ namespace REMAT_NAMESPACE {
 // Memory of a step that lies on the host, beside the model's device: an optimizer's state kept
 // there (OffloadedAdamW), per tag, in bytes rounded as the allocator rounds.
 struct host_place_plan {
-  std::size_t gradients = 0;        // the gradients' landing buffer
-  std::size_t optimizer_state = 0;  // moments, the master weights' host copy, their compute copy
-  constexpr std::size_t total() const { return gradients + optimizer_state; }  // all of it
+  std::size_t parameters = 0;       // the model's master weights (offload_options::master_weights)
+  std::size_t gradients = 0;        // the slots the gradients come down through (a GPU model)
+  std::size_t optimizer_state = 0;  // moments, the master weights' host copy, the compute copy's slots
+  constexpr std::size_t total() const { return parameters + gradients + optimizer_state; }  // all of it
   // The bytes of tag t (the host allocator's stats()[t].peak and reserved).
   constexpr std::size_t operator[](memory::tag t) const {
-    return t == memory::tag::gradients ? gradients : t == memory::tag::optimizer_state ? optimizer_state : 0;
+    return t == memory::tag::parameters        ? parameters
+           : t == memory::tag::gradients       ? gradients
+           : t == memory::tag::optimizer_state ? optimizer_state
+                                               : 0;
   }
 };
 
@@ -128,10 +133,7 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   r.compute_copy = is_mixed_v<Precision> ? rounded(n * sizeof(C)) : 0;
   r.gradients = rounded(n * sizeof(T));
   r.buffers = buffer_count_v<Net> > 0 ? 2 * rounded(buffer_count_v<Net> * sizeof(T)) : 0;
-  // The optimizer's shard: data_parallel::shard_of.
-  std::size_t const p = o.ranks > 0 ? o.ranks : 1;
-  std::size_t const shard =
-      o.shard_optimizer ? Net::param_count * (o.rank + 1) / p - Net::param_count * o.rank / p : Net::param_count;
+  std::size_t const shard = optimizer_shard(Net::param_count, o);
   static_assert(requires { optimizer_state_buffers<Optimizer>::count(o); },
                 "remat::memory_plan: the optimizer's state is unknown here: include <remat/train/optimizers.hpp> "
                 "(AdamW, SGD), or specialise remat::optimizer_state_buffers for your own optimizer");
@@ -158,11 +160,16 @@ class OffloadedAdamW;
 
 // The whole step with OffloadedAdamW (ZeRO-Offload's optimizer) for a model on Device: AdamW's
 // step with its state moved out of the device's allocator, to the host's: the two moments in its
-// host allocator (pageable), and the buffers that cross to and from the device (the master
-// weights' host copy, the gradients' landing buffer and, in mixed precision, the compute copy)
-// page-locked for a model on the GPU, in the host allocator for a model on the host. Over this
-// rank's shard when a data-parallel run shards the optimizer. The same signature as the other
-// memory_plan, with the device named last:
+// host allocator (pageable); the master weights' host copy, page-locked for a model on the GPU
+// (in the host allocator for a model on the host); and for a GPU model the page-locked slots the
+// gradients and, in mixed precision, the compute copy cross through: two of o.offload_chunk
+// values each, or one of the whole shard when a chunk holds it (memory/transfer_ring.hpp; a host
+// model reads and writes them in place). Over this rank's shard when a data-parallel run shards
+// the optimizer. With o.offload_master_weights (a
+// mixed-precision model, offload_options::master_weights) the model's master weights leave the
+// device's plan for the host's pageable memory (tag parameters, all of them on every rank), and
+// the optimizer keeps no copy of its own. The same signature as the other memory_plan, with the
+// device named last:
 //   memory_plan<Net, mixed<bfloat16>, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(8, {.sequence = 1024})
 template <class Net, class Precision, template <class> class Optimizer, class Loss = MSE, class Device = host>
   requires std::is_same_v<Optimizer<void>, OffloadedAdamW<void>>
@@ -170,19 +177,32 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   using T = typename Precision::master;
   using C = typename Precision::compute;
   constexpr auto rounded = [](std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); };
+  if (o.offload_master_weights && !is_mixed_v<Precision>)
+    throw argument_error("remat::memory_plan: offload_master_weights expects a mixed-precision model");
   memory_plan_result r = memory_plan<Net, Precision, AdamW, Loss>(batch, o);
-  std::size_t const moved = r.optimizer_state;  // (AdamW's two moments, over the shard)
+  std::size_t moved = r.optimizer_state;  // (AdamW's two moments, over the shard)
   r.persistent -= moved;
   r.peak -= moved;
   if (o.arena) r.reserved -= moved;
   r.optimizer_state = 0;
-  std::size_t const p = o.ranks > 0 ? o.ranks : 1;
-  std::size_t const shard =
-      o.shard_optimizer ? Net::param_count * (o.rank + 1) / p - Net::param_count * o.rank / p : Net::param_count;
+  std::size_t const shard = optimizer_shard(Net::param_count, o);
   r.host_pageable.optimizer_state = moved;
   host_place_plan& staged = std::is_same_v<Device, host> ? r.host_pageable : r.host_page_locked;
-  staged.optimizer_state += rounded(shard * sizeof(T)) + (is_mixed_v<Precision> ? rounded(shard * sizeof(C)) : 0);
-  staged.gradients += rounded(shard * sizeof(T));
+  staged.optimizer_state += o.offload_master_weights ? 0 : rounded(shard * sizeof(T));
+  if (!std::is_same_v<Device, host> && shard > 0) {  // (the transfer ring's slots)
+    std::size_t const len = o.offload_chunk && o.offload_chunk < shard ? o.offload_chunk : shard;
+    std::size_t const slots = len < shard ? 2 : 1;
+    staged.gradients += slots * rounded(len * sizeof(T));
+    staged.optimizer_state += is_mixed_v<Precision> ? slots * rounded(len * sizeof(C)) : 0;
+  }
+  if (o.offload_master_weights) {
+    moved = r.master_weights;
+    r.host_pageable.parameters = moved;
+    r.master_weights = 0;
+    r.persistent -= moved;
+    r.peak -= moved;
+    if (o.arena) r.reserved -= moved;
+  }
   return r;
 }
 

@@ -88,6 +88,17 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   // at the same time.)
   explicit model(seed s = {}, allocator_type& alloc = memory::default_allocator<Device>()) : model(s, alloc, nullptr) {}
   model(seed s, allocator_type& alloc, offload_allocator_t<Device>& offload_alloc) : model(s, alloc, &offload_alloc) {}
+  // A mixed-precision model whose fp32 master weights live in host memory from the start
+  // (host_master_weights; trained by OffloadedAdamW): the device never holds them.
+  model(seed s, allocator_type& alloc, host_master_weights master)
+      : base(s, alloc, &master.allocator),
+        own_offload_(std::make_unique<offload_allocator_t<Device>>()),
+        offload_alloc_(own_offload_.get()) {
+    static_assert(mixed_precision,
+                  "remat::model: host_master_weights expects a mixed-precision model (mixed<bfloat16> or "
+                  "mixed<half>); an fp32 model's layers read its master weights, which stay on the device");
+    zero_grad();
+  }
 
   // Inference: nothing is saved for a backward pass. The activations, and the output handed back,
   // lie in the model's planned arena (see use_planned_arena): drop the output before the model's

@@ -7,12 +7,15 @@
 
 #include "../graph/walk.hpp"
 #include "../kernels/evaluate.hpp"
+#include "../memory/offload.hpp"
 #include "../memory/system.hpp"
 #include "../numeric/precision.hpp"
 #include "../pass/step.hpp"
 #include "link.hpp"
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -76,6 +79,14 @@ struct model_stream<cuda> {
 #endif
 
 }  // namespace detail
+
+// Where a mixed-precision model's fp32 master weights live from its construction on: host memory
+// of `allocator` (tag parameters), never the device's (model::master_on_host()). The model is
+// then trained by OffloadedAdamW (offload_options::master_weights), which updates them there. The
+// allocator must outlive the model.
+struct host_master_weights {
+  memory::caching_allocator<host>& allocator;  // where they are allocated
+};
 
 namespace detail {
 
@@ -159,6 +170,30 @@ class model_parameters {
     relocate(params_, master, memory::tag::parameters);
     if constexpr (mixed_precision) relocate(compute_params_, master ? compute : nullptr, memory::tag::parameters);
   }
+  // Whether the fp32 master weights live in host memory, apart from the model's device (built with
+  // host_master_weights, or moved there by OffloadedAdamW's offload_options::master_weights):
+  // parameters() views host memory then,
+  // which the device's kernels do not read; the layers read the compute copy, cast on the host and
+  // copied up when the master weights were written from outside.
+  bool master_on_host() const { return master_host_.get() != nullptr; }
+  // Moves the master weights (mixed precision only) into a block of `a` (tag parameters), kept
+  // alive by `keep` (the allocator's owner, or null when the caller keeps `a` alive for the
+  // model's life), and gives the model allocator's back to the device. They stay there for the
+  // model's life. The compute copy is made current first.
+  void place_master_on_host(memory::caching_allocator<host>& a, std::shared_ptr<void> keep) {
+    static_assert(mixed_precision, "remat: only a mixed-precision model's master weights can live on the host");
+    if (master_on_host()) return;
+    (void)weights();  // (cast while the master weights are still where the cast runs)
+    memory::held_block<host> b(a, stored_count() * sizeof(T), memory::tag::parameters);
+    {
+      [[maybe_unused]] auto const on_stream = stream_.scope();
+      memory::system<Device>::copy_to_host(b.get(), params_.data(), stored_count() * sizeof(T));
+    }
+    master_keep_ = std::move(keep);
+    params_ = tensor<T, Device>(tensor<T, Device>::borrowed, static_cast<T*>(b.get()), stored_count(), 1);
+    master_host_ = std::move(b);
+    alloc_->release_cached();  // (the device's copy goes back to the device)
+  }
   // The allocator activations, gradients and parameters come from (given at construction).
   allocator_type& allocator() const { return *alloc_; }
   std::uint64_t seed_value() const { return seed_; }  // the seed it was built with
@@ -191,9 +226,14 @@ class model_parameters {
  private:
 
  protected:
-  model_parameters(seed s, allocator_type& alloc)
-      : alloc_(&alloc),
-        params_(index_t(stored_count()), 1, memory::tag::parameters, alloc),
+  // With `master` (mixed precision only), the master weights live in its host memory.
+  model_parameters(seed s, allocator_type& alloc, memory::caching_allocator<host>* master = nullptr)
+      : master_host_(master ? memory::held_block<host>(*master, stored_count() * sizeof(T), memory::tag::parameters)
+                            : memory::held_block<host>()),
+        alloc_(&alloc),
+        params_(master ? tensor<T, Device>(tensor<T, Device>::borrowed, static_cast<T*>(master_host_.get()),
+                                           stored_count(), 1)
+                       : tensor<T, Device>(index_t(stored_count()), 1, memory::tag::parameters, alloc)),
         grads_(index_t(stored_count()), 1, memory::tag::gradients, alloc),
         seed_(s.value) {
     [[maybe_unused]] auto const on_stream = stream_.scope();
@@ -206,9 +246,14 @@ class model_parameters {
       visit_params<Net>("", 0, w);
       buffers_.copy_from(host_buffers);
     }
-    std::vector<T> host_params(stored_count(), T(0));
-    Net::init(host_params.data(), 0, seed_);
-    params_.copy_from(host_params);
+    if (master) {  // (initialised where they live)
+      std::fill_n(params_.data(), stored_count(), T(0));
+      Net::init(params_.data(), 0, seed_);
+    } else {
+      std::vector<T> host_params(stored_count(), T(0));
+      Net::init(host_params.data(), 0, seed_);
+      params_.copy_from(host_params);
+    }
     compute_stale_ = true;
   }
   model_parameters(model_parameters const&) = delete;
@@ -255,7 +300,9 @@ class model_parameters {
       gradient_sync const* const sync = link_.gradient_sync();
       param_range const want = sync ? sync->kept_parameters(stored_count()) : param_range{0, stored_count()};
       if (compute_stale_ || compute_cast_ != want) {
-        if (want.size() == stored_count())
+        if (!std::is_same_v<Device, host> && master_on_host())
+          cast_on_host();
+        else if (want.size() == stored_count())
           evaluate(compute_params_, to_expr(params_));
         else if (want.size())
           evaluate(compute_params_.view().row_range(want.begin, want.size()),
@@ -269,7 +316,24 @@ class model_parameters {
     }
   }
 
+  // The compute copy cast from master weights in host memory (master_on_host() on a GPU): a
+  // chunk at a time on the host, the same rounding as the device's cast, and copied up.
+  void cast_on_host() const {
+    std::size_t const n = stored_count(), chunk = std::size_t(1) << 20;
+    tensor<C, host> part(index_t(std::min(n, chunk)), 1, memory::tag::workspace, memory::default_allocator<host>());
+    [[maybe_unused]] auto const on_stream = stream_.scope();
+    for (std::size_t at = 0; at < n; at += chunk) {
+      std::size_t const len = std::min(chunk, n - at);
+      tensor_view<C, host> const to(part.data(), index_t(len), 1);
+      evaluate(to, to_expr(tensor_view<T const, host>(params_.data() + at, index_t(len), 1)));
+      memory::system<Device>::copy_from_host(compute_params_.data() + at, part.data(), len * sizeof(C));
+    }
+  }
 
+  // (master_on_host(): the owner of the host allocator, then the block; declared before the
+  // tensors so that they go first)
+  std::shared_ptr<void> master_keep_;
+  memory::held_block<host> master_host_;
   mutable model_stream<Device> stream_;  // (declared first: the tensors' work is on it)
   allocator_type* alloc_;
   tensor<T, Device> params_;

@@ -3,10 +3,12 @@
 #pragma once
 
 #include "../memory/offload.hpp"
+#include "../memory/transfer_ring.hpp"
 #include "adamw.hpp"
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <memory>
 #include <type_traits>
 
@@ -37,15 +39,31 @@ struct upload_stream<cuda> {
 #endif
 }  // namespace detail
 
+// What OffloadedAdamW moves to the host besides AdamW's state and update.
+struct offload_options {
+  // Also the fp32 master weights of a mixed-precision model (ZeRO-Offload's placement): they move
+  // into the optimizer's host memory (pageable) for the model's life, and the device keeps their
+  // 16-bit compute copy only, 4 bytes per parameter less; each step copies up the compute copy
+  // alone. model::master_on_host() tells; parameters() then views host memory. Refused for an
+  // fp32 model (its layers read the master weights), under a wrapper that shards the parameters
+  // (ZeRO-3), and, not yet, for a GPU model under a data-parallel wrapper (its all-gather of the
+  // updated weights runs in device memory).
+  bool master_weights = false;
+};
+
 // AdamW with its state in host memory, for a model on the GPU (ZeRO-Offload's optimizer): the
 // moments and a copy of the fp32 master weights live on the host, and each step copies the
 // gradients down, runs AdamW's update there (kernels::adamw_update on the host: one vectorised
 // pass split across the host's threads) and copies the new weights up, with the compute copy of a
 // mixed-precision model. The device keeps the model's master weights, gradients and compute copy
 // but no optimizer state: 8 bytes per parameter less than AdamW (the model allocator's
-// optimizer_state tag holds nothing; the host state is in host_allocator()). What crosses to and
-// from the GPU (the gradients' landing buffer, the weights' host copy and their compute copy) is
-// page-locked on the GPU, in staging_allocator(), so the copies run at the link's full rate.
+// optimizer_state tag holds nothing; the host state is in host_allocator()). With
+// offload_options::master_weights the master weights move to the host as well (4 bytes per
+// parameter less again), and the optimizer updates them where they are. What crosses to and
+// from the GPU is page-locked, in staging_allocator(), so the copies run at the link's full rate:
+// the gradients and the compute copy through two slots of a chunk each (memory/transfer_ring.hpp;
+// the host holds no whole copy of either), and, unless the master weights live on the host, the
+// weights' host copy.
 //
 // The update is AdamW's own on the same values, so on the host a run equals AdamW's bit for bit,
 // skipped steps, clipping and loss scale included. On the GPU the overflow check and the norm are
@@ -56,8 +74,8 @@ struct upload_stream<cuda> {
 // outside (load, a writable parameters() view: model::parameter_version moves), the next step
 // copies them down again first.
 //
-// Each step waits for the gradients to reach the host. The update and the copies up go a chunk at
-// a time (set_chunk), each chunk's copy overlapping the update of the next, and the step returns
+// A step goes a chunk at a time (set_chunk): the next chunk's gradients come down while the host
+// updates this one, each chunk's copy up overlaps the update of the next, and the step returns
 // without waiting for the last copy: the model's stream waits for it on the device, so the host
 // goes on to queue the next forward. The next forward's compute does not yet start before the
 // last weights have arrived (that needs the walk to wait per segment).
@@ -73,17 +91,22 @@ class OffloadedAdamW
   // Over the model's parameters, or this rank's shard of them when the model is wrapped in a
   // sharded remat::dist::data_parallel. The host state comes from host_alloc, or from an
   // allocator of the optimizer's own.
-  explicit OffloadedAdamW(Model& m, adamw_options o = {}) : OffloadedAdamW(m, o, detail::shard_of(m)) {}
+  explicit OffloadedAdamW(Model& m, adamw_options o = {}, offload_options w = {})
+      : OffloadedAdamW(m, o, detail::shard_of(m), nullptr, w) {}
 
-  // Over parameters [r.begin, r.end) of the model.
-  OffloadedAdamW(Model& m, adamw_options o, param_range r, memory::caching_allocator<host>* host_alloc = nullptr)
-      : own_(host_alloc ? nullptr : std::make_unique<memory::caching_allocator<host>>()),
+  // Over parameters [r.begin, r.end) of the model. With host_alloc, which must then outlive the
+  // model when w.master_weights moves the model's master weights into it.
+  OffloadedAdamW(Model& m, adamw_options o, param_range r, memory::caching_allocator<host>* host_alloc = nullptr,
+                 offload_options w = {})
+      : own_(host_alloc ? nullptr : std::make_shared<memory::caching_allocator<host>>()),
         alloc_(host_alloc ? host_alloc : own_.get()),
         model_(&m),
-        o_(o) {
+        o_(o),
+        master_(w.master_weights || m.master_on_host()) {
     if (r.begin > r.end || r.end > Model::parameter_count)
       detail::raise<argument_error>("OffloadedAdamW: expected a range of the model's ", Model::parameter_count,
                                     " parameters, found [", r.begin, ", ", r.end, ")");
+    if (master_) check_master_placement(m);
     if constexpr (std::is_same_v<staging_space, host>) {
       staging_ = alloc_;
     } else {
@@ -91,18 +114,23 @@ class OffloadedAdamW
       staging_ = own_staging_.get();
     }
     std::size_t const n = r.size();
-    dp_ = detail::range_of(m.parameters(), r);
     dg_ = detail::range_of(m.gradients(), r);
     tensor_view<C, D> const pc = m.compute_parameters();
     dpc_ = pc.data() ? pc.data() + r.begin : nullptr;
-    p_ = staged<T>(p_block_, n, memory::tag::optimizer_state);
-    g_ = staged<T>(g_block_, n, memory::tag::gradients);
+    if (!master_) p_ = staged<T>(p_block_, n, memory::tag::optimizer_state);
+    ring_ = ring_type(*staging_, n, chunk_, dpc_ != nullptr);
     m_ = tensor<T, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
     v_ = tensor<T, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
-    if (dpc_) pc_host_ = staged<C>(pc_block_, n, memory::tag::optimizer_state);
     evaluate(m_, expr::to_expr(0.0));
     evaluate(v_, expr::to_expr(0.0));
-    if (n) sys::copy_to_host(p_.data(), dp_.data(), n * sizeof(T));
+    // (placed last: nothing after it fails, so a constructor that throws leaves the model as it was)
+    if constexpr (Model::mixed_precision)
+      if (master_) m.place_master_on_host(*alloc_, own_);
+    dp_ = detail::range_of(m.parameters(), r);
+    if (master_)  // (the update writes the model's master weights where they are)
+      p_ = tensor<T, host>(tensor<T, host>::borrowed, dp_.data(), n, 1);
+    else if (n)
+      sys::copy_to_host(p_.data(), dp_.data(), n * sizeof(T));
     version_ = m.parameter_version();
     this->scaler_ = &m.scaler();
     this->sync_slot_ = m.link().gradient_sync_slot();
@@ -123,42 +151,72 @@ class OffloadedAdamW
       this->end_step(false);
       return false;
     }
-    if (n) sys::copy_to_host(g_.data(), dg_.data(), n * sizeof(T));
-    if (model_->parameter_version() != version_ && n)  // written from outside: read them again
+    if (!master_ && model_->parameter_version() != version_ && n)  // written from outside: read them again
       sys::copy_to_host(p_.data(), dp_.data(), n * sizeof(T));
     kernels::adamw_scalars const k = detail::adamw_scalars_for(o_, pre.factor, double(t_ + 1));
-    // The update and the copies up, a chunk at a time: on the GPU a chunk's weights cross on a
-    // stream of their own while the host updates the next chunk, and the model's stream waits for
-    // the last copy on the device, not on the host (the next forward is queued behind it).
-    std::size_t const chunk = chunk_ && chunk_ < n ? chunk_ : n;
+    // A chunk at a time: on the GPU the next chunk's gradients come down while the host updates
+    // this one, and a chunk's weights go up on a stream of their own while the host updates the
+    // next; the model's stream waits for the last copy on the device, not on the host (the next
+    // forward is queued behind it).
+    using clock = std::chrono::steady_clock;
+    clock::duration waited{};
+    auto const t0 = clock::now();
+    std::size_t const chunk = ring_.chunk();
+    std::size_t const chunks = n ? (n + chunk - 1) / chunk : 0;
     detail::copy_fence<D> up;
     up.begin(uploads_.channel());
-    for (std::size_t at = 0; at < n; at += chunk) {
-      std::size_t const len = std::min(chunk, n - at);
-      C* const pc = dpc_ ? pc_host_.data() + at : nullptr;
-      kernels::adamw_update(host{}, len, p_.data() + at, g_.data() + at, m_.data() + at, v_.data() + at, k, pc);
-      up.to_device(dp_.data() + at, p_.data() + at, len * sizeof(T));
-      if (dpc_) up.to_device(dpc_ + at, pc, len * sizeof(C));
+    ring_.begin(uploads_.channel());
+    T const* next = chunks ? ring_.down(0, dg_.data(), std::min(chunk, n)) : nullptr;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      std::size_t const at = c * chunk, len = std::min(chunk, n - at);
+      T const* const g = next;
+      if (c + 1 < chunks) next = ring_.down(c + 1, dg_.data() + at + len, std::min(chunk, n - at - len));
+      auto const w0 = clock::now();
+      ring_.wait_down(c);
+      C* const pc = dpc_ ? ring_.up_buffer(c, dpc_ + at) : nullptr;
+      waited += clock::now() - w0;
+      kernels::adamw_update(host{}, len, p_.data() + at, g, m_.data() + at, v_.data() + at, k, pc);
+      if (!master_) up.to_device(dp_.data() + at, p_.data() + at, len * sizeof(T));
+      if (dpc_) ring_.up(c, dpc_ + at, len);
     }
+    ring_.end();
     up.end();
     up.wait();
+    using seconds = std::chrono::duration<double>;
+    times_ = {seconds(waited).count(), seconds(clock::now() - t0 - waited).count()};
     ++t_;
     this->end_step(true);  // (a sharded run gathers the other ranks' parts; this rank's are p_)
     version_ = model_->parameter_version();
     return true;
   }
 
+  // Where the host's time of the last step that was not skipped went, in seconds by its clock:
+  // the gradients' copy down, and the update with the copies up issued beside it a chunk at a
+  // time. The step returns with the last copies up in flight (the model's stream waits for them,
+  // so the next forward is queued at once).
+  struct step_times {
+    double copy_down = 0;  // the gradients copied down
+    double update = 0;     // AdamW's update on the host, the copies up issued beside it
+  };
+  step_times const& last_step_times() const { return times_; }  // (see step_times)
+
   void set_lr(double lr) { o_.lr = lr; }  // the rate of the next steps (a schedule calls it)
   double lr() const { return o_.lr; }     // the rate of the next step
   std::uint64_t steps() const { return t_; }  // steps taken (skipped ones not counted)
   void set_steps(std::uint64_t t) { t_ = t; }  // sets the step count (what a restored state resumes from)
   adamw_options const& options() const { return o_; }  // its settings (and set_lr's rate)
-  // The parameters updated and copied up at a time (0: all at once, no overlap). On the GPU a
-  // chunk's copy up overlaps the host's update of the next; the default, 8 Mi parameters (32 MiB
-  // of fp32), was the fastest measured on an H100 (bench_policies_cuda --offload-optimizer). On
-  // the host, where the copies are memcpy, the default is 0. The results are the same bits for
-  // every chunk.
-  void set_chunk(std::size_t parameters) { chunk_ = parameters; }
+  // The parameters copied down, updated and copied up at a time (0: all at once, no overlap). On
+  // the GPU a chunk's copies overlap the host's update of the next, and the page-locked slots hold
+  // two chunks of gradients and of compute weights; the default, 8 Mi parameters (32 MiB of
+  // fp32), was the fastest measured on an H100 (bench_policies_cuda --offload-optimizer). On the
+  // host, where a chunk is read and written in place, the default is 0. The results are the same
+  // bits for every chunk. Planned with step_options::offload_chunk. (The slots are taken anew: on
+  // out_of_memory nothing changes.)
+  void set_chunk(std::size_t parameters) {
+    ring_type slots(*staging_, p_.size(), parameters, dpc_ != nullptr);
+    ring_ = std::move(slots);
+    chunk_ = parameters;
+  }
   std::size_t chunk() const { return chunk_; }  // set_chunk's value
   // The first moments, in host memory ("exp_avg", as AdamW's).
   tensor<T, host>& exp_avg() { return m_; }
@@ -170,10 +228,14 @@ class OffloadedAdamW
   static constexpr char const* state_kind = "AdamW";
   // The two moments, named as AdamW's.
   std::array<detail::named_state<tensor<T, host>>, 2> state_tensors() { return {{{"exp_avg", &m_}, {"exp_avg_sq", &v_}}}; }
-  // The host copy of the master weights it updates (equal to the model's after each step).
+  // The host copy of the master weights it updates (equal to the model's after each step; with
+  // offload_options::master_weights, the model's own, over this optimizer's range).
   tensor<T, host> const& master_weights() const { return p_; }
-  // Where the host state lives: the moments (and, for a host model, the buffers of
-  // staging_allocator(): the weights' copy, their compute copy and the gradients' landing buffer).
+  // Whether it updates the model's master weights in host memory (offload_options::master_weights,
+  // or a model built with host_master_weights).
+  bool offloads_master_weights() const { return master_; }
+  // Where the host state lives: the moments (and, for a host model, the weights' copy, in
+  // staging_allocator(), which is this allocator then).
   memory::caching_allocator<host>& host_allocator() const { return *alloc_; }
   // The memory of the buffers that cross to and from the device: pinned host memory for a GPU
   // model, host memory for a host model.
@@ -192,20 +254,43 @@ class OffloadedAdamW
     return tensor<U, host>(tensor<U, host>::borrowed, static_cast<U*>(block.get()), n, 1);
   }
 
-  std::unique_ptr<memory::caching_allocator<host>> own_;
+  // offload_options::master_weights on a model that cannot have them on the host: refused, with
+  // the model unchanged.
+  static void check_master_placement(Model& m) {
+    if constexpr (!Model::mixed_precision) {
+      detail::raise<argument_error>(
+          "OffloadedAdamW: offload_options::master_weights expects a mixed-precision model; an fp32 model's layers "
+          "read its master weights, which stay on the device");
+    } else {
+      detail::gradient_sync const* const s = m.link().gradient_sync();
+      if (s && s->gathers_parameters())
+        detail::raise<argument_error>(
+            "OffloadedAdamW: offload_options::master_weights expects the model's parameters whole on each rank, found "
+            "a data-parallel wrapper that shards them (shard_parameters, ZeRO-3)");
+      if (!std::is_same_v<D, host> && s)
+        detail::raise<argument_error>(
+            "OffloadedAdamW: offload_options::master_weights on a GPU model under a data-parallel wrapper is not "
+            "supported yet (the wrapper gathers the updated weights in device memory)");
+    }
+  }
+
+  std::shared_ptr<memory::caching_allocator<host>> own_;  // (shared with the model's master weights)
   memory::caching_allocator<host>* alloc_;
   std::unique_ptr<memory::caching_allocator<staging_space>> own_staging_;
   memory::caching_allocator<staging_space>* staging_ = nullptr;
+  using ring_type = detail::transfer_ring<D, T, C>;
   // (the staging blocks outlive the tensors over them: declared first, destroyed last)
-  memory::held_block<staging_space> p_block_, g_block_, pc_block_;
+  memory::held_block<staging_space> p_block_;
+  ring_type ring_;  // the page-locked slots the gradients and the compute copy cross through
   Model* model_;
   tensor_view<T, D> dp_, dg_;
   C* dpc_ = nullptr;
-  tensor<T, host> p_, g_, m_, v_;
-  tensor<C, host> pc_host_;
+  tensor<T, host> p_, m_, v_;
   adamw_options o_;
   std::uint64_t t_ = 0;
   std::uint64_t version_ = 0;
+  bool master_ = false;  // offload_options::master_weights
+  step_times times_{};
   std::size_t chunk_ = std::is_same_v<D, host> ? 0 : std::size_t(8) << 20;
   detail::upload_stream<D> uploads_;  // (last: destroyed first, once its copies are done)
 };

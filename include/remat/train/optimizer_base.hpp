@@ -112,6 +112,11 @@ class optimizer_base {
     if (r.begin > r.end || r.end > Model::parameter_count)
       raise<argument_error>(who, ": expected a range of the model's ", Model::parameter_count, " parameters, found [",
                             r.begin, ", ", r.end, ")");
+    if constexpr (!std::is_same_v<D, host>)
+      if (m.master_on_host())
+        raise<argument_error>(who, ": this model's master weights live in host memory (OffloadedAdamW with "
+                              "offload_options::master_weights put them there), where the device's update does not "
+                              "reach; train it with OffloadedAdamW");
     tensor_view<C, D> pc = m.compute_parameters();
     if (pc.data() && pc.size() != Model::parameter_count)
       raise<shape_error>(who, ": expected a compute copy of ", Model::parameter_count, " weights, found ", pc.size());
