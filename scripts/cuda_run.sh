@@ -16,8 +16,14 @@
 #   conv      where the convolutional surrogate's time goes: every cuDNN algorithm for its shapes
 #             beside remat's choice (bench/conv_algos_cuda.cu), remat's profile by kind of work
 #             (REMAT_BENCH_PROFILE), PyTorch's kernels (inference_torch_cuda.py --profile).
+#   offload   a GPT of Llama-7B's size (32 blocks of width 4096, 6.7 billion parameters, one
+#             sequence of 2048) trained 3 steps with its master weights on the host
+#             (bench_offload_gpt_cuda --train 7b): its plan per place printed and checked against
+#             80 GB of device and 120 GiB of host memory before anything is allocated, then every
+#             measured peak against the plan, and the step's time split; about 4 minutes, most of
+#             it building the host state (not part of `all`).
 # Results go to $OUT (or /tmp/out).
-#   .gpu/run.sh [tests|bench|inference|conv|all]
+#   .gpu/run.sh [tests|bench|inference|conv|offload|all]
 set -uo pipefail
 cd "$(dirname "$0")"
 here=$PWD
@@ -59,6 +65,11 @@ if [[ $mode == tests || $mode == all ]]; then
     echo "=== capi_cuda (a GPU model library's C interface)"
     LD_LIBRARY_PATH=$here/bin:$LD_LIBRARY_PATH timeout 120 bin/capi_cuda || status=1
   fi
+  if [ -x bin/bench_offload_gpt_cuda ]; then
+    echo "=== bench_offload_gpt_cuda --train tiny (the master weights on the host; every peak against its plan)"
+    timeout 120 bin/bench_offload_gpt_cuda --train tiny --steps 3 > "$out/offload-tiny.log" 2>&1 || status=1
+    grep -v '^json' "$out/offload-tiny.log" | tail -25
+  fi
   echo "=== memory_budget_cuda"
   timeout 300 bin/memory_budget_cuda > "$out/memory_budget_cuda.log" 2>&1 || status=1
   tail -12 "$out/memory_budget_cuda.log"
@@ -82,6 +93,12 @@ if [[ $mode == conv ]]; then
   PYTHONUNBUFFERED=1 timeout 120 python3 ../bench/inference_torch_cuda.py --model conv --profile \
     >> "$out/conv-profile.log" 2>&1 || status=1
   grep -v '^json' "$out/conv-profile.log"
+fi
+if [[ $mode == offload ]]; then
+  free -g | head -2
+  timeout 480 bin/bench_offload_gpt_cuda --train 7b --steps 3 --device-gb 80 --host-gib 120 > "$out/offload-7b.log" 2>&1 \
+    || status=1
+  grep -v '^json' "$out/offload-7b.log"
 fi
 if [[ $mode == bench || $mode == all ]]; then
   cd "$here/.."
