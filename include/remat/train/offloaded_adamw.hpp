@@ -191,12 +191,13 @@ class OffloadedAdamW
   }
 
   // Where the host's time of the last step that was not skipped went, in seconds by its clock:
-  // the gradients' copy down, and the update with the copies up issued beside it a chunk at a
-  // time. The step returns with the last copies up in flight (the model's stream waits for them,
-  // so the next forward is queued at once).
+  // waiting for copies (a chunk's gradients to come down, a slot's last copy up to leave it), and
+  // the rest: the update, with the copies issued beside it a chunk at a time. The step returns
+  // with the last copies up in flight (the model's stream waits for them, so the next forward is
+  // queued at once).
   struct step_times {
-    double copy_down = 0;  // the gradients copied down
-    double update = 0;     // AdamW's update on the host, the copies up issued beside it
+    double copy_down = 0;  // waiting for the copies: the gradients down (and a slot to reuse)
+    double update = 0;     // AdamW's update on the host, the copies issued beside it
   };
   step_times const& last_step_times() const { return times_; }  // (see step_times)
 
