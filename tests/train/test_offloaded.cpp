@@ -82,8 +82,10 @@ void run_alike(adamw_options opts, std::size_t chunk = 0, offload_options w = {}
   REQUIRE(o.chunk() == 0);  // (on the host: all at once)
   REQUIRE(mo.master_on_host() == w.master_weights);
   REQUIRE(o.offloads_master_weights() == w.master_weights);
+  REQUIRE(o.offloads_gradients() == (w.gradients == gradient_place::host));
   o.set_chunk(chunk);
-  INFO("chunk " << chunk << ", master weights on the host " << w.master_weights << ", micro-batches " << micro);
+  INFO("chunk " << chunk << ", master weights on the host " << w.master_weights << ", gradients on the host "
+                << (w.gradients == gradient_place::host) << ", micro-batches " << micro);
   tensor<float> const x = inputs(16, 12);
   tensor<float> const t = inputs(16, 6, 0.4);
   tensor<float> far(16, 6);
@@ -102,10 +104,15 @@ void run_alike(adamw_options opts, std::size_t chunk = 0, offload_options w = {}
         la += ma.template accumulate<MSE>(xk, target, 1.0 / micro);
         lo += mo.template accumulate<MSE>(xk, target, 1.0 / micro);
       }
+      if (w.gradients == gradient_place::host) REQUIRE(bytes_of(o.gradients().view()) == bytes_of(ma.gradients()));
       a.step();
       o.step();
     }
     REQUIRE(lo == la);
+    if (w.gradients == gradient_place::host) {  // (the sum the step read: the model's own bits; the model's buffer holds none)
+      REQUIRE(bytes_of(o.gradients().view()) == bytes_of(ma.gradients()));
+      REQUIRE(bytes_of(mo.gradients()) == std::vector<unsigned char>(mo.gradients().size() * 4, 0));
+    }
     require_same(ma, a, mo, o, "after step " + std::to_string(step));
     if (step == 2) {
       // Written from outside: a writable view of each model's weights halves the first 40. The
@@ -166,6 +173,159 @@ TEST_CASE("OffloadedAdamW with the master weights on the host: bit for bit AdamW
   // Gradient accumulation over three micro-batches, with and without the placement.
   run_alike<mixed<bfloat16, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 0.5}, 0, master, 3);
   run_alike<mixed<half, DynamicLossScale>>({.lr = 1e-2}, 0, {}, 3);
+}
+
+TEST_CASE("OffloadedAdamW with the gradients on the host: bit for bit AdamW's, accumulation included",
+          "[train][optim][offload][gradients]") {
+  offload_options const grads{.gradients = gradient_place::host};
+  offload_options const both{.master_weights = true, .gradients = gradient_place::host};
+  run_alike<fp32>({.lr = 1e-2, .clip_norm = 0.5}, 0, grads);
+  run_alike<fp32>({.lr = 3e-3, .weight_decay = 0.1}, 0, grads, 3);
+  run_alike<mixed<bfloat16, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0}, 0, grads);
+  run_alike<mixed<half, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0}, 13, grads);
+  run_alike<mixed<bfloat16, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0}, 0, both);
+  run_alike<mixed<half, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 0.5}, 0, both, 3);
+  run_alike<mixed<bfloat16>>({.lr = 3e-3, .weight_decay = 0.1}, 13, both, 2);
+}
+
+namespace {
+// A model of some 150 pages of gradients, a few of them per layer.
+using Wide = Seq<Linear<64, 256>, GELU, LayerNorm<256>, Linear<256, 256>, Tanh, Linear<256, 256>, GELU, Linear<256, 8>>;
+
+// Its gradients' sum, on the host (o.gradients()) or in a model's buffer, as bytes.
+template <class V>
+std::vector<unsigned char> sum_of(V const& v) {
+  return bytes_of(v);
+}
+}  // namespace
+
+TEST_CASE("OffloadedAdamW with the gradients on the host: the device holds the pages of one span, as planned",
+          "[train][optim][offload][gradients][memory]") {
+  auto measure = [](auto precision) {
+    using P = decltype(precision);
+    using M = model<Wide, host, P>;
+    constexpr std::size_t n = M::parameter_count;
+    INFO(P::name);
+    memory::caching_allocator<host> device, host_side;
+    M m(seed{3}, device);
+    OffloadedAdamW o(m, {.lr = 1e-3}, {0, n}, &host_side, {.gradients = gradient_place::host});
+    // The model's gradient buffer left its allocator; the host holds their sum.
+    CHECK(device.stats()[memory::tag::gradients].in_use == 0);
+    CHECK(host_side.stats()[memory::tag::gradients].in_use == rounded(n * 4));
+    std::size_t const page = o.gradient_pages().page;
+    REQUIRE(page >= 4096);
+    auto const plan = memory_plan<Wide, P, OffloadedAdamW>(16, {.offload_gradients = true, .gradient_page = page});
+    CHECK(plan.gradients == 0);
+    CHECK(plan.host_pageable.gradients == rounded(n * 4));
+    CHECK(o.gradient_pages().planned_peak == plan.gradient_pages);
+    // The widest layer's 65,792 gradients (257 KiB) and the pages its span's edges share: far
+    // below the buffer's 589 KiB.
+    CHECK(plan.gradient_pages < rounded(n * 4) / 2);
+    CHECK(plan.gradient_pages >= 65792 * 4);
+    tensor<float> const x = inputs(16, 64), t = inputs(16, 8, 0.4);
+    for (int step = 0; step < 2; ++step) {
+      device.reset_peak();
+      host_side.reset_peak();
+      m.template train_step<MSE>(x, t, o);
+      auto const d = device.stats(), h = host_side.stats();
+      for (memory::tag g : memory::all_tags) {
+        INFO("step " << step << ", " << memory::name(g));
+        CHECK(d[g].peak == plan[g]);
+        CHECK(h[g].peak == plan.host_pageable[g]);
+      }
+      CHECK(d.total.peak == plan.peak);
+      CHECK(d.total.reserved == plan.reserved);
+      auto const pages = o.gradient_pages();
+      CHECK(pages.last_peak == plan.gradient_pages);  // (measured at every report: mincore)
+      CHECK(pages.resident <= page);  // (after the pass: the buffer's last page, which it fills in part)
+    }
+    // Accumulation with the model's failure backup on: a second copy of the sum on the host.
+    auto const backed = memory_plan<Wide, P, OffloadedAdamW>(16, {.offload_gradients = true, .offload_gradients_backup = true});
+    m.zero_grad();
+    m.template accumulate<MSE>(x, t, 0.5);
+    m.template accumulate<MSE>(inputs(16, 64, 0.2), t, 0.5);
+    CHECK(host_side.stats()[memory::tag::gradients].peak == backed.host_pageable.gradients);
+    CHECK(backed.host_pageable.gradients == 2 * rounded(n * 4));
+    CHECK(o.gradient_pages().last_peak == plan.gradient_pages);
+  };
+  measure(fp32{});
+  measure(mixed<bfloat16, DynamicLossScale>{});
+}
+
+TEST_CASE("OffloadedAdamW with the gradients on the host: a failed pass leaves their sum as it was",
+          "[train][optim][offload][gradients][faults]") {
+  // Every request of the second micro-batch's pass fails in turn (the arena off, so that each
+  // activation is a request): the host's sum is the first micro-batch's, bit for bit, and the
+  // pass repeated ends where the model's own gradients end.
+  using P = mixed<bfloat16, DynamicLossScale>;
+  using M = model<Wide, host, P>;
+  memory::caching_allocator<host> device;
+  M ma(seed{5}), mo(seed{5}, device);
+  mo.use_planned_arena(false);
+  OffloadedAdamW o(mo, {}, {.gradients = gradient_place::host});
+  tensor<float> const x0 = inputs(8, 64), x1 = inputs(8, 64, 0.3), t = inputs(8, 8, 0.4);
+  ma.zero_grad();
+  ma.accumulate<MSE>(x0, t, 0.5);
+  auto const first = sum_of(ma.gradients());
+  ma.accumulate<MSE>(x1, t, 0.5);
+  auto const both = sum_of(ma.gradients());
+  std::size_t requests = 0;
+  {  // (counted once, on a pass that succeeds)
+    mo.zero_grad();
+    mo.accumulate<MSE>(x0, t, 0.5);
+    std::size_t const before = device.stats().requests;
+    mo.accumulate<MSE>(x1, t, 0.5);
+    requests = device.stats().requests - before;
+    REQUIRE(sum_of(o.gradients().view()) == both);
+  }
+  REQUIRE(requests > 4);
+  for (std::size_t k = 1; k <= requests; ++k) {
+    INFO("request " << k << " of " << requests);
+    mo.zero_grad();
+    mo.accumulate<MSE>(x0, t, 0.5);
+    REQUIRE(sum_of(o.gradients().view()) == first);
+    device.fail_request(k);
+    CHECK_THROWS_AS(mo.accumulate<MSE>(x1, t, 0.5), out_of_memory);
+    device.fail_request(0);
+    CHECK(sum_of(o.gradients().view()) == first);
+    mo.accumulate<MSE>(x1, t, 0.5);
+    CHECK(sum_of(o.gradients().view()) == both);
+    // A failure in a pass after zero_grad leaves zero.
+    mo.zero_grad();
+    device.fail_request(k);
+    CHECK_THROWS_AS(mo.accumulate<MSE>(x1, t, 0.5), out_of_memory);
+    device.fail_request(0);
+    CHECK(sum_of(o.gradients().view()) == std::vector<unsigned char>(first.size(), 0));
+  }
+}
+
+TEST_CASE("OffloadedAdamW with the gradients on the host: the model's gradients come back with the optimizer gone, "
+          "and other optimizers are refused",
+          "[train][optim][offload][gradients][errors]") {
+  using M = model<Wide>;
+  M m(seed{2});
+  tensor<float> const x = inputs(8, 64), t = inputs(8, 8, 0.4);
+  std::vector<unsigned char> sum;
+  {
+    OffloadedAdamW o(m, {}, {.gradients = gradient_place::host});
+    CHECK_THROWS_WITH(AdamW(m), Catch::Contains("gradients live in host memory"));
+    CHECK_THROWS_WITH(SGD(m), Catch::Contains("gradients live in host memory"));
+    CHECK_THROWS_WITH(OffloadedAdamW(m, {}, {.gradients = gradient_place::host}),
+                      Catch::Contains("expects a model trained alone"));
+    m.zero_grad();
+    m.accumulate<MSE>(x, t);
+    sum = sum_of(o.gradients().view());
+    CHECK(sum_of(m.gradients()) == std::vector<unsigned char>(sum.size(), 0));
+  }
+  CHECK(sum_of(m.gradients()) == sum);
+  CHECK(m.link().gradient_sync() == nullptr);
+  AdamW a(m);  // (the model is its own again)
+  m.train_step<MSE>(x, t, a);
+  CHECK_THROWS_WITH(OffloadedAdamW(m, {}, {0, 10}, nullptr, {.gradients = gradient_place::host}),
+                    Catch::Contains("expects the model's whole range"));
+  OffloadedAdamW without(m);
+  CHECK_THROWS_AS(without.gradients(), argument_error);
+  CHECK(without.gradient_pages().planned_peak == 0);
 }
 
 TEST_CASE("OffloadedAdamW with the master weights on the host: the device keeps the compute copy only",

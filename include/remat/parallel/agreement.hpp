@@ -25,7 +25,10 @@ template <class Model>
 options checked_options(Model const& m, options o) {
   using REMAT_NAMESPACE::detail::raise;
   if (m.link().gradient_sync())
-    raise<argument_error>("data_parallel: expected a model without a data-parallel wrapper, found one already plugged in");
+    raise<argument_error>("data_parallel: expected a model without a data-parallel wrapper, found one already plugged in",
+                          m.link().gradient_sync()->gradients_elsewhere()
+                              ? " (OffloadedAdamW's offloaded gradients: not supported under data parallelism yet)"
+                              : "");
   if (m.link().partial_parameters())
     raise<argument_error>(
         "data_parallel: expected a model with whole parameters, found one rank's shard of them only (a ZeRO-3 "

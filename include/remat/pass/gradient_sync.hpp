@@ -61,6 +61,9 @@ class gradient_sync {
   virtual param_range kept_gradients(std::size_t count) const { return {0, count}; }
   // The parameters this process's optimizer updates (all of them unless the state is sharded).
   virtual param_range shard() const = 0;
+  // Whether the model's gradients live elsewhere (OffloadedAdamW's offload_options::gradients:
+  // in host memory), so that the model's buffer reads zero between passes.
+  virtual bool gradients_elsewhere() const { return false; }
   // Before an optimizer reads the gradients: every reduction finished.
   virtual void finish() = 0;
   // An optimizer's step has done what may fail on this rank (`failed`: what it threw, or null)

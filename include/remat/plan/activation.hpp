@@ -122,6 +122,30 @@ std::vector<std::size_t> gradient_reports() {
   return reports;
 }
 
+// The most device memory a gradient buffer holds in a pass when each span goes to the host as
+// backward makes it final (OffloadedAdamW's offload_options::gradients): `count` elements of
+// `element` bytes from a page-aligned base, pages of `page` bytes; before backward writes the span
+// down to the next report its pages are taken, and at the report the pages wholly copied are given
+// back. What is held at a report: the pages touching the span [report, previous report), and the
+// last page when the buffer fills it only in part (never given back). `reports`: the plan's, in
+// order; the model's own last report, 0, is added.
+constexpr std::size_t offloaded_gradient_peak(std::vector<std::size_t> const& reports, std::size_t count,
+                                              std::size_t element, std::size_t page) {
+  if (count == 0 || page == 0) return 0;
+  std::size_t const pages = (count * element + page - 1) / page;
+  bool const last_partial = count * element % page != 0;
+  std::size_t peak = 0, prev = count;
+  for (std::size_t i = 0; i <= reports.size(); ++i) {
+    std::size_t const r = i < reports.size() ? reports[i] : 0;
+    std::size_t const lo = r * element / page, hi = (prev * element + page - 1) / page;
+    std::size_t held = r < prev ? hi - lo : 0;
+    if (last_partial && !(r < prev && hi == pages)) ++held;
+    peak = held * page > peak ? held * page : peak;
+    prev = r < prev ? r : prev;
+  }
+  return peak;
+}
+
 // What a training pass does that a data-parallel wrapper takes part in, in order: the frames
 // that gather parameters as they start and end, and backward's reports (see
 // planning::state::gather_params): what a wrapper that keeps a shard of the parameters (ZeRO-3)

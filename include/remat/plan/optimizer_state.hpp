@@ -27,6 +27,16 @@ struct step_options {
   bool offload_master_weights = false;
   // OffloadedAdamW only, a GPU model: its set_chunk (parameters a step moves at a time; 0: all).
   std::size_t offload_chunk = std::size_t(8) << 20;
+  // OffloadedAdamW only (offload_options::gradients): the gradients live in the host's memory,
+  // and the device holds the pages of the spans backward is writing only (memory_plan_result::
+  // gradient_pages, in pages of gradient_page bytes: 0, the device's own, 4 KiB on the host and a
+  // granule of 2 MiB on the GPU).
+  bool offload_gradients = false;
+  std::size_t gradient_page = 0;
+  // With offload_gradients, a program that adds passes onto a sum (accumulation over micro-batches)
+  // with the model's failure backup on (model::set_failure_backup, the default): the host keeps a
+  // second copy of the gradients to restore when a pass fails.
+  bool offload_gradients_backup = false;
   // Also lay out the step's arena (fills `arena` and `reserved`). A constant expression over a
   // model of hundreds of activations can pass a compiler's evaluation limits with it (nvcc's
   // front end first): there, leave it out and plan the arena at run time.

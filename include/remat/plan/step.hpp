@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace REMAT_NAMESPACE {
 
@@ -72,6 +73,10 @@ struct memory_plan_result {
   std::size_t peak = 0;                  // the total in use at the step's peak
   std::size_t arena = 0;                 // reserved for activations and workspace (>= their peak; 0: not laid out)
   std::size_t reserved = 0;              // the total reserved: persistent + arena
+  // Device memory beside the model's allocator: the pages of the gradient buffer held at most
+  // when the gradients live on the host (OffloadedAdamW's offload_options::gradients; tag
+  // gradients is then 0), what OffloadedAdamW::gradient_pages() measures.
+  std::size_t gradient_pages = 0;
   // On the host, beside the device (OffloadedAdamW): in the optimizer's host_allocator(), pageable
   // memory (for a model on the host, the buffers that cross too)...
   host_place_plan host_pageable{};
@@ -83,10 +88,13 @@ struct memory_plan_result {
   constexpr std::size_t host_bytes() const {
     return host_pageable.total() + host_page_locked.total() + activations.offloaded_bytes;
   }
-  // Whether the step fits a device of `device_bytes` (what the model's allocator reserves: the
-  // arena's plan, or the peak without one) and a host of `host_bytes` (host_bytes()).
-  constexpr bool fits(std::size_t device_bytes, std::size_t host_bytes_available) const {
-    return (arena ? reserved : peak) <= device_bytes && host_bytes() <= host_bytes_available;
+  // All of the step's device memory: what the model's allocator reserves (the arena's plan, or
+  // the peak without one) and the gradient pages held beside it.
+  constexpr std::size_t device_bytes() const { return (arena ? reserved : peak) + gradient_pages; }
+  // Whether the step fits a device of `device_bytes` (device_bytes()) and a host of `host_bytes`
+  // (host_bytes()).
+  constexpr bool fits(std::size_t device_bytes_available, std::size_t host_bytes_available) const {
+    return device_bytes() <= device_bytes_available && host_bytes() <= host_bytes_available;
   }
 
   // Tag parameters in all: master weights, compute copy and running state.
@@ -202,6 +210,23 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
     r.persistent -= moved;
     r.peak -= moved;
     if (o.arena) r.reserved -= moved;
+  }
+  if (o.offload_gradients) {  // (the buffer's pages leave the allocator; the sum lives on the host)
+    if (o.ranks > 1)
+      throw argument_error("remat::memory_plan: offload_gradients under data parallelism is not supported yet");
+    moved = r.gradients;
+    r.gradients = 0;
+    r.persistent -= moved;
+    r.peak -= moved;
+    if (o.arena) r.reserved -= moved;
+    r.host_pageable.gradients += (o.offload_gradients_backup ? 2 : 1) * moved;
+    std::vector<std::size_t> reports;
+    planning::counter mem;
+    detail::plan_pass_into<Net, Precision>(mem, 1, o.features ? o.features : Net::in_width, 1, input_gradient::none,
+                                           0, &reports);
+    std::size_t const page = o.gradient_page ? o.gradient_page : std::is_same_v<Device, host> ? 4096 : 2u << 20;
+    r.gradient_pages = detail::offloaded_gradient_peak(reports, Net::param_count > 0 ? Net::param_count : 1,
+                                                       sizeof(T), page);
   }
   return r;
 }

@@ -5,6 +5,7 @@
 #include "../memory/offload.hpp"
 #include "../memory/transfer_ring.hpp"
 #include "adamw.hpp"
+#include "gradient_offload.hpp"
 
 #include <algorithm>
 #include <array>
@@ -39,6 +40,12 @@ struct upload_stream<cuda> {
 #endif
 }  // namespace detail
 
+// Where a model's gradients live between its passes (offload_options::gradients).
+enum class gradient_place : unsigned char {
+  device,  // the model's gradient buffer, on its device
+  host,    // the host's memory; the device holds the span backward is writing only
+};
+
 // What OffloadedAdamW moves to the host besides AdamW's state and update.
 struct offload_options {
   // Also the fp32 master weights of a mixed-precision model (ZeRO-Offload's placement): they move
@@ -49,6 +56,24 @@ struct offload_options {
   // (ZeRO-3), and, not yet, for a GPU model under a data-parallel wrapper (its all-gather of the
   // updated weights runs in device memory).
   bool master_weights = false;
+  // gradient_place::host: also the gradients, for a model trained alone (ZeRO-Offload's placement of them): the host
+  // holds their fp32 sum, and the device only the pages of the span backward is writing. At each
+  // of backward's reports the span it made final goes down into the host's sum and its pages are
+  // given back (train/gradient_offload.hpp), so the device holds the pages of one span at a time
+  // (memory_plan with step_options::offload_gradients; gradient_pages() measures them) instead of
+  // 4 bytes per parameter. The model's gradients() then reads zero between passes; gradients()
+  // here reads the sum. The same bits as the model's own gradients, accumulation included (a pass
+  // adding onto a sum finds it on the device first). The step checks, clips and updates from host
+  // memory. Refused under a data-parallel wrapper (not yet).
+  gradient_place gradients = gradient_place::device;
+};
+
+// The device's gradient pages of an OffloadedAdamW with offload_options::gradients, in bytes.
+struct offloaded_gradient_pages {
+  std::size_t page = 0;          // a page (the host's) or a granule (the GPU's)
+  std::size_t planned_peak = 0;  // the most a pass holds, by the plan (memory_plan's gradient_pages)
+  std::size_t last_peak = 0;     // the most the last pass that succeeded held, measured at its reports
+  std::size_t resident = 0;      // held now
 };
 
 // AdamW with its state in host memory, for a model on the GPU (ZeRO-Offload's optimizer): the
@@ -106,6 +131,13 @@ class OffloadedAdamW
     if (r.begin > r.end || r.end > Model::parameter_count)
       detail::raise<argument_error>("OffloadedAdamW: expected a range of the model's ", Model::parameter_count,
                                     " parameters, found [", r.begin, ", ", r.end, ")");
+    if (w.gradients == gradient_place::host && (r.begin != 0 || r.end != Model::parameter_count))
+      detail::raise<argument_error>("OffloadedAdamW: offload_options::gradients expects the model's whole range [0, ",
+                                    Model::parameter_count, "), found [", r.begin, ", ", r.end, ")");
+    if (w.gradients == gradient_place::host && m.link().gradient_sync())
+      detail::raise<argument_error>(
+          "OffloadedAdamW: offload_options::gradients expects a model trained alone, found a data-parallel wrapper "
+          "(or another optimizer's offloaded gradients) plugged in; under data parallelism it is not supported yet");
     if (master_) check_master_placement(m);
     if constexpr (std::is_same_v<staging_space, host>) {
       staging_ = alloc_;
@@ -118,12 +150,17 @@ class OffloadedAdamW
     tensor_view<C, D> const pc = m.compute_parameters();
     dpc_ = pc.data() ? pc.data() + r.begin : nullptr;
     if (!master_) p_ = staged<T>(p_block_, n, memory::tag::optimizer_state);
-    ring_ = ring_type(*staging_, n, chunk_, dpc_ != nullptr);
+    ring_ = std::make_unique<ring_type>(*staging_, n, chunk_, dpc_ != nullptr);
     m_ = tensor<T, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
     v_ = tensor<T, host>(index_t(n), 1, memory::tag::optimizer_state, *alloc_);
     evaluate(m_, expr::to_expr(0.0));
     evaluate(v_, expr::to_expr(0.0));
-    // (placed last: nothing after it fails, so a constructor that throws leaves the model as it was)
+    // (the gradients' sum: nothing after it fails but a copy, so a constructor that throws leaves
+    // the model as it was)
+    if (w.gradients == gradient_place::host) {
+      grads_ = std::make_unique<detail::gradient_offload<Model>>(m, *alloc_, *ring_, uploads_.channel());
+      dg_ = {};
+    }
     if constexpr (Model::mixed_precision)
       if (master_) m.place_master_on_host(*alloc_, own_);
     dp_ = detail::range_of(m.parameters(), r);
@@ -147,7 +184,11 @@ class OffloadedAdamW
     // The overflow check and the norm run where the gradients are (on the GPU: one reduction
     // there, the same as AdamW's), and a skipped step copies nothing down.
     detail::grad_prelude pre;
-    if (!this->begin_step(tensor_view<T const, D>(dg_), o_.clip_norm, pre)) {
+    // (gradients offloaded: the host's sum, checked and clipped there)
+    T const* const sum = grads_ ? grads_->sum().data() : nullptr;
+    bool const go = sum ? this->begin_step(tensor_view<T const, host>(sum, index_t(n), 1), o_.clip_norm, pre)
+                        : this->begin_step(tensor_view<T const, D>(dg_), o_.clip_norm, pre);
+    if (!go) {
       this->end_step(false);
       return false;
     }
@@ -161,25 +202,26 @@ class OffloadedAdamW
     using clock = std::chrono::steady_clock;
     clock::duration waited{};
     auto const t0 = clock::now();
-    std::size_t const chunk = ring_.chunk();
+    detail::transfer_ring<D, T, C>& ring = *ring_;
+    std::size_t const chunk = std::max<std::size_t>(ring.chunk(), 1);
     std::size_t const chunks = n ? (n + chunk - 1) / chunk : 0;
     detail::copy_fence<D> up;
     up.begin(uploads_.channel());
-    ring_.begin(uploads_.channel());
-    T const* next = chunks ? ring_.down(0, dg_.data(), std::min(chunk, n)) : nullptr;
+    ring.begin(uploads_.channel());
+    T const* next = chunks && !sum ? ring.down(0, dg_.data(), std::min(chunk, n)) : nullptr;
     for (std::size_t c = 0; c < chunks; ++c) {
       std::size_t const at = c * chunk, len = std::min(chunk, n - at);
-      T const* const g = next;
-      if (c + 1 < chunks) next = ring_.down(c + 1, dg_.data() + at + len, std::min(chunk, n - at - len));
+      T const* const g = sum ? sum + at : next;
+      if (!sum && c + 1 < chunks) next = ring.down(c + 1, dg_.data() + at + len, std::min(chunk, n - at - len));
       auto const w0 = clock::now();
-      ring_.wait_down(c);
-      C* const pc = dpc_ ? ring_.up_buffer(c, dpc_ + at) : nullptr;
+      if (!sum) ring.wait_down(c);
+      C* const pc = dpc_ ? ring.up_buffer(c, dpc_ + at) : nullptr;
       waited += clock::now() - w0;
       kernels::adamw_update(host{}, len, p_.data() + at, g, m_.data() + at, v_.data() + at, k, pc);
       if (!master_) up.to_device(dp_.data() + at, p_.data() + at, len * sizeof(T));
-      if (dpc_) ring_.up(c, dpc_ + at, len);
+      if (dpc_) ring.up(c, dpc_ + at, len);
     }
-    ring_.end();
+    ring.end();
     up.end();
     up.wait();
     using seconds = std::chrono::duration<double>;
@@ -215,7 +257,7 @@ class OffloadedAdamW
   // out_of_memory nothing changes.)
   void set_chunk(std::size_t parameters) {
     ring_type slots(*staging_, p_.size(), parameters, dpc_ != nullptr);
-    ring_ = std::move(slots);
+    *ring_ = std::move(slots);
     chunk_ = parameters;
   }
   std::size_t chunk() const { return chunk_; }  // set_chunk's value
@@ -235,6 +277,21 @@ class OffloadedAdamW
   // Whether it updates the model's master weights in host memory (offload_options::master_weights,
   // or a model built with host_master_weights).
   bool offloads_master_weights() const { return master_; }
+  // Whether the gradients live on the host (offload_options::gradients).
+  bool offloads_gradients() const { return grads_ != nullptr; }
+  // With offload_options::gradients: their sum in host memory, what the next step reads (the
+  // model's gradients() reads zero between passes); without, refused.
+  tensor<T, host> const& gradients() const {
+    if (!grads_)
+      detail::raise<argument_error>("OffloadedAdamW::gradients: the gradients are the model's (offload_options::gradients is off)");
+    return grads_->sum();
+  }
+  // With offload_options::gradients: the device's gradient pages, planned and measured (all zero
+  // without).
+  offloaded_gradient_pages gradient_pages() const {
+    if (!grads_) return {};
+    return {grads_->page(), grads_->planned_peak(), grads_->last_peak(), grads_->resident()};
+  }
   // Where the host state lives: the moments (and, for a host model, the weights' copy, in
   // staging_allocator(), which is this allocator then).
   memory::caching_allocator<host>& host_allocator() const { return *alloc_; }
@@ -282,7 +339,9 @@ class OffloadedAdamW
   using ring_type = detail::transfer_ring<D, T, C>;
   // (the staging blocks outlive the tensors over them: declared first, destroyed last)
   memory::held_block<staging_space> p_block_;
-  ring_type ring_;  // the page-locked slots the gradients and the compute copy cross through
+  // the page-locked slots the gradients and the compute copy cross through (where the offloaded
+  // gradients find them)
+  std::unique_ptr<ring_type> ring_;
   Model* model_;
   tensor_view<T, D> dp_, dg_;
   C* dpc_ = nullptr;
@@ -293,7 +352,9 @@ class OffloadedAdamW
   bool master_ = false;  // offload_options::master_weights
   step_times times_{};
   std::size_t chunk_ = std::is_same_v<D, host> ? 0 : std::size_t(8) << 20;
-  detail::upload_stream<D> uploads_;  // (last: destroyed first, once its copies are done)
+  detail::upload_stream<D> uploads_;  // (destroyed first but one, once its copies are done)
+  // offload_options::gradients (first destroyed: the model gets its gradients back)
+  std::unique_ptr<detail::gradient_offload<Model>> grads_;
 };
 
 }  // namespace REMAT_NAMESPACE

@@ -117,6 +117,9 @@ class optimizer_base {
         raise<argument_error>(who, ": this model's master weights live in host memory (OffloadedAdamW with "
                               "offload_options::master_weights put them there), where the device's update does not "
                               "reach; train it with OffloadedAdamW");
+    if (gradient_sync const* s = m.link().gradient_sync(); s && s->gradients_elsewhere())
+      raise<argument_error>(who, ": this model's gradients live in host memory (OffloadedAdamW with "
+                            "offload_options::gradients put them there); train it with that optimizer");
     tensor_view<C, D> pc = m.compute_parameters();
     if (pc.data() && pc.size() != Model::parameter_count)
       raise<shape_error>(who, ": expected a compute copy of ", Model::parameter_count, " weights, found ", pc.size());
