@@ -204,6 +204,27 @@ TEST_CASE("memory_plan: OffloadedAdamW's step, on the device and on the host apa
       memory_plan<L, mixed<bfloat16>, OffloadedAdamW>(2, {.ranks = 3, .rank = 2, .shard_optimizer = true,
                                                           .offload_master_weights = true});
   static_assert(master_sharded.host_pageable.parameters == 256 && master_sharded.master_weights == 0);
+  // The gradients on the host too (offload_options::gradients): tag gradients leaves the device,
+  // the host holds their sum (160 B, one block; two with the failure backup of accumulation), and
+  // the device the pages of the span backward writes: here the buffer's one page, in part.
+  constexpr auto grads = memory_plan<L, mixed<bfloat16>, OffloadedAdamW, MSE, cuda>(2, {.offload_gradients = true});
+  static_assert(grads.gradients == 0 && grads.reserved == on_gpu.reserved - 256);
+  static_assert(grads.host_pageable.gradients == 256 && grads.gradient_pages == (std::size_t(2) << 20));
+  static_assert(grads.device_bytes() == grads.reserved + grads.gradient_pages);
+  static_assert(!grads.fits(grads.reserved, grads.host_bytes()) && grads.fits(grads.device_bytes(), grads.host_bytes()));
+  static_assert(memory_plan<L, fp32, OffloadedAdamW>(2, {.offload_gradients = true, .offload_gradients_backup = true})
+                    .host_pageable.gradients == 512);
+  // Pages of a span: Net<Repeat<3, Block>> in fp32, 13,349 parameters (52 KiB), reports after each
+  // layer with parameters, from the last to the first. With pages of 1 KiB the first block's
+  // Linear<32, 64> (gradients [480, 2592): 2,112 of them, 8.25 KiB from byte 1,920) touches 10
+  // pages, and the buffer's last page, which it fills in part, is never given back: 11 pages.
+  using R = Net<Repeat<3, Block>>;
+  static_assert(R::param_count == 12 * W + W + 3 * (2 * W + W * 64 + 64 + 64 * W + W) + W * 5 + 5);
+  constexpr auto spans = memory_plan<R, fp32, OffloadedAdamW>(16, {.offload_gradients = true, .gradient_page = 1024});
+  static_assert(spans.gradient_pages == 11 * 1024);
+  static_assert(spans.host_pageable.gradients == memory::caching_allocator<host>::rounded(R::param_count * 4));
+  // Under data parallelism: not yet.
+  CHECK_THROWS_AS((memory_plan<L, fp32, OffloadedAdamW>(2, {.ranks = 2, .offload_gradients = true})), argument_error);
   // Offloaded<S>'s activations count on the host too.
   constexpr auto offloaded = memory_plan<Net<Repeat<3, Offloaded<Block>>>, fp32, OffloadedAdamW>(16);
   static_assert(offloaded.activations.offloaded_bytes > 0);
@@ -282,12 +303,26 @@ TEST_CASE("memory_plan: a GPT of Llama-7B's size trains on one 80 GB GPU with 12
   auto const today = memory_plan<Llama7B, P, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(1, {.sequence = 2048});
   CHECK(today.reserved == plan.reserved + rounded(n * 4));
   CHECK(today.host_bytes() == plan.host_bytes());
+  // The gradients on the host too (offload_options::gradients): the device keeps the pages of the
+  // span backward writes (the widest: the embedding's or the head's 131 M gradients, 500 MiB, in
+  // granules of 2 MiB), the host 16 bytes a parameter.
+  step_options full = o;
+  full.offload_gradients = true;
+  auto const all = memory_plan<Llama7B, P, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(1, full);
+  CHECK(all.gradients == 0);
+  CHECK(all.reserved == plan.reserved - rounded(n * 4));
+  CHECK(all.gradient_pages >= std::size_t(32000) * 4096 * 4);
+  CHECK(all.gradient_pages <= (std::size_t(32000) * 4096 + 32000) * 4 + 2 * (std::size_t(2) << 20));
+  CHECK(all.host_pageable.total() == rounded(n * 4) * 4);
+  CHECK(all.fits(80 * GB, 120 * GiB));
   // AdamW on the device: 16 bytes a parameter before any activation, past 80 GB.
   auto const adamw = memory_plan<Llama7B, P, AdamW, SoftmaxCrossEntropy>(1, {.sequence = 2048});
   CHECK_FALSE(adamw.fits(80 * GB, 120 * GiB));
   WARN("7B GPT, batch 1 x 2048: device " << memory::format_bytes(plan.reserved) << " (arena "
                                          << memory::format_bytes(plan.arena) << "), host "
                                          << memory::format_bytes(plan.host_bytes()) << "; without the placement "
-                                         << memory::format_bytes(today.reserved) << "; AdamW "
+                                         << memory::format_bytes(today.reserved) << "; the gradients on the host too: device "
+                                         << memory::format_bytes(all.device_bytes()) << ", host "
+                                         << memory::format_bytes(all.host_bytes()) << "; AdamW "
                                          << memory::format_bytes(adamw.reserved));
 }
