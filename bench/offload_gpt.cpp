@@ -8,10 +8,11 @@
 //       byte); PyTorch's and DeepSpeed's come from their documented formulas for the model's
 //       state, with remat's planned activations of the same shape added (their estimators count
 //       none).
-//   bench_offload_gpt --train tiny|7b [--steps 3] [--device-gb N] [--host-gib M]
+//   bench_offload_gpt --train tiny|7b [--steps 3] [--device-gb N] [--host-gib M] [--gradients-on-host]
 //       Plans that GPT (7b: 32 blocks of width 4096, 6.7 billion parameters; tiny: what CI runs)
 //       with each block checkpointed and the master weights in host memory (the model built with
-//       host_master_weights, trained by OffloadedAdamW), prints the plan per place and refuses
+//       host_master_weights, trained by OffloadedAdamW; with --gradients-on-host the gradients
+//       too, offload_options::gradients), prints the plan per place and refuses
 //       (exit 2) what does not fit the budgets before allocating anything; then trains `steps`
 //       steps, prints the measured peaks beside the plan per place and tag, and the step's time
 //       split; exit 1 when a measured peak differs from the plan.
@@ -72,10 +73,12 @@ std::vector<way_result> ways() {
   using Each = Llama<L, W, each_block<L>::template policy>;
   step_options const o{.sequence = sequence};
   step_options const master{.sequence = sequence, .offload_master_weights = true};
+  step_options const all{.sequence = sequence, .offload_master_weights = true, .offload_gradients = true};
   auto const stored = memory_plan<Stored, P, AdamW, SoftmaxCrossEntropy>(1, o);
   auto const each = memory_plan<Each, P, AdamW, SoftmaxCrossEntropy>(1, o);
   auto const offloaded = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, o);
   auto const full = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, master);
+  auto const both = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, all);
   double const n = double(Each::param_count), act = double(each.arena);
   return {
       {"remat stored, AdamW", {double(stored.reserved), 0}},
@@ -83,6 +86,8 @@ std::vector<way_result> ways() {
       {"remat blocks checkpointed, OffloadedAdamW", {double(offloaded.reserved), double(offloaded.host_bytes())}},
       {"remat blocks checkpointed, OffloadedAdamW + master weights on the host",
        {double(full.reserved), double(full.host_bytes())}},
+      {"remat blocks checkpointed, OffloadedAdamW + master weights and gradients on the host",
+       {double(both.device_bytes()), double(both.host_bytes())}},
       // torch.autocast + checkpoint: fp32 weights, gradients and Adam's two moments on the device.
       {"PyTorch autocast + checkpoint (16 B/param)", {16 * n + act, 0}},
       // estimate_zero2_model_states_mem_needs(cpu_offload=True), one GPU: 2 bytes a parameter on
@@ -163,14 +168,16 @@ std::string mib(std::size_t bytes) { return memory::format_bytes(bytes); }
 
 // Trains Net (batch x seq tokens) with its master weights on the host, against its plan.
 template <class Net, std::size_t Vocab>
-int train(char const* name, std::size_t batch, std::size_t seq, int steps, double device_budget, double host_budget) {
-  step_options const o{.sequence = seq, .offload_master_weights = true};
+int train(char const* name, std::size_t batch, std::size_t seq, int steps, double device_budget, double host_budget,
+          bool gradients_on_host) {
+  step_options const o{.sequence = seq, .offload_master_weights = true, .offload_gradients = gradients_on_host};
   auto const plan = memory_plan<Net, P, OffloadedAdamW, SoftmaxCrossEntropy, Dev>(batch, o);
   constexpr std::size_t n = Net::param_count;
   std::printf("%s: %zu parameters, batch %zu x %zu tokens, each block checkpointed, bf16, OffloadedAdamW with the "
-              "master weights on the host\n",
-              name, n, batch, seq);
-  std::printf("plan, device: %s (arena %s)\n", plan.describe().c_str(), mib(plan.arena).c_str());
+              "master weights%s on the host\n",
+              name, n, batch, seq, gradients_on_host ? " and the gradients" : "");
+  std::printf("plan, device: %s (arena %s, gradient pages beside it %s)\n", plan.describe().c_str(),
+              mib(plan.arena).c_str(), mib(plan.gradient_pages).c_str());
   std::printf("plan, host: %s pageable (master weights %s, optimizer state %s, gradients %s), %s page-locked "
               "(optimizer state %s, gradients %s)\n",
               mib(plan.host_pageable.total()).c_str(), mib(plan.host_pageable.parameters).c_str(),
@@ -179,11 +186,11 @@ int train(char const* name, std::size_t batch, std::size_t seq, int steps, doubl
               mib(plan.host_page_locked.gradients).c_str());
   std::printf("json {\"bench\":\"offload_gpt_plan\",\"model\":\"%s\",\"params\":%zu,\"device_bytes\":%zu,"
               "\"host_bytes\":%zu,\"device_budget\":%.0f,\"host_budget\":%.0f}\n",
-              name, n, plan.reserved, plan.host_bytes(), device_budget, host_budget);
+              name, n, plan.device_bytes(), plan.host_bytes(), device_budget, host_budget);
   if (!plan.fits(std::size_t(device_budget), std::size_t(host_budget))) {
     std::printf("refused before allocating anything: the step needs %s on the device and %s on the host; the budgets "
                 "are %s and %s\n",
-                mib(plan.reserved).c_str(), mib(plan.host_bytes()).c_str(), mib(std::size_t(device_budget)).c_str(),
+                mib(plan.device_bytes()).c_str(), mib(plan.host_bytes()).c_str(), mib(std::size_t(device_budget)).c_str(),
                 mib(std::size_t(host_budget)).c_str());
     return 2;
   }
@@ -192,7 +199,8 @@ int train(char const* name, std::size_t batch, std::size_t seq, int steps, doubl
   memory::caching_allocator<host> host_side;
   memory::caching_allocator<Dev> inputs;  // (the batch is not the step's: another allocator)
   model<Net, Dev, P> m(seed{1}, device, host_master_weights{host_side});
-  OffloadedAdamW opt(m, {.lr = 1e-4, .clip_norm = 1.0}, {0, n}, &host_side, {.master_weights = true});
+  OffloadedAdamW opt(m, {.lr = 1e-4, .clip_norm = 1.0}, {0, n}, &host_side,
+                     {.master_weights = true, .gradients = gradients_on_host ? gradient_place::host : gradient_place::device});
   tensor<std::int32_t, Dev> x(index_t(batch), index_t(seq), memory::tag::workspace, inputs);
   tensor<std::int32_t, Dev> t(index_t(batch), index_t(seq), memory::tag::workspace, inputs);
   {
@@ -246,15 +254,17 @@ int train(char const* name, std::size_t batch, std::size_t seq, int steps, doubl
     if (staged_apart) compare("locked", memory::name(g), s[g].peak, plan.host_page_locked[g]);
   }
   compare("device", "reserved", d.total.reserved, plan.reserved);
+  if (gradients_on_host) compare("device", "gradient pages", opt.gradient_pages().last_peak, plan.gradient_pages);
   std::size_t const host_measured = h.total.peak + (staged_apart ? s.total.peak : 0);
   compare("host", "in all", host_measured, plan.host_pageable.total() + plan.host_page_locked.total());
-  std::printf("device %s (plan %s), host %s (plan %s): %s\n", mib(d.total.reserved).c_str(),
-              mib(plan.reserved).c_str(), mib(host_measured).c_str(),
+  std::size_t const device_measured = d.total.reserved + (gradients_on_host ? opt.gradient_pages().last_peak : 0);
+  std::printf("device %s (plan %s), host %s (plan %s): %s\n", mib(device_measured).c_str(),
+              mib(plan.device_bytes()).c_str(), mib(host_measured).c_str(),
               mib(plan.host_pageable.total() + plan.host_page_locked.total()).c_str(),
               status == 0 ? "every peak equals its plan" : "a peak differs from its plan");
   std::printf("json {\"bench\":\"offload_gpt_peaks\",\"model\":\"%s\",\"device_reserved\":%zu,\"device_plan\":%zu,"
               "\"host_peak\":%zu,\"host_plan\":%zu,\"equal\":%s}\n",
-              name, d.total.reserved, plan.reserved, host_measured,
+              name, device_measured, plan.device_bytes(), host_measured,
               plan.host_pageable.total() + plan.host_page_locked.total(), status == 0 ? "true" : "false");
   return status;
 }
@@ -264,6 +274,7 @@ int train(char const* name, std::size_t batch, std::size_t seq, int steps, doubl
 int main(int argc, char** argv) {
   std::string mode, shape;
   int steps = 3;
+  bool gradients_on_host = false;
   double device_budget = 80 * GB, host_budget = 120 * GiB;
   for (int i = 1; i < argc; ++i) {
     std::string const a = argv[i];
@@ -284,9 +295,11 @@ int main(int argc, char** argv) {
       device_budget = std::stod(value()) * GB;
     else if (a == "--host-gib")
       host_budget = std::stod(value()) * GiB;
+    else if (a == "--gradients-on-host")
+      gradients_on_host = true;
     else {
       std::fprintf(stderr, "usage: bench_offload_gpt --table [--host-gib M] | --train tiny|7b [--steps S] "
-                           "[--device-gb N] [--host-gib M]\n");
+                           "[--device-gb N] [--host-gib M] [--gradients-on-host]\n");
       return 64;
     }
   }
@@ -298,9 +311,11 @@ int main(int argc, char** argv) {
     return 64;
   }
 #endif
-  if (mode == "train" && shape == "7b") return train<Llama<32, 4096, each_block<32>::policy>, vocab>("7b", 1, sequence, steps, device_budget, host_budget);
+  if (mode == "train" && shape == "7b") return train<Llama<32, 4096, each_block<32>::policy>, vocab>("7b", 1, sequence, steps, device_budget, host_budget,
+                                                                     gradients_on_host);
   if (mode == "train" && shape == "tiny")
-    return train<GPT<512, 128, 128, 4, 4, 0.0, each_block<4>::policy>, 512>("tiny", 2, 128, steps, device_budget, host_budget);
+    return train<GPT<512, 128, 128, 4, 4, 0.0, each_block<4>::policy>, 512>("tiny", 2, 128, steps, device_budget, host_budget,
+                                                                             gradients_on_host);
   std::fprintf(stderr, "bench_offload_gpt: expected --table or --train tiny|7b\n");
   return 64;
 }

@@ -22,8 +22,12 @@
 #             80 GB of device and 120 GiB of host memory before anything is allocated, then every
 #             measured peak against the plan, and the step's time split; about 4 minutes, most of
 #             it building the host state (not part of `all`).
+#   offload-gradients   the same GPT with its gradients on the host as well (--gradients-on-host:
+#             the device holds the bf16 weights and one span of gradients, 14.6 GiB planned; the
+#             host 100.2 GiB); its peaks against the plan, the gradient granules included, and the
+#             time split (not part of `all`).
 # Results go to $OUT (or /tmp/out).
-#   .gpu/run.sh [tests|bench|inference|conv|offload|all]
+#   .gpu/run.sh [tests|bench|inference|conv|offload|offload-gradients|all]
 set -uo pipefail
 cd "$(dirname "$0")"
 here=$PWD
@@ -69,6 +73,10 @@ if [[ $mode == tests || $mode == all ]]; then
     echo "=== bench_offload_gpt_cuda --train tiny (the master weights on the host; every peak against its plan)"
     timeout 120 bin/bench_offload_gpt_cuda --train tiny --steps 3 > "$out/offload-tiny.log" 2>&1 || status=1
     grep -v '^json' "$out/offload-tiny.log" | tail -25
+    echo "=== bench_offload_gpt_cuda --train tiny --gradients-on-host (the gradients' granules against the plan)"
+    timeout 120 bin/bench_offload_gpt_cuda --train tiny --steps 3 --gradients-on-host > "$out/offload-tiny-gradients.log" \
+      2>&1 || status=1
+    grep -v '^json' "$out/offload-tiny-gradients.log" | tail -25
   fi
   echo "=== memory_budget_cuda"
   timeout 300 bin/memory_budget_cuda > "$out/memory_budget_cuda.log" 2>&1 || status=1
@@ -99,6 +107,12 @@ if [[ $mode == offload ]]; then
   timeout 480 bin/bench_offload_gpt_cuda --train 7b --steps 3 --device-gb 80 --host-gib 120 > "$out/offload-7b.log" 2>&1 \
     || status=1
   grep -v '^json' "$out/offload-7b.log"
+fi
+if [[ $mode == offload-gradients ]]; then
+  free -g | head -2
+  timeout 480 bin/bench_offload_gpt_cuda --train 7b --steps 3 --device-gb 80 --host-gib 120 --gradients-on-host \
+    > "$out/offload-7b-gradients.log" 2>&1 || status=1
+  grep -v '^json' "$out/offload-7b-gradients.log"
 fi
 if [[ $mode == bench || $mode == all ]]; then
   cd "$here/.."

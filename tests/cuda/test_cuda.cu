@@ -779,6 +779,59 @@ TEST_CASE("cuda OffloadedAdamW: the update on the host follows AdamW on the GPU;
   CHECK(bitwise_equal(po, pa));
 }
 
+TEST_CASE("cuda OffloadedAdamW with the gradients on the host: the same bits; the device holds a span's granules, "
+          "as planned",
+          "[cuda][optim][offload][gradients]") {
+  // Two micro-batches a step (the second finds the first's sum on the device before backward adds
+  // onto it). Without clipping the norm is not computed, so the gradients' place changes no bit.
+  using P = mixed<bf16, DynamicLossScale>;
+  auto run = [](bool on_host, memory::caching_allocator<gpu>& alloc, std::size_t chunk) {
+    INFO("gradients on the host " << on_host << ", chunk " << chunk);
+    model<Plain, gpu, P> m(seed{5}, alloc);
+    auto x = make<float>(batch, 12, inputs(12));
+    auto y = make<std::int32_t>(batch, 1, labels(5));
+    OffloadedAdamW opt(m, {.lr = 1e-2}, {.gradients = on_host ? gradient_place::host : gradient_place::device});
+    opt.set_chunk(chunk);
+    alloc.reset_peak();
+    opt.staging_allocator().reset_peak();
+    std::vector<double> losses;
+    for (int s = 0; s < 3; ++s) {
+      m.zero_grad();
+      double l = 0;
+      for (int k = 0; k < 2; ++k) l += m.template accumulate<SoftmaxCrossEntropy>(x, y, 0.5);
+      opt.step();
+      losses.push_back(l);
+    }
+    if (on_host) {
+      offloaded_gradient_pages const g = opt.gradient_pages();
+      step_options const planned{.offload_chunk = chunk, .offload_gradients = true, .gradient_page = g.page,
+                                 .offload_gradients_backup = true};
+      auto const plan = memory_plan<Plain, P, OffloadedAdamW, SoftmaxCrossEntropy, gpu>(std::size_t(batch), planned);
+      CHECK(g.planned_peak == plan.gradient_pages);
+      CHECK(g.last_peak == plan.gradient_pages);  // (granules mapped, at every report)
+      CHECK(alloc.stats()[memory::tag::gradients].peak == 0);
+      for (memory::tag t : memory::all_tags) {
+        INFO(memory::name(t));
+        CHECK(alloc.stats()[t].peak == plan[t]);
+        CHECK(opt.host_allocator().stats()[t].peak == plan.host_pageable[t]);
+        CHECK(opt.staging_allocator().stats()[t].peak == plan.host_page_locked[t]);
+      }
+      CHECK(alloc.stats().total.peak == plan.peak);
+      CHECK(bitwise_equal(tensor_to_host(std::as_const(m).gradients()),
+                          std::vector<float>(Plain::param_count, 0.0f)));  // (the model's buffer holds none)
+    }
+    return std::pair{tensor_to_host(std::as_const(m).parameters()), losses};
+  };
+  memory::caching_allocator<gpu> a1, a2, a3;
+  auto const [pd, ld] = run(false, a1, 100);
+  auto const [ph, lh] = run(true, a2, 100);
+  auto const [pw, lw] = run(true, a3, 0);  // (one slot holding all the gradients)
+  CHECK(lh == ld);
+  CHECK(lw == ld);
+  CHECK(bitwise_equal(ph, pd));
+  CHECK(bitwise_equal(pw, pd));
+}
+
 TEST_CASE("cuda precision: mixed<bf16> on the GPU follows the fp32 model", "[cuda][precision]") {
   auto const [p16, l16] = train<Plain, gpu, mixed<bf16, DynamicLossScale>>(2);
   auto const [p32, l32] = train<Plain, gpu>(2);
