@@ -776,18 +776,21 @@ TEST_CASE("each rank's step measures its whole-step plan, per tag and in total",
 }
 
 TEST_CASE("each rank's offloaded step measures its plan on the device and on the host", "[dist][memory][plan][offload]") {
-  auto check = [](auto tag_model, auto precision, bool shard) {
+  // (master: the master weights on the host too, all of them on every rank)
+  auto check = [](auto tag_model, auto precision, bool shard, bool master = false) {
     using NetT = decltype(tag_model);
     using P = decltype(precision);
     using M = model<NetT, host, P>;
-    INFO(P::name << ", shard_optimizer " << shard << ", rank " << world_rank() << " of " << world_size());
+    INFO(P::name << ", shard_optimizer " << shard << ", master weights on the host " << master << ", rank "
+                 << world_rank() << " of " << world_size());
     memory::caching_allocator<host> device, on_the_host;
     M m(seed{7}, device);
     dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard});
-    OffloadedAdamW opt(m, opts, dp.shard(), &on_the_host);
+    OffloadedAdamW opt(m, opts, dp.shard(), &on_the_host, {.master_weights = master});
     param_range const r = my_rows(dp.rank(), dp.size());
     auto const plan = memory_plan<NetT, P, OffloadedAdamW, SoftmaxCrossEntropy>(
-        r.size(), {.ranks = std::size_t(dp.size()), .rank = std::size_t(dp.rank()), .shard_optimizer = shard});
+        r.size(), {.ranks = std::size_t(dp.size()), .rank = std::size_t(dp.rank()), .shard_optimizer = shard,
+                   .offload_master_weights = master});
     for (int t = 0; t < 2; ++t) {
       batch b = whole_batch(t);
       device.reset_peak();
@@ -805,7 +808,23 @@ TEST_CASE("each rank's offloaded step measures its plan on the device and on the
   for (bool shard : {false, true}) {
     check(Net{}, fp32{}, shard);
     check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, shard);
+    check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, shard, true);
+    check(Net{}, mixed<half, DynamicLossScale>{}, shard, true);
   }
+}
+
+TEST_CASE("the gradients on the host are refused under data_parallel, either way round (not yet)",
+          "[dist][offload][errors]") {
+  model<Net> m(seed{7});
+  {
+    dist::data_parallel dp(m, MPI_COMM_WORLD);
+    CHECK_THROWS_WITH(OffloadedAdamW(m, opts, dp.shard(), nullptr, {.gradients = gradient_place::host}),
+                      Catch::Contains("expects a model trained alone"));
+    CHECK(m.link().gradient_sync() != nullptr);  // (the wrapper's, still)
+  }
+  OffloadedAdamW opt(m, opts, {.gradients = gradient_place::host});
+  CHECK_THROWS_WITH(dist::data_parallel(m, MPI_COMM_WORLD), Catch::Contains("offloaded gradients"));
+  CHECK(opt.offloads_gradients());
 }
 
 TEST_CASE("a loss scale's overflow skips the step on every rank together", "[dist][precision]") {
