@@ -7,6 +7,11 @@
 #include "support/gradients.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <vector>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 using namespace remat;
 
@@ -161,4 +166,32 @@ TEST_CASE("philox4x32-10 matches the published known-answer vectors", "[layers][
   CHECK(r.v[1] == 0x94fdccebu);
   CHECK(r.v[2] == 0x5001e420u);
   CHECK(r.v[3] == 0x24126ea1u);
+}
+
+TEST_CASE("init: each value a function of the seed and its position, however the work is split", "[layers][init]") {
+  // 100,003 values (past the size the host splits across threads), from parameter 12,345 on: the
+  // same bits as the definition computed here one value at a time, as one call or as two, and on
+  // one thread or on all of them.
+  std::size_t const n = 100003, offset = 12345;
+  std::uint64_t const seed = 99;
+  std::vector<float> u(n), g(n), u2(n), g2(n);
+  init::uniform(u.data(), n, offset, seed, 0.25);
+  init::normal(g.data(), n, offset, seed, 0.02);
+  for (std::size_t i = 0; i < n; i += 997) {
+    double const x = double(philox::uniform(seed, init::init_stream, offset + i));
+    REQUIRE(u[i] == float((2.0 * x - 1.0) * 0.25));
+    double const u1 = double(philox::uniform(seed, init::init_stream + 1, 2 * (offset + i))) + 0x1p-25;
+    double const v = double(philox::uniform(seed, init::init_stream + 1, 2 * (offset + i) + 1));
+    REQUIRE(g[i] == float(0.02 * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586476925 * v)));
+  }
+  init::uniform(u2.data(), 40000, offset, seed, 0.25);
+  init::uniform(u2.data() + 40000, n - 40000, offset + 40000, seed, 0.25);
+  CHECK(u2 == u);
+#if defined(_OPENMP)
+  int const threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  init::normal(g2.data(), n, offset, seed, 0.02);
+  omp_set_num_threads(threads);
+  CHECK(g2 == g);
+#endif
 }

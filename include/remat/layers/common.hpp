@@ -3,6 +3,7 @@
 // of per-row statistics.
 #pragma once
 
+#include "../kernels/detail/thrust.hpp"
 #include "../numeric/compute.hpp"
 #include "../numeric/philox.hpp"
 #include "../tensor/tensor.hpp"
@@ -61,21 +62,27 @@ namespace init {
 inline constexpr std::uint64_t init_stream = 0x1417'0000'0000'0000ull;
 
 // p[0, n) from U(-bound, bound): element i from the model's parameter global_offset + i.
+// (Each element is a pure function of its position: split across the host's threads, the same
+// values.)
 template <class T>
 void uniform(T* p, std::size_t n, std::size_t global_offset, std::uint64_t seed, double bound) {
-  for (std::size_t i = 0; i < n; ++i)
-    p[i] = T((2.0 * double(philox::uniform(seed, init_stream, global_offset + i)) - 1.0) * bound);
+  kernels::detail::host_split(n, n, [&](std::size_t first, std::size_t last) {
+    for (std::size_t i = first; i < last; ++i)
+      p[i] = T((2.0 * double(philox::uniform(seed, init_stream, global_offset + i)) - 1.0) * bound);
+  });
 }
 
 template <class T>
 void normal(T* p, std::size_t n, std::size_t global_offset, std::uint64_t seed, double stddev) {
   constexpr double two_pi = 6.283185307179586476925;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint64_t const k = 2 * (global_offset + i);
-    double const u1 = (double(philox::uniform(seed, init_stream + 1, k)) + 0x1p-25);  // (0, 1]
-    double const u2 = double(philox::uniform(seed, init_stream + 1, k + 1));
-    p[i] = T(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(two_pi * u2));
-  }
+  kernels::detail::host_split(n, n, [&](std::size_t first, std::size_t last) {
+    for (std::size_t i = first; i < last; ++i) {
+      std::uint64_t const k = 2 * (global_offset + i);
+      double const u1 = (double(philox::uniform(seed, init_stream + 1, k)) + 0x1p-25);  // (0, 1]
+      double const u2 = double(philox::uniform(seed, init_stream + 1, k + 1));
+      p[i] = T(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(two_pi * u2));
+    }
+  });
 }
 
 // p[0, n) = v.
