@@ -229,12 +229,16 @@ int train(char const* name, std::size_t batch, std::size_t seq, int steps, doubl
     wait_for_device();
     double const t3 = now();
     auto const& split = opt.last_step_times();
-    std::printf("step %d: loss %.4f%s; forward + backward %.3f s, optimizer %.3f s (gradients down %.3f s, host update "
-                "with the copies up issued %.3f s), copies up left %.3f s\n",
-                k, loss, stepped ? "" : " (skipped)", t1 - t0, t2 - t1, split.copy_down, split.update, t3 - t2);
+    double const reports_waited = opt.last_pass_copy_wait();
+    std::printf("step %d: loss %.4f%s; forward + backward %.3f s (of it waiting for gradients down at backward's reports "
+                "%.3f s), optimizer %.3f s (gradients down %.3f s, host update with the copies up issued %.3f s), "
+                "copies up left %.3f s\n",
+                k, loss, stepped ? "" : " (skipped)", t1 - t0, reports_waited, t2 - t1, split.copy_down, split.update,
+                t3 - t2);
     std::printf("json {\"bench\":\"offload_gpt_step\",\"model\":\"%s\",\"step\":%d,\"loss\":%.6f,\"forward_backward\":"
-                "%.4f,\"optimizer\":%.4f,\"copy_down\":%.4f,\"update\":%.4f,\"copy_up_left\":%.4f}\n",
-                name, k, loss, t1 - t0, t2 - t1, split.copy_down, split.update, t3 - t2);
+                "%.4f,\"reports_waited\":%.4f,\"optimizer\":%.4f,\"copy_down\":%.4f,\"update\":%.4f,"
+                "\"copy_up_left\":%.4f}\n",
+                name, k, loss, t1 - t0, reports_waited, t2 - t1, split.copy_down, split.update, t3 - t2);
   }
   // The measured peaks beside the plan, per place and tag.
   int status = 0;

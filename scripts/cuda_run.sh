@@ -23,7 +23,7 @@
 #             measured peak against the plan, and the step's time split; about 4 minutes, most of
 #             it building the host state (not part of `all`).
 #   offload-gradients   the same GPT with its gradients on the host as well (--gradients-on-host:
-#             the device holds the bf16 weights and one span of gradients, 14.6 GiB planned; the
+#             the device holds the bf16 weights and two spans of gradients, 14.7 GiB planned; the
 #             host 100.2 GiB); its peaks against the plan, the gradient granules included, and the
 #             time split (not part of `all`).
 # Results go to $OUT (or /tmp/out).

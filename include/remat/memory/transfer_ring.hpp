@@ -28,6 +28,7 @@ class transfer_ring {
   transfer_ring(memory::caching_allocator<memory::offload_space_t<Device>>&, std::size_t n, std::size_t chunk, bool)
       : len_(chunk && chunk < n ? chunk : n) {}
   std::size_t chunk() const { return len_; }  // the values of a chunk (the last may hold fewer)
+  std::size_t slots() const { return 1; }     // chunks in flight at once (here: read in place)
   void begin(offload_channel<Device> const&) {}
   // Chunk k's gradients, from `src` on the device: where the host reads them.
   G const* down(std::size_t, G const* src, std::size_t) { return src; }
@@ -76,10 +77,11 @@ class transfer_ring<cuda, G, C> {
   }
 
   std::size_t chunk() const { return len_; }
+  std::size_t slots() const { return slots_; }  // chunks in flight at once
   // A step's copies begin: down on the compute stream (after the backward that made the
   // gradients), up on the channel's side stream once the compute issued so far is done.
   void begin(offload_channel<cuda> const& c) {
-    compute_ = current_cuda_stream();
+    compute_ = from_ = current_cuda_stream();
     side_ = c.side ? c.side : compute_;
     if (side_ == compute_) return;
     cudaEvent_t issued = nullptr;
@@ -94,11 +96,14 @@ class transfer_ring<cuda, G, C> {
   G const* down(std::size_t k, G const* src, std::size_t count) {
     std::size_t const s = k % slots_;
     G* const to = static_cast<G*>(g_[s].get());
-    REMAT_CUDA_CHECK(cudaMemcpyAsync(to, src, count * sizeof(G), cudaMemcpyDeviceToHost, compute_));
-    REMAT_CUDA_CHECK(cudaEventRecord(down_[s], compute_));
+    REMAT_CUDA_CHECK(cudaMemcpyAsync(to, src, count * sizeof(G), cudaMemcpyDeviceToHost, from_));
+    REMAT_CUDA_CHECK(cudaEventRecord(down_[s], from_));
     return to;
   }
   void wait_down(std::size_t k) { REMAT_CUDA_CHECK(cudaEventSynchronize(down_[k % slots_])); }
+  // The copies down go on stream s from here on (until the next begin), which the caller has
+  // ordered after the compute that made the values.
+  void set_down_stream(cudaStream_t s) { from_ = s; }
   // Chunk k's slot for the compute weights, once its last copy up (chunk k - 2's) has left it.
   C* up_buffer(std::size_t k, C*) {
     std::size_t const s = k % slots_;
@@ -129,13 +134,16 @@ class transfer_ring<cuda, G, C> {
     std::swap(down_, o.down_);
     std::swap(up_, o.up_);
     std::swap(up_used_, o.up_used_);
+    std::swap(compute_, o.compute_);
+    std::swap(side_, o.side_);
+    std::swap(from_, o.from_);
   }
 
   std::size_t len_ = 0, slots_ = 1;
   std::array<memory::held_block<memory::pinned_host>, 2> g_{}, c_{};
   std::array<cudaEvent_t, 2> down_{}, up_{};
   std::array<bool, 2> up_used_{};
-  cudaStream_t compute_ = nullptr, side_ = nullptr;
+  cudaStream_t compute_ = nullptr, side_ = nullptr, from_ = nullptr;
   std::size_t last_ = 0;
   bool any_up_ = false;
 };

@@ -124,24 +124,32 @@ std::vector<std::size_t> gradient_reports() {
 
 // The most device memory a gradient buffer holds in a pass when each span goes to the host as
 // backward makes it final (OffloadedAdamW's offload_options::gradients): `count` elements of
-// `element` bytes from a page-aligned base, pages of `page` bytes; before backward writes the span
-// down to the next report its pages are taken, and at the report the pages wholly copied are given
-// back. What is held at a report: the pages touching the span [report, previous report), and the
-// last page when the buffer fills it only in part (never given back). `reports`: the plan's, in
-// order; the model's own last report, 0, is added.
+// `element` bytes from a page-aligned base, pages of `page` bytes. Before backward writes the span
+// down to the next report its pages are taken; a span's copy down starts at its report and is
+// waited for at the next one (while backward makes the next span), when its pages are given back.
+// What is held at a report: the pages touching that span and the one before it, and the last page
+// when the buffer fills it only in part (never given back). `reports`: the plan's, in order; the
+// model's own last report, 0, is added.
 constexpr std::size_t offloaded_gradient_peak(std::vector<std::size_t> const& reports, std::size_t count,
                                               std::size_t element, std::size_t page) {
   if (count == 0 || page == 0) return 0;
   std::size_t const pages = (count * element + page - 1) / page;
   bool const last_partial = count * element % page != 0;
-  std::size_t peak = 0, prev = count;
+  // [prev, count) is final; [prev, pending) is the span whose copy is in flight (none when equal);
+  // [next, prev) the span backward writes. Held: the pages touching [next, pending).
+  std::size_t peak = 0, prev = count, pending = count, next = reports.empty() ? 0 : reports.front();
   for (std::size_t i = 0; i <= reports.size(); ++i) {
     std::size_t const r = i < reports.size() ? reports[i] : 0;
-    std::size_t const lo = r * element / page, hi = (prev * element + page - 1) / page;
-    std::size_t held = r < prev ? hi - lo : 0;
-    if (last_partial && !(r < prev && hi == pages)) ++held;
+    std::size_t const lo = next * element / page, hi = (pending * element + page - 1) / page;
+    std::size_t held = next < pending ? hi - lo : 0;
+    if (last_partial && !(next < pending && hi == pages)) ++held;
     peak = held * page > peak ? held * page : peak;
-    prev = r < prev ? r : prev;
+    if (r < prev) {  // (the span [r, prev) is final: its copy starts, and the one before it ends)
+      pending = prev;
+      prev = r;
+    }
+    if (r == 0) pending = 0;  // (the last report waits for every copy)
+    next = i + 1 < reports.size() ? (reports[i + 1] < r ? reports[i + 1] : r) : 0;
   }
   return peak;
 }

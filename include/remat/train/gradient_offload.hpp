@@ -23,6 +23,7 @@
 #include "../plan/activation.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <type_traits>
@@ -31,6 +32,41 @@
 
 namespace REMAT_NAMESPACE {
 namespace detail {
+
+// Where the spans' copies down run: on the host, nowhere (the "device" is host memory, read in
+// place); on the GPU, a stream of their own, ordered after the backward that made each span, so
+// that a span comes down while the device computes the next.
+template <class Device>
+struct copy_lane {
+  template <class Ring>
+  void follow_compute(Ring&) {}
+  void synchronize() {}
+};
+#if REMAT_HAS_CUDA
+template <>
+struct copy_lane<cuda> {
+  copy_lane() { REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&made, cudaEventDisableTiming)); }
+  copy_lane(copy_lane const&) = delete;
+  copy_lane& operator=(copy_lane const&) = delete;
+  ~copy_lane() {
+    try {
+      stream.synchronize();
+    } catch (...) {  // (a destructor may run after the context is gone)
+    }
+    if (made) (void)cudaEventDestroy(made);
+  }
+  // The ring's next copies down wait for what the current stream has been given so far.
+  template <class Ring>
+  void follow_compute(Ring& ring) {
+    REMAT_CUDA_CHECK(cudaEventRecord(made, current_cuda_stream()));
+    REMAT_CUDA_CHECK(cudaStreamWaitEvent(stream.get(), made, 0));
+    ring.set_down_stream(stream.get());
+  }
+  void synchronize() { stream.synchronize(); }
+  owned_cuda_stream stream{cudaStreamNonBlocking};
+  cudaEvent_t made = nullptr;
+};
+#endif
 
 template <class Model>
 class gradient_offload final : public gradient_sync {
@@ -67,7 +103,10 @@ class gradient_offload final : public gradient_sync {
     // (nothing below fails but the copies: the model's gradients become the host's sum)
     m.relocate_gradients(base_);
     m.allocator().release_cached();  // (the buffer it leaves goes back to the device)
-    to_host(0, n);
+    if constexpr (on_gpu)
+      memory::system<D>::copy_to_host(sum_.data(), base_, n * sizeof(T));
+    else
+      copy(sum_.data(), base_, n);
     pages_.give_back(base_, 0, n);
     m.link().set_gradient_sync(this);
   }
@@ -117,19 +156,21 @@ class gradient_offload final : public gradient_sync {
     was_zero_ = zero_;
     restored_ = false;
     report_ = 0;
-    prev_ = n;
+    prev_ = pending_ = n;
     pass_peak_ = 0;
+    pass_wait_ = {};
     take(reports_.front(), n);
   }
-  // The span from `offset` to the last report is final: it goes down into the host's sum and its
-  // pages are given back; the next span's pages are taken.
+  // The span from `offset` to the last report is final: its copy down into the host's sum starts
+  // (on the GPU: on a stream of its own, while the device goes on with backward), and the span
+  // before it, whose copy started at the last report, is waited for and its pages given back; the
+  // next span's pages are taken. The last report (0) waits for every copy.
   void gradients_ready(std::size_t offset) override {
     pass_peak_ = std::max(pass_peak_, pages_.resident());
-    if (offset >= prev_) return;
-    to_host(offset, prev_);
-    std::size_t const page_elements = pages_.span.page / sizeof(T);
-    std::size_t const top = page_elements ? std::min(n, (prev_ + page_elements - 1) / page_elements * page_elements) : n;
-    pages_.give_back(base_, offset, top);
+    if (offset < prev_) {
+      finish_copy();
+      start_copy(offset, prev_);
+    }
     std::size_t next = 0;
     if (report_ < reports_.size() && reports_[report_] == offset) {
       ++report_;
@@ -137,17 +178,25 @@ class gradient_offload final : public gradient_sync {
     } else {
       report_ = reports_.size();  // (off the plan: everything below is taken from now on)
     }
-    prev_ = offset;
-    if (offset) take(next, offset);
+    if (offset == 0)
+      finish_copy();
+    else
+      take(next, offset);
   }
+  // How long the last pass that succeeded waited at backward's reports for the spans' copies
+  // down (seconds of the host's clock).
+  double last_copy_wait() const { return last_wait_; }
   // A pass that failed leaves the sum as it was (zero, or restored from the copy); one that
   // succeeded leaves it in the host's sum.
   void pass_ended(std::exception_ptr failed) override {
     if (!failed) {
       last_peak_ = pass_peak_;
+      last_wait_ = std::chrono::duration<double>(pass_wait_).count();
       zero_ = zeroed_ = false;
       return;
     }
+    lane_.synchronize();  // (no copy reads the pages any more)
+    prev_ = pending_ = 0;
     pages_.give_back(base_, 0, n);
     if (was_zero_) {
       zero_ = true;
@@ -190,21 +239,40 @@ class gradient_offload final : public gradient_sync {
     else
       copy(base_ + lo, sum_.data() + lo, hi - lo);
   }
-  // Elements [lo, hi) of the device's buffer replace the host's, a chunk of the ring at a time
-  // (the next chunk comes down while this one is copied into the sum).
-  void to_host(std::size_t lo, std::size_t hi) {
-    std::size_t const count = hi - lo, chunk = std::max<std::size_t>(ring_.chunk(), 1);
-    std::size_t const chunks = (count + chunk - 1) / chunk;
-    if (!chunks) return;
+  // Elements [lo, hi), final now, start down: the first chunks into the ring's slots, after the
+  // compute issued so far.
+  void start_copy(std::size_t lo, std::size_t hi) {
+    pending_ = prev_;
+    prev_ = lo;
     ring_.begin(channel_);
-    T const* next = ring_.down(0, base_ + lo, std::min(chunk, count));
+    lane_.follow_compute(ring_);
+    std::size_t const chunks = chunks_of(hi - lo);
+    for (std::size_t c = 0; c < std::min(chunks, ring_.slots()); ++c) issue(c);
+  }
+  // The span in flight, [prev_, pending_), replaces the host's sum a chunk at a time (the next
+  // chunks come down while this one is copied), and its pages are given back.
+  void finish_copy() {
+    if (pending_ <= prev_) return;
+    auto const t0 = std::chrono::steady_clock::now();
+    std::size_t const lo = prev_, count = pending_ - prev_, chunk = chunk_size(), chunks = chunks_of(count);
     for (std::size_t c = 0; c < chunks; ++c) {
-      std::size_t const at = c * chunk, len = std::min(chunk, count - at);
-      T const* const g = next;
-      if (c + 1 < chunks) next = ring_.down(c + 1, base_ + lo + at + len, std::min(chunk, count - at - len));
+      std::size_t const at = c * chunk;
       ring_.wait_down(c);
-      copy(sum_.data() + lo + at, g, len);
+      copy(sum_.data() + lo + at, slot_[c % 2], std::min(chunk, count - at));
+      if (c + ring_.slots() < chunks) issue(c + ring_.slots());
     }
+    pass_wait_ += std::chrono::steady_clock::now() - t0;
+    std::size_t const page_elements = pages_.span.page / sizeof(T);
+    std::size_t const top = page_elements ? std::min(n, (pending_ + page_elements - 1) / page_elements * page_elements) : n;
+    pages_.give_back(base_, lo, top);
+    pending_ = prev_;
+  }
+  std::size_t chunk_size() const { return std::max<std::size_t>(ring_.chunk(), 1); }
+  std::size_t chunks_of(std::size_t count) const { return (count + chunk_size() - 1) / chunk_size(); }
+  // Chunk c of the span that starts down at prev_ (of those up to the last report).
+  void issue(std::size_t c) {
+    std::size_t const chunk = chunk_size(), at = c * chunk, count = pending_ - prev_;
+    slot_[c % 2] = ring_.down(c, base_ + prev_ + at, std::min(chunk, count - at));
   }
 
   Model& m_;
@@ -216,7 +284,13 @@ class gradient_offload final : public gradient_sync {
   T* base_ = nullptr;
   tensor<T, host> sum_, backup_;
   std::vector<std::size_t> reports_;
-  std::size_t report_ = 0, prev_ = n;
+  std::size_t report_ = 0;
+  std::size_t prev_ = n;     // [prev_, n) is final in the running pass
+  std::size_t pending_ = n;  // [prev_, pending_) is coming down (none when equal)
+  T const* slot_[2] = {nullptr, nullptr};  // where the chunks in flight land (the ring's, or in place)
+  copy_lane<D> lane_;
+  std::chrono::steady_clock::duration pass_wait_{};
+  double last_wait_ = 0;
   std::size_t planned_ = 0, pass_peak_ = 0, last_peak_ = 0;
   bool zero_ = false;      // the sum is zero (zero_grad), whatever sum_ holds
   bool zeroed_ = false;    // sum_ has been written with zeros since

@@ -242,6 +242,9 @@ class OffloadedAdamW
     double update = 0;     // AdamW's update on the host, the copies issued beside it
   };
   step_times const& last_step_times() const { return times_; }  // (see step_times)
+  // With offload_options::gradients: how long the last training pass that succeeded waited at
+  // backward's reports for the spans' copies down (seconds of the host's clock; 0 without).
+  double last_pass_copy_wait() const { return grads_ ? grads_->last_copy_wait() : 0.0; }
 
   void set_lr(double lr) { o_.lr = lr; }  // the rate of the next steps (a schedule calls it)
   double lr() const { return o_.lr; }     // the rate of the next step
