@@ -218,6 +218,41 @@ std::vector<float> check_granules(int level, std::vector<float> const* zero2) {
   return trained;
 }
 
+// ZeRO-2 with the gradients on the host (OffloadedAdamW's offload_options::gradients): each
+// rank's shard comes down as its reductions end and its granules go as the others' do. Trains as
+// OffloadedAdamW with them on the device, bit for bit (no clipping: neither computes a norm), and
+// a pass holds its plan's granules, fewer than with the shard kept.
+template <class Precision>
+void check_offloaded_gradients() {
+  using Wide = Seq<Linear<In, 1024>, Repeat<6, Checkpointed<Residual<Linear<1024, 1024>>>>, Linear<1024, Classes>>;
+  using M = model<Wide, gpu, Precision>;
+  std::size_t const rows = std::size_t(batch) / std::size_t(ranks), first = rows * std::size_t(rank);
+  auto run = [&](bool on_host, dist::gradient_memory& g) {
+    M m(seed{9});
+    auto x = on_gpu(inputs(), first, rows, In);
+    auto y = on_gpu(labels(), first, rows, 1);
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(2, std::size_t(4) << 20));
+    OffloadedAdamW opt(m, {.lr = 1e-3}, {.gradients = on_host ? gradient_place::host : gradient_place::device});
+    for (int step = 0; step < 3; ++step) {
+      m.zero_grad();
+      for (int k = 0; k < 2; ++k) dp.template accumulate<SoftmaxCrossEntropy>(x, y, 0.5);
+      [[maybe_unused]] auto const on_stream = m.stream_scope();
+      opt.step();
+    }
+    g = dp.gradient_pages();
+    return parameters_of(dp);
+  };
+  dist::gradient_memory kept{}, sent{};
+  std::vector<float> const on_device = run(false, kept), on_host = run(true, sent);
+  if (rank == 0)
+    std::printf("ZeRO-2 on the GPU, %d ranks, %s: gradient granules at most %zu bytes with the shard kept, %zu with it "
+                "on the host (plan %zu)\n",
+                ranks, Precision::name, kept.last_peak, sent.last_peak, sent.planned_peak);
+  check(same_bits(on_host, on_device), "ZeRO-2 with the gradients on the host trains as with them on the device, bit for bit");
+  check(sent.last_peak == sent.planned_peak, "the gradients on the host: the most a pass held is the plan's");
+  check(sent.planned_peak < kept.planned_peak, "the gradients on the host: fewer granules than with the shard kept");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -247,6 +282,8 @@ int main(int argc, char** argv) {
     using bf16 = mixed<bfloat16, DynamicLossScale>;
     std::vector<float> const bf16_zero2 = check_granules<bf16>(2, nullptr);
     for (int level : {3, 4}) check_granules<bf16>(level, &bf16_zero2);
+    check_offloaded_gradients<fp32>();
+    check_offloaded_gradients<bf16>();
   } catch (std::exception const& e) {
     std::printf("rank %d: FAILED with an exception: %s\n", rank, e.what());
     ++failures;

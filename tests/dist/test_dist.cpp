@@ -78,6 +78,17 @@ struct OffloadedMaster : OffloadedAdamW<M> {
   OffloadedMaster(M& m, adamw_options o) : OffloadedAdamW<M>(m, o, {.master_weights = true}) {}
 };
 
+// OffloadedAdamW with the gradients on the host (offload_options::gradients; a ZeRO-2 wrapper
+// sends each rank's shard down), and with the master weights there too.
+template <class M>
+struct OffloadedGrads : OffloadedAdamW<M> {
+  OffloadedGrads(M& m, adamw_options o) : OffloadedAdamW<M>(m, o, {.gradients = gradient_place::host}) {}
+};
+template <class M>
+struct OffloadedAll : OffloadedAdamW<M> {
+  OffloadedAll(M& m, adamw_options o) : OffloadedAdamW<M>(m, o, {.master_weights = true, .gradients = gradient_place::host}) {}
+};
+
 // One process on the whole batch: `steps` AdamW steps.
 template <class NetT, class P = fp32>
 std::vector<float> reference(int steps, adamw_options o, std::vector<double>* losses = nullptr) {
@@ -373,14 +384,14 @@ using remat_test::bytes_of;  // (the fault and bad-input tests' snapshot helper)
 
 // One rank's side of a data-parallel run with its own allocator (what fail_request counts): a
 // step is one train_step, or two micro-batches of which the second adds to the first's gradients.
-template <class NetT, class P>
+template <class NetT, class P, template <class> class Opt = AdamW_of>
 struct dp_trainer {
   using M = model<NetT, host, P>;
   using T = typename M::value_type;
   memory::caching_allocator<host> alloc;
   M m{seed{7}, alloc};
   dist::data_parallel<M> dp;
-  AdamW<T, host, typename M::compute_type> opt;
+  Opt<M> opt;
   bool accumulated;
   param_range r, first, second;
 
@@ -431,7 +442,11 @@ struct dp_trainer {
     M const& c = m;
     // (ZeRO-3: the rank's shard of the parameters; the rest is given back between passes)
     param_range const kept = dp.config().shard_parameters ? dp.shard() : param_range{0, M::parameter_count};
-    return {bytes_of<T>(c.parameters().row_range(kept.begin, kept.size())),        bytes_of<T>(c.gradients()),         bytes_of<T>(c.buffers()),
+    // (the gradients on the host: their sum there, the model's buffer holding none)
+    std::vector<unsigned char> grads = bytes_of<T>(c.gradients());
+    if constexpr (requires { opt.offloads_gradients(); })
+      if (opt.offloads_gradients()) grads = bytes_of<T>(opt.gradients().view());
+    return {bytes_of<T>(c.parameters().row_range(kept.begin, kept.size())),        grads,         bytes_of<T>(c.buffers()),
             bytes_of<T>(opt.exp_avg().view()),  bytes_of<T>(opt.exp_avg_sq().view()), opt.steps(),
             c.passes(),                         c.scaler().growth_tracker(),        c.scaler().skipped_steps(),
             c.scaler().scale(),                 alloc.stats().total.in_use};
@@ -450,9 +465,9 @@ int max_over_ranks(int v) {
 // ends where a run that never failed ends, bit for bit. Without the planned arena, activations are
 // allocated one by one in forward and backward, while the gradient buckets are being reduced.
 // Returns the number of failures thrown.
-template <class NetT, class P>
+template <class NetT, class P, template <class> class Opt = AdamW_of>
 int fail_every_request(int level, bool accumulate, bool arena) {
-  using trainer = dp_trainer<NetT, P>;
+  using trainer = dp_trainer<NetT, P, Opt>;
   int const bad = world_size() - 1;
   auto run = [&](std::size_t k, int* requests, int* thrown) {
     trainer tr(level, accumulate);
@@ -521,6 +536,9 @@ TEST_CASE("an allocation failure on one rank at any request of a step fails ever
       int const checkpointed = fail_every_request<CheckpointedNet, fp32>(1, accumulate, arena);
       int const bf16 = fail_every_request<CheckpointedNet, mixed<bfloat16, DynamicLossScale>>(0, accumulate, arena);
       int const zero2 = fail_every_request<Net, mixed<bfloat16, DynamicLossScale>>(2, accumulate, arena);
+      // (the gradients on the host: each rank's sum restored from its copy)
+      int const zero2_host =
+          fail_every_request<Net, mixed<bfloat16, DynamicLossScale>, OffloadedGrads>(2, accumulate, arena);
       int const zero3 = fail_every_request<CheckpointedNet, fp32>(3, accumulate, arena);
       int const zero3_kept = fail_every_request<CheckpointedNet, fp32>(4, accumulate, arena);
       int const zero3_bf16 = fail_every_request<NetWith<Revolve<2, Repeat<3, Block>>>, mixed<bfloat16, DynamicLossScale>>(
@@ -532,12 +550,14 @@ TEST_CASE("an allocation failure on one rank at any request of a step fails ever
       CHECK(checkpointed > 0);
       CHECK(bf16 > 0);
       CHECK(zero2 > 0);
+      CHECK(zero2_host > 0);
       if (world_rank() == 0)
         std::printf("faults under data_parallel, rank %d of %d failing (%s%s): stored %d, Checkpointed and sharded "
-                    "%d, Checkpointed bf16 %d, ZeRO-2 bf16 %d, ZeRO-3 Checkpointed %d (kept for backward %d), "
-                    "ZeRO-3 Revolve bf16 %d\n",
+                    "%d, Checkpointed bf16 %d, ZeRO-2 bf16 %d (gradients on the host %d), ZeRO-3 Checkpointed %d "
+                    "(kept for backward %d), ZeRO-3 Revolve bf16 %d\n",
                     world_size() - 1, world_size(), accumulate ? "second micro-batch" : "train_step",
-                    arena ? "" : ", no arena", stored, checkpointed, bf16, zero2, zero3, zero3_kept, zero3_bf16);
+                    arena ? "" : ", no arena", stored, checkpointed, bf16, zero2, zero2_host, zero3, zero3_kept,
+                    zero3_bf16);
     }
 }
 
@@ -637,6 +657,8 @@ TEST_CASE("a failure inside an optimizer's step on one rank fails every rank and
   fail_each_rank<Net, B, SGD_of>({1});
   fail_each_rank<Net, fp32, OffloadedAdamW>({0, 1});
   fail_each_rank<CheckpointedNet, B, OffloadedAdamW>({0, 1});
+  fail_each_rank<Net, fp32, OffloadedGrads>({2});
+  fail_each_rank<CheckpointedNet, B, OffloadedAll>({2});
 }
 
 TEST_CASE("ranks with different models or options fail at the start on every rank", "[dist][errors]") {
@@ -776,8 +798,9 @@ TEST_CASE("each rank's step measures its whole-step plan, per tag and in total",
 }
 
 TEST_CASE("each rank's offloaded step measures its plan on the device and on the host", "[dist][memory][plan][offload]") {
-  // (master: the master weights on the host too, all of them on every rank)
-  auto check = [](auto tag_model, auto precision, bool shard, bool master = false) {
+  // (master: the master weights on the host too, all of them on every rank; gradients: the
+  // gradients too, the sum of the rank's shard, under ZeRO-2)
+  auto check = [](auto tag_model, auto precision, bool shard, bool master = false, bool gradients = false) {
     using NetT = decltype(tag_model);
     using P = decltype(precision);
     using M = model<NetT, host, P>;
@@ -785,12 +808,13 @@ TEST_CASE("each rank's offloaded step measures its plan on the device and on the
                  << world_rank() << " of " << world_size());
     memory::caching_allocator<host> device, on_the_host;
     M m(seed{7}, device);
-    dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard});
-    OffloadedAdamW opt(m, opts, dp.shard(), &on_the_host, {.master_weights = master});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard, .shard_gradients = gradients});
+    OffloadedAdamW opt(m, opts, dp.shard(), &on_the_host,
+                       {.master_weights = master, .gradients = gradients ? gradient_place::host : gradient_place::device});
     param_range const r = my_rows(dp.rank(), dp.size());
     auto const plan = memory_plan<NetT, P, OffloadedAdamW, SoftmaxCrossEntropy>(
         r.size(), {.ranks = std::size_t(dp.size()), .rank = std::size_t(dp.rank()), .shard_optimizer = shard,
-                   .offload_master_weights = master});
+                   .offload_master_weights = master, .offload_gradients = gradients});
     for (int t = 0; t < 2; ++t) {
       batch b = whole_batch(t);
       device.reset_peak();
@@ -811,9 +835,11 @@ TEST_CASE("each rank's offloaded step measures its plan on the device and on the
     check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, shard, true);
     check(Net{}, mixed<half, DynamicLossScale>{}, shard, true);
   }
+  check(Net{}, fp32{}, true, false, true);
+  check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, true, true);
 }
 
-TEST_CASE("the gradients on the host are refused under data_parallel, either way round (not yet)",
+TEST_CASE("the gradients on the host are refused under a wrapper without ZeRO-2, and a wrapper built after them",
           "[dist][offload][errors]") {
   model<Net> m(seed{7});
   {
@@ -823,7 +849,7 @@ TEST_CASE("the gradients on the host are refused under data_parallel, either way
     CHECK(m.link().gradient_sync() != nullptr);  // (the wrapper's, still)
   }
   OffloadedAdamW opt(m, opts, {.gradients = gradient_place::host});
-  CHECK_THROWS_WITH(dist::data_parallel(m, MPI_COMM_WORLD), Catch::Contains("offloaded gradients"));
+  CHECK_THROWS_WITH(dist::data_parallel(m, MPI_COMM_WORLD, sharding(2)), Catch::Contains("build the data_parallel first"));
   CHECK(opt.offloads_gradients());
 }
 
@@ -941,6 +967,70 @@ TEST_CASE("with the master weights on the host, an offloaded optimizer trains bi
   model<Net, host, P> built(seed{7}, memory::default_allocator<host>(), host_master_weights{host_side});
   CHECK_THROWS_WITH(dist::data_parallel(built, MPI_COMM_WORLD, sharding(3)), Catch::Contains("ZeRO-3"));
   CHECK(built.link().gradient_sync() == nullptr);
+}
+
+namespace {
+// Three ZeRO-2 steps of three micro-batches each (every pass reduced), clipping on: the weights,
+// the last norm and the losses; the wrapper's gradient pages in `pages`.
+template <class P, template <class> class Opt, class NetT = Net>
+std::vector<float> zero2_run(dist::gradient_memory* pages = nullptr) {
+  using M = model<NetT, host, P>;
+  M m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(2));
+  Opt<M> opt(m, {.lr = 1e-2, .weight_decay = 1e-2, .clip_norm = 0.5});
+  param_range const r = my_rows(dp.rank(), dp.size());
+  std::vector<double> losses;
+  for (int t = 0; t < 3; ++t) {
+    batch b = whole_batch(t);
+    m.zero_grad();
+    for (int k = 0; k < 3; ++k)
+      losses.push_back(dp.template accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), 1.0 / 3));
+    opt.step();
+  }
+  if (pages) *pages = dp.gradient_pages();
+  std::vector<float> p = params_of(m);
+  p.push_back(float(opt.last_grad_norm()));
+  for (double l : losses) p.push_back(float(l));
+  return p;
+}
+}  // namespace
+
+TEST_CASE("with the gradients on the host under ZeRO-2, an offloaded optimizer trains bit for bit as AdamW does",
+          "[dist][offload][gradients]") {
+  // Each rank's shard comes down as its buckets' reductions end, and its pages go as the others'
+  // do; each later micro-batch finds the shard's sum on the device before it adds onto it.
+  dist::gradient_memory kept{}, sent{};
+  std::vector<float> const a = zero2_run<fp32, AdamW_of>(&kept);
+  std::vector<float> const o = zero2_run<fp32, OffloadedGrads>(&sent);
+  CHECK(std::memcmp(a.data(), o.data(), a.size() * sizeof(float)) == 0);
+  CHECK(same_on_every_rank(std::vector<float>(o.begin(), o.begin() + std::ptrdiff_t(n_params))));  // (the weights)
+  // The pages: as planned, and no more than a rank keeps with its shard on the device.
+  CHECK(sent.last_peak == sent.planned_peak);
+  CHECK(kept.last_peak == kept.planned_peak);
+  CHECK(sent.planned_peak <= kept.planned_peak);
+  // A wider model (2 MiB of gradients, 520 pages): a rank's shard is a third of them or more, what
+  // comes down in flight is a few layers' (buckets of 512 bytes).
+  using Wide = Seq<Linear<In, 256>, Repeat<4, Residual<Seq<LayerNorm<256>, Linear<256, 256>, GELU, Linear<256, 256>>>>,
+                   LayerNorm<256>, Linear<256, Out>>;
+  std::vector<float> const wa = zero2_run<fp32, AdamW_of, Wide>(&kept);
+  std::vector<float> const wo = zero2_run<fp32, OffloadedGrads, Wide>(&sent);
+  CHECK(std::memcmp(wa.data(), wo.data(), wa.size() * sizeof(float)) == 0);
+  CHECK(sent.last_peak == sent.planned_peak);
+  CHECK(sent.planned_peak * 2 < kept.planned_peak);
+  WARN("ZeRO-2 over " << world_size() << " ranks, a rank's gradient pages at most: " << kept.planned_peak
+                      << " bytes with its shard on the device, " << sent.planned_peak << " with it on the host");
+  using B = mixed<bfloat16, DynamicLossScale>;
+  std::vector<float> const ab = zero2_run<B, AdamW_of>();
+  std::vector<float> const ob = zero2_run<B, OffloadedGrads>();
+  std::vector<float> const all = zero2_run<B, OffloadedAll>();
+  CHECK(std::memcmp(ab.data(), ob.data(), ab.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(ab.data(), all.data(), ab.size() * sizeof(float)) == 0);
+  // Without ZeRO-2: refused, the model unchanged.
+  model<Net> m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(1));
+  CHECK_THROWS_WITH(OffloadedAdamW(m, opts, dp.shard(), nullptr, {.gradients = gradient_place::host}),
+                    Catch::Contains("shard_gradients"));
+  CHECK_FALSE(m.link().gradient_sync()->gradients_elsewhere());
 }
 
 TEST_CASE("an offloaded optimizer, whole or sharded, trains bit for bit as AdamW does and saves the same state",

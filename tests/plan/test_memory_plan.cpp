@@ -224,7 +224,12 @@ TEST_CASE("memory_plan: OffloadedAdamW's step, on the device and on the host apa
   constexpr auto spans = memory_plan<R, fp32, OffloadedAdamW>(16, {.offload_gradients = true, .gradient_page = 1024});
   static_assert(spans.gradient_pages == 19 * 1024);
   static_assert(spans.host_pageable.gradients == memory::caching_allocator<host>::rounded(R::param_count * 4));
-  // Under data parallelism: not yet.
+  // Under data parallelism, a rank of a ZeRO-2 wrapper: the sum of its shard on the host (the last
+  // of 3 ranks: 14 parameters, one block); the buffer's pages are the wrapper's plan. Without the
+  // sharded optimizer, refused.
+  constexpr auto rank2 = memory_plan<L, fp32, OffloadedAdamW>(
+      2, {.ranks = 3, .rank = 2, .shard_optimizer = true, .offload_gradients = true});
+  static_assert(rank2.host_pageable.gradients == 256 && rank2.gradient_pages == 0 && rank2.gradients == 256);
   CHECK_THROWS_AS((memory_plan<L, fp32, OffloadedAdamW>(2, {.ranks = 2, .offload_gradients = true})), argument_error);
   // Offloaded<S>'s activations count on the host too.
   constexpr auto offloaded = memory_plan<Net<Repeat<3, Offloaded<Block>>>, fp32, OffloadedAdamW>(16);

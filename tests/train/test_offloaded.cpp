@@ -348,7 +348,7 @@ TEST_CASE("OffloadedAdamW with the gradients on the host: the model's gradients 
     CHECK_THROWS_WITH(AdamW(m), Catch::Contains("gradients live in host memory"));
     CHECK_THROWS_WITH(SGD(m), Catch::Contains("gradients live in host memory"));
     CHECK_THROWS_WITH(OffloadedAdamW(m, {}, {.gradients = gradient_place::host}),
-                      Catch::Contains("expects a model trained alone"));
+                      Catch::Contains("found its gradients on the host already"));
     m.zero_grad();
     m.accumulate<MSE>(x, t);
     sum = sum_of(o.gradients().view());

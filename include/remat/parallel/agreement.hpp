@@ -27,7 +27,8 @@ options checked_options(Model const& m, options o) {
   if (m.link().gradient_sync())
     raise<argument_error>("data_parallel: expected a model without a data-parallel wrapper, found one already plugged in",
                           m.link().gradient_sync()->gradients_elsewhere()
-                              ? " (OffloadedAdamW's offloaded gradients: not supported under data parallelism yet)"
+                              ? " (OffloadedAdamW's gradients on the host: build the data_parallel first, with "
+                                "shard_gradients, and the optimizer after it)"
                               : "");
   if (m.link().partial_parameters())
     raise<argument_error>(

@@ -62,6 +62,7 @@ class model_hooks final : public REMAT_NAMESPACE::detail::gradient_sync {
     // are discarded), so that no rank waits for it.
     if (failed && s_.overlap) {
       if (s_.opts.shard_parameters && !timed_out(failed)) take_part(params_.training_events());
+      grads_.before_late_launch();
       buckets_.launch_ready(0);
     }
     if (!failed || !timed_out(failed)) params_.finish_gathers();  // (none is left in flight when the pass follows its plan)
@@ -76,6 +77,7 @@ class model_hooks final : public REMAT_NAMESPACE::detail::gradient_sync {
       // Every rank undoes the pass: once the reductions are done with the gradients, the model
       // restores them, and the wrapper is as before the pass.
       if (s_.transport->busy()) s_.transport->join("a failed pass's reductions");
+      grads_.pass_failed();
       params_.release_kept();
       s_.pending = before_.pending;
       s_.started = before_.started;
@@ -90,9 +92,18 @@ class model_hooks final : public REMAT_NAMESPACE::detail::gradient_sync {
     s_.pending = s_.reduced = s_.started = false;
     buckets_.restart();
   }
-  // ZeRO-2: between passes only this rank's shard of the gradients holds values.
+  // ZeRO-2: between passes only this rank's shard of the gradients holds values (none when they
+  // go to the host: the sink keeps them, and restores them after a failed pass).
   param_range kept_gradients(std::size_t count) const override {
+    if (grads_.sink()) return {0, 0};
     return s_.opts.shard_gradients ? s_.shard() : param_range{0, count};
+  }
+  bool gradients_elsewhere() const override { return grads_.sink() != nullptr; }
+  // ZeRO-2 only: the shard's reduced gradients go to `sink` (OffloadedAdamW's on the host).
+  bool attach_gradient_sink(REMAT_NAMESPACE::detail::gradient_sink* sink) override {
+    if (!s_.opts.shard_gradients) return false;
+    grads_.set_sink(sink, buckets_);
+    return true;
   }
   bool clear_gradients() override { return grads_.clear(); }
   param_range shard() const override { return s_.shard(); }

@@ -33,6 +33,25 @@ struct pass_event {
   param_range range{};  // gather: the frame's parameters; report: {offset, offset}
 };
 
+// Where a rank's reduced gradients go when they live in host memory (OffloadedAdamW's
+// offload_options::gradients under a ZeRO-2 data-parallel wrapper): the wrapper tells it, in
+// parameter offsets within the rank's shard, what to put on the device before backward adds onto
+// it and what is reduced and final there, before it gives those pages back.
+class gradient_sink {
+ public:
+  virtual ~gradient_sink() = default;
+  // A training pass starts (the sink may copy its sum aside, to restore if the pass fails).
+  virtual void pass_starting() = 0;
+  // Backward is about to add onto gradients [lo, hi) of the shard: the sum so far goes there.
+  virtual void fill(std::size_t lo, std::size_t hi) = 0;
+  // Gradients [lo, hi) of the shard are reduced and final on the device: they come down.
+  virtual void reduced(std::size_t lo, std::size_t hi) = 0;
+  // The pass ended on every rank (failed: every rank undoes it; the sum is as before the pass).
+  virtual void pass_ended(bool failed) = 0;
+  // zero_grad, or a failed pass's undoing (after pass_ended(true): the sum restored is kept).
+  virtual void clear() = 0;
+};
+
 class gradient_sync {
  public:
   virtual ~gradient_sync() = default;
@@ -64,6 +83,12 @@ class gradient_sync {
   // Whether the model's gradients live elsewhere (OffloadedAdamW's offload_options::gradients:
   // in host memory), so that the model's buffer reads zero between passes.
   virtual bool gradients_elsewhere() const { return false; }
+  // Sends this rank's reduced gradients to `sink` from now on (null: back to the model's buffer);
+  // false when this wrapper cannot (only one that keeps a shard of the gradients, ZeRO-2, can).
+  virtual bool attach_gradient_sink(gradient_sink* sink) {
+    (void)sink;
+    return false;
+  }
   // Before an optimizer reads the gradients: every reduction finished.
   virtual void finish() = 0;
   // An optimizer's step has done what may fail on this rank (`failed`: what it threw, or null)

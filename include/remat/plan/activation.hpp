@@ -17,6 +17,7 @@
 #include "../graph/training_pass.hpp"
 #include "state.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -121,6 +122,26 @@ std::vector<std::size_t> gradient_reports() {
   plan_pass_into<Net, Precision>(mem, 1, Net::in_width, 1, input_gradient::none, 0, &reports);
   return reports;
 }
+
+// Where a running pass stands among the plan's reports (gradient_reports, with the model's own 0
+// last): at each report, where the span backward writes next ends below.
+struct report_cursor {
+  std::vector<std::size_t> reports;
+  std::size_t at = 0;
+  void restart() { at = 0; }
+  // The low end of the span a pass writes first.
+  std::size_t first() const { return reports.empty() ? 0 : reports.front(); }
+  // Backward reported `offset`: the span it writes next is [returned, offset), down to the plan's
+  // next report; all below when a report was not the plan's.
+  std::size_t next_after(std::size_t offset) {
+    if (at < reports.size() && reports[at] == offset) {
+      ++at;
+      return at < reports.size() ? std::min(reports[at], offset) : 0;
+    }
+    at = reports.size();
+    return 0;
+  }
+};
 
 // The most device memory a gradient buffer holds in a pass when each span goes to the host as
 // backward makes it final (OffloadedAdamW's offload_options::gradients): `count` elements of

@@ -131,13 +131,17 @@ class OffloadedAdamW
     if (r.begin > r.end || r.end > Model::parameter_count)
       detail::raise<argument_error>("OffloadedAdamW: expected a range of the model's ", Model::parameter_count,
                                     " parameters, found [", r.begin, ", ", r.end, ")");
-    if (w.gradients == gradient_place::host && (r.begin != 0 || r.end != Model::parameter_count))
+    detail::gradient_sync* const sync = m.link().gradient_sync();
+    if (w.gradients == gradient_place::host && !sync && (r.begin != 0 || r.end != Model::parameter_count))
       detail::raise<argument_error>("OffloadedAdamW: offload_options::gradients expects the model's whole range [0, ",
                                     Model::parameter_count, "), found [", r.begin, ", ", r.end, ")");
-    if (w.gradients == gradient_place::host && m.link().gradient_sync())
-      detail::raise<argument_error>(
-          "OffloadedAdamW: offload_options::gradients expects a model trained alone, found a data-parallel wrapper "
-          "(or another optimizer's offloaded gradients) plugged in; under data parallelism it is not supported yet");
+    if (w.gradients == gradient_place::host && sync && sync->gradients_elsewhere())
+      detail::raise<argument_error>("OffloadedAdamW: offload_options::gradients expects a model trained alone or under "
+                                    "a ZeRO-2 data-parallel wrapper, found its gradients on the host already");
+    if (w.gradients == gradient_place::host && sync && sync->shard() != r)
+      detail::raise<argument_error>("OffloadedAdamW: offload_options::gradients under a data-parallel wrapper expects "
+                                    "this rank's shard [", sync->shard().begin, ", ", sync->shard().end, "), found [",
+                                    r.begin, ", ", r.end, ")");
     if (master_) check_master_placement(m);
     if constexpr (std::is_same_v<staging_space, host>) {
       staging_ = alloc_;
@@ -157,8 +161,16 @@ class OffloadedAdamW
     evaluate(v_, expr::to_expr(0.0));
     // (the gradients' sum: nothing after it fails but a copy, so a constructor that throws leaves
     // the model as it was)
-    if (w.gradients == gradient_place::host) {
+    if (w.gradients == gradient_place::host && !sync) {
       grads_ = std::make_unique<detail::gradient_offload<Model>>(m, *alloc_, *ring_, uploads_.channel());
+      dg_ = {};
+    } else if (w.gradients == gradient_place::host) {  // (a ZeRO-2 rank: the wrapper sends its shard down)
+      sink_.sink = std::make_unique<detail::shard_sink<Model>>(m, r, *alloc_, *ring_, uploads_.channel());
+      if (!sync->attach_gradient_sink(sink_.sink.get()))
+        detail::raise<argument_error>("OffloadedAdamW: offload_options::gradients expects a model trained alone or "
+                                      "under a data-parallel wrapper that keeps a shard of the gradients "
+                                      "(options::shard_gradients, ZeRO-2), found one without it");
+      sink_.slot = m.link().gradient_sync_slot();
       dg_ = {};
     }
     if constexpr (Model::mixed_precision)
@@ -185,7 +197,7 @@ class OffloadedAdamW
     // there, the same as AdamW's), and a skipped step copies nothing down.
     detail::grad_prelude pre;
     // (gradients offloaded: the host's sum, checked and clipped there)
-    T const* const sum = grads_ ? grads_->sum().data() : nullptr;
+    T const* const sum = grads_ ? grads_->sum().data() : sink_.sink ? sink_.sink->sum().data() : nullptr;
     bool const go = sum ? this->begin_step(tensor_view<T const, host>(sum, index_t(n), 1), o_.clip_norm, pre)
                         : this->begin_step(tensor_view<T const, D>(dg_), o_.clip_norm, pre);
     if (!go) {
@@ -281,16 +293,17 @@ class OffloadedAdamW
   // or a model built with host_master_weights).
   bool offloads_master_weights() const { return master_; }
   // Whether the gradients live on the host (offload_options::gradients).
-  bool offloads_gradients() const { return grads_ != nullptr; }
-  // With offload_options::gradients: their sum in host memory, what the next step reads (the
-  // model's gradients() reads zero between passes); without, refused.
+  bool offloads_gradients() const { return grads_ || sink_.sink; }
+  // With offload_options::gradients: their sum in host memory over this optimizer's range, what
+  // the next step reads (the model's gradients() reads zero there between passes); without,
+  // refused.
   tensor<T, host> const& gradients() const {
-    if (!grads_)
+    if (!grads_ && !sink_.sink)
       detail::raise<argument_error>("OffloadedAdamW::gradients: the gradients are the model's (offload_options::gradients is off)");
-    return grads_->sum();
+    return grads_ ? grads_->sum() : sink_.sink->sum();
   }
-  // With offload_options::gradients: the device's gradient pages, planned and measured (all zero
-  // without).
+  // With offload_options::gradients, trained alone: the device's gradient pages, planned and
+  // measured (all zero without; under a data-parallel wrapper, its gradient_pages() has them).
   offloaded_gradient_pages gradient_pages() const {
     if (!grads_) return {};
     return {grads_->page(), grads_->planned_peak(), grads_->last_peak(), grads_->resident()};
@@ -358,6 +371,31 @@ class OffloadedAdamW
   detail::upload_stream<D> uploads_;  // (destroyed first but one, once its copies are done)
   // offload_options::gradients (first destroyed: the model gets its gradients back)
   std::unique_ptr<detail::gradient_offload<Model>> grads_;
+  // ... under a ZeRO-2 wrapper, which sends this rank's shard down to it (detached first).
+  struct attached_sink {
+    std::unique_ptr<detail::shard_sink<Model>> sink;
+    detail::gradient_sync* const* slot = nullptr;
+    attached_sink() = default;
+    attached_sink(attached_sink&& o) noexcept : sink(std::move(o.sink)), slot(std::exchange(o.slot, nullptr)) {}
+    attached_sink& operator=(attached_sink&& o) noexcept {
+      if (this != &o) {
+        detach();
+        sink = std::move(o.sink);
+        slot = std::exchange(o.slot, nullptr);
+      }
+      return *this;
+    }
+    ~attached_sink() { detach(); }
+    // (the wrapper fills the shard from the sum: the model's gradients are its own again)
+    void detach() noexcept {
+      if (!sink || !slot || !*slot) return;
+      try {
+        (*slot)->attach_gradient_sink(nullptr);
+      } catch (...) {
+      }
+      slot = nullptr;
+    }
+  } sink_;
 };
 
 }  // namespace REMAT_NAMESPACE
