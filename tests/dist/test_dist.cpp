@@ -1025,6 +1025,23 @@ TEST_CASE("with the gradients on the host under ZeRO-2, an offloaded optimizer t
   std::vector<float> const all = zero2_run<B, OffloadedAll>();
   CHECK(std::memcmp(ab.data(), ob.data(), ab.size() * sizeof(float)) == 0);
   CHECK(std::memcmp(ab.data(), all.data(), ab.size() * sizeof(float)) == 0);
+  {  // The optimizer gone before the wrapper: the rank's shard of the model's gradients holds the sum.
+    model<Net> m(seed{7});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(2));
+    param_range const r = my_rows(dp.rank(), dp.size()), s = dp.shard();
+    std::vector<float> sum;
+    {
+      OffloadedGrads<model<Net>> opt(m, opts);
+      batch b = whole_batch(0);
+      m.zero_grad();
+      dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r));
+      sum = tensor_to_host(opt.gradients().view());
+      CHECK_FALSE(m.link().gradient_sync()->kept_gradients(n_params) == s);
+    }
+    std::vector<float> const g = tensor_to_host(m.gradients());
+    CHECK(std::vector<float>(g.begin() + std::ptrdiff_t(s.begin), g.begin() + std::ptrdiff_t(s.end)) == sum);
+    CHECK(m.link().gradient_sync()->kept_gradients(n_params) == s);  // (the wrapper keeps the shard again)
+  }
   // Without ZeRO-2: refused, the model unchanged.
   model<Net> m(seed{7});
   dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(1));

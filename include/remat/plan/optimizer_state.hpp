@@ -28,9 +28,10 @@ struct step_options {
   // OffloadedAdamW only, a GPU model: its set_chunk (parameters a step moves at a time; 0: all).
   std::size_t offload_chunk = std::size_t(8) << 20;
   // OffloadedAdamW only (offload_options::gradients): the gradients live in the host's memory,
-  // and the device holds the pages of the spans backward is writing only (memory_plan_result::
-  // gradient_pages, in pages of gradient_page bytes: 0, the device's own, 4 KiB on the host and a
-  // granule of 2 MiB on the GPU).
+  // and the device holds the pages of the span backward writes and of the one coming down
+  // (memory_plan_result::gradient_pages, in pages of gradient_page bytes: 0, the device's own,
+  // 4 KiB on the host and a granule of 2 MiB on the GPU). Under a ZeRO-2 wrapper (shard_optimizer
+  // set) the host holds the rank's shard, and the wrapper plans the pages.
   bool offload_gradients = false;
   std::size_t gradient_page = 0;
   // With offload_gradients, a program that adds passes onto a sum (accumulation over micro-batches)

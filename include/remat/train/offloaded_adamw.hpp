@@ -56,15 +56,18 @@ struct offload_options {
   // (ZeRO-3), and, not yet, for a GPU model under a data-parallel wrapper (its all-gather of the
   // updated weights runs in device memory).
   bool master_weights = false;
-  // gradient_place::host: also the gradients, for a model trained alone (ZeRO-Offload's placement of them): the host
-  // holds their fp32 sum, and the device only the pages of the span backward is writing. At each
-  // of backward's reports the span it made final goes down into the host's sum and its pages are
-  // given back (train/gradient_offload.hpp), so the device holds the pages of one span at a time
-  // (memory_plan with step_options::offload_gradients; gradient_pages() measures them) instead of
-  // 4 bytes per parameter. The model's gradients() then reads zero between passes; gradients()
-  // here reads the sum. The same bits as the model's own gradients, accumulation included (a pass
-  // adding onto a sum finds it on the device first). The step checks, clips and updates from host
-  // memory. Refused under a data-parallel wrapper (not yet).
+  // gradient_place::host: also the gradients (ZeRO-Offload's placement of them). The host holds
+  // their fp32 sum; the device only the pages of the span backward is writing and of the one
+  // coming down. At each of backward's reports the span it made final starts down into the
+  // host's sum, the one before it is waited for and its pages are given back
+  // (train/gradient_offload.hpp): two spans instead of 4 bytes per parameter (memory_plan with
+  // step_options::offload_gradients; gradient_pages() measures them). The model's gradients()
+  // then reads zero between passes; gradients() here reads the sum. The same bits as the model's
+  // own gradients, accumulation included (a pass adding onto a sum finds it on the device
+  // first); the step checks, clips and updates from host memory. Under a data-parallel wrapper it
+  // needs ZeRO-2 (options::shard_gradients), built before the optimizer: the host holds the sum of
+  // the rank's shard, which comes down as its buckets' reductions end (the wrapper's
+  // gradient_pages() plans the device's pages).
   gradient_place gradients = gradient_place::device;
 };
 
