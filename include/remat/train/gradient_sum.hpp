@@ -7,6 +7,7 @@
 #include "../kernels/evaluate.hpp"
 #include "../memory/backed_buffer.hpp"
 #include "../memory/transfer_ring.hpp"
+#include "../tensor/tensor.hpp"
 
 #include <algorithm>
 #include <chrono>
