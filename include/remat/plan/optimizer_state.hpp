@@ -33,7 +33,7 @@ struct step_options {
   // 4 KiB on the host and a granule of 2 MiB on the GPU). Under a ZeRO-2 wrapper (shard_optimizer
   // set) the host holds the rank's shard, and the wrapper plans the pages.
   bool offload_gradients = false;
-  std::size_t gradient_page = 0;
+  std::size_t gradient_page = 0;  // the page size of offload_gradients' plan (0: the device's)
   // With offload_gradients, a program that adds passes onto a sum (accumulation over micro-batches)
   // with the model's failure backup on (model::set_failure_backup, the default): the host keeps a
   // second copy of the gradients to restore when a pass fails.

@@ -43,7 +43,7 @@ struct upload_stream<cuda> {
 // Where a model's gradients live between its passes (offload_options::gradients).
 enum class gradient_place : unsigned char {
   device,  // the model's gradient buffer, on its device
-  host,    // the host's memory; the device holds the span backward is writing only
+  host,    // the host's memory; the device holds the spans backward writes and sends down only
 };
 
 // What OffloadedAdamW moves to the host besides AdamW's state and update.
