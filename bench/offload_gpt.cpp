@@ -9,13 +9,17 @@
 //       state, with remat's planned activations of the same shape added (their estimators count
 //       none).
 //   bench_offload_gpt --train tiny|7b [--steps 3] [--device-gb N] [--host-gib M] [--gradients-on-host]
-//       Plans that GPT (7b: 32 blocks of width 4096, 6.7 billion parameters; tiny: what CI runs)
-//       with each block checkpointed and the master weights in host memory (the model built with
-//       host_master_weights, trained by OffloadedAdamW; with --gradients-on-host the gradients
-//       too, offload_options::gradients), prints the plan per place and refuses
-//       (exit 2) what does not fit the budgets before allocating anything; then trains `steps`
-//       steps, prints the measured peaks beside the plan per place and tag, and the step's time
-//       split; exit 1 when a measured peak differs from the plan.
+//       Trains that GPT (7b: 32 blocks of width 4096, 6.7 billion parameters; tiny: what CI runs)
+//       in bf16 with the master weights in host memory (the model built with host_master_weights,
+//       trained by OffloadedAdamW; with --gradients-on-host the gradients too,
+//       offload_options::gradients), its storage chosen by the budget policy: Budget<Bytes, ...>
+//       around the whole GPT, Bytes what a device of the size the shape is compiled for (7b: 80 GB;
+//       tiny: a budget between its stored and its least peak, so that the choice mixes) leaves to
+//       the activations once the step's other device memory is planned. Prints the choice and the
+//       plan per place, and refuses (exit 2) what does not fit --device-gb and --host-gib before
+//       allocating anything; then trains `steps` steps, prints the measured peaks beside the plan
+//       per place and tag, and the step's time split; exit 1 when a measured peak differs from
+//       the plan.
 //
 // Compiled by nvcc with REMAT_BENCH_CUDA (bench_offload_gpt_cuda) the model is on the GPU (and
 // --table is left to the host build); here the "device" is the model's allocator in host memory,
@@ -56,6 +60,57 @@ struct each_block {
 // A GPT of L blocks of width W (heads of 128), under a policy of its blocks.
 template <std::size_t L, std::size_t W, template <class> class Policy>
 using Llama = GPT<vocab, sequence, W, W / 128, L, 0.0, Policy>;
+
+// The plan of a step of the GPT Graph (blocks checkpointed: the least activations but for
+// Revolve's) with the master weights and the gradients on the host, at Batch x Seq, on Device.
+template <class Graph, std::size_t Batch, std::size_t Seq, class Device = Dev>
+constexpr memory_plan_result least_plan() {
+  return memory_plan<Graph, P, OffloadedAdamW, SoftmaxCrossEntropy, Device>(
+      Batch, {.sequence = Seq, .offload_master_weights = true, .offload_gradients = true});
+}
+
+// The activation bytes a device of DeviceBytes leaves to a step of the GPT Least at Batch x Seq:
+// what the rest of the step does not take there (Least's plan less its arena: the bf16 weights and
+// the gradient pages; and the loss's workspace, which shares the arena). With the gradients on the
+// device the step needs 4 bytes a parameter more; the plan checked before the run says whether
+// that fits.
+template <class Least, std::size_t Batch, std::size_t Seq, std::size_t DeviceBytes>
+constexpr std::size_t activations_left() {
+  constexpr memory_plan_result least = least_plan<Least, Batch, Seq>();
+  constexpr std::size_t rest = least.device_bytes() - least.arena + least.workspace;
+  static_assert(DeviceBytes > rest, "the device cannot hold the step's weights and gradient pages");
+  return DeviceBytes - rest;
+}
+
+// Halfway between the GPT Stored's activation peak stored and its least under a budget policy:
+// a budget that stores some blocks and recomputes others.
+template <class Stored, std::size_t Batch, std::size_t Seq>
+constexpr std::size_t halfway() {
+  using B = Budget<1, Batch, Stored, Seq>;  // (only its candidates are planned)
+  std::size_t most = 0;
+  for (budget_choice const& c : B::template candidates<bfloat16>()) most = c.peak > most ? c.peak : most;
+  return (most + B::template minimum<bfloat16>) / 2;
+}
+
+// The budget policy around the whole GPT Stored (so that its bytes bound all of the step's
+// activations), planned at Batch x Seq.
+template <class Stored, std::size_t Batch, std::size_t Seq, std::size_t Bytes>
+using budgeted = Budget<Bytes, Batch, Stored, Seq>;
+
+// What a budget_choice stores, in words.
+std::string describe(budget_choice const& c, std::size_t blocks) {
+  if (c.kind == budget_choice::revolve) return "the blocks under Revolve with " + std::to_string(c.slots) + " slots";
+  std::size_t const stored = blocks - c.checkpointed - c.selective;
+  std::string s;
+  auto add = [&](std::size_t n, char const* what) {
+    if (n == 0) return;
+    s += (s.empty() ? "" : ", ") + std::to_string(n) + (n == 1 ? " block " : " blocks ") + what;
+  };
+  add(c.checkpointed, "checkpointed");
+  add(c.selective, "Selective");
+  add(stored, "stored");
+  return s;
+}
 
 #if !defined(REMAT_BENCH_CUDA)  // (the table is plans only: the host build makes it)
 struct place {
@@ -99,11 +154,29 @@ std::vector<way_result> ways() {
 struct shape_row {
   std::size_t layers, width, params;
   std::vector<way_result> ways;
+  // The budget policy around the whole GPT: every storage it weighs, planned, and the device
+  // bytes beside the activations with the master weights and the gradients on the host.
+  std::vector<budget_choice> candidates;
+  double rest = 0;
 };
 
 template <std::size_t L, std::size_t W>
 shape_row row() {
-  return {L, W, Llama<L, W, NoPolicy>::param_count, ways<L, W>()};
+  using Stored = Llama<L, W, NoPolicy>;
+  auto const least = least_plan<Llama<L, W, each_block<L>::template policy>, 1, sequence, remat::cuda>();
+  return {L, W, Stored::param_count, ways<L, W>(),
+          Budget<1, 1, Stored, sequence>::template candidates<bfloat16>(),  // (only its candidates are planned)
+          double(least.device_bytes() - least.arena + least.workspace)};
+}
+
+// What Budget<Bytes> would run: the least work among the candidates that fit, then the least peak
+// (nullptr: none fits).
+budget_choice const* choose(std::vector<budget_choice> const& candidates, double bytes) {
+  budget_choice const* best = nullptr;
+  for (auto const& c : candidates)
+    if (double(c.peak) <= bytes && (!best || c.work < best->work || (c.work == best->work && c.peak < best->peak)))
+      best = &c;
+  return best;
 }
 
 int table(double host_budget) {
@@ -148,6 +221,32 @@ int table(double host_budget) {
       }
     std::printf("\n");
   }
+  // The storage the budget policy chooses for each shape on each GPU, fully offloaded.
+  std::printf("\nThe budget policy's storage with the master weights and the gradients on the host (Budget around "
+              "the whole GPT, its bytes what the device leaves to the activations; the host's share apart):\n\n"
+              "| shape | H100 80 GB | H200 141 GB |\n|---|---|---|\n");
+  for (auto const& r : rows) {
+    std::printf("| %zu x %zu (%.1fB) |", r.layers, r.width, double(r.params) / 1e9);
+    for (double device : devices) {
+      budget_choice const* c = choose(r.candidates, device - r.rest);
+      if (c)
+        std::printf(" %s: activations %.1f GiB, device %.1f GiB |", describe(*c, r.layers).c_str(),
+                    double(c->peak) / GiB, (r.rest + double(c->peak)) / GiB);
+      else
+        std::printf(" does not fit |");
+    }
+    std::printf("\n");
+    for (double device : devices) {
+      budget_choice const* c = choose(r.candidates, device - r.rest);
+      std::printf("json {\"bench\":\"offload_gpt_budget_table\",\"layers\":%zu,\"width\":%zu,\"device_budget\":%.0f,"
+                  "\"fits\":%s,\"kind\":\"%s\",\"checkpointed\":%u,\"selective\":%u,\"slots\":%u,"
+                  "\"activations\":%zu,\"device_bytes\":%.0f,\"recomputed\":%llu}\n",
+                  r.layers, r.width, device, c ? "true" : "false",
+                  c && c->kind == budget_choice::revolve ? "revolve" : "blocks", c ? unsigned(c->checkpointed) : 0u,
+                  c ? unsigned(c->selective) : 0u, c ? unsigned(c->slots) : 0u, c ? c->peak : 0,
+                  c ? r.rest + double(c->peak) : 0.0, static_cast<unsigned long long>(c ? c->recomputed : 0));
+    }
+  }
   std::printf("\n");
   for (std::size_t w = 0; w < ways_count; ++w)
     for (double device : devices)
@@ -173,9 +272,18 @@ int train(char const* name, std::size_t batch, std::size_t seq, int steps, doubl
   step_options const o{.sequence = seq, .offload_master_weights = true, .offload_gradients = gradients_on_host};
   auto const plan = memory_plan<Net, P, OffloadedAdamW, SoftmaxCrossEntropy, Dev>(batch, o);
   constexpr std::size_t n = Net::param_count;
-  std::printf("%s: %zu parameters, batch %zu x %zu tokens, each block checkpointed, bf16, OffloadedAdamW with the "
-              "master weights%s on the host\n",
+  constexpr budget_choice choice = Net::template chosen<bfloat16>;
+  std::printf("%s: %zu parameters, batch %zu x %zu tokens, bf16, OffloadedAdamW with the master weights%s on the "
+              "host\n",
               name, n, batch, seq, gradients_on_host ? " and the gradients" : "");
+  std::printf("the budget policy, for %s of activations: %s (activations %s, %llu block forwards run again)\n",
+              mib(Net::budget_bytes).c_str(), describe(choice, Net::runner::N).c_str(), mib(choice.peak).c_str(),
+              static_cast<unsigned long long>(choice.recomputed));
+  std::printf("json {\"bench\":\"offload_gpt_budget\",\"model\":\"%s\",\"budget\":%zu,\"kind\":\"%s\","
+              "\"checkpointed\":%u,\"selective\":%u,\"slots\":%u,\"peak\":%zu,\"recomputed\":%llu}\n",
+              name, Net::budget_bytes, choice.kind == budget_choice::revolve ? "revolve" : "blocks",
+              unsigned(choice.checkpointed), unsigned(choice.selective), unsigned(choice.slots), choice.peak,
+              static_cast<unsigned long long>(choice.recomputed));
   std::printf("plan, device: %s (arena %s, gradient pages beside it %s)\n", plan.describe().c_str(),
               mib(plan.arena).c_str(), mib(plan.gradient_pages).c_str());
   std::printf("plan, host: %s pageable (master weights %s, optimizer state %s, gradients %s), %s page-locked "
@@ -189,9 +297,9 @@ int train(char const* name, std::size_t batch, std::size_t seq, int steps, doubl
               name, n, plan.device_bytes(), plan.host_bytes(), device_budget, host_budget);
   if (!plan.fits(std::size_t(device_budget), std::size_t(host_budget))) {
     std::printf("refused before allocating anything: the step needs %s on the device and %s on the host; the budgets "
-                "are %s and %s\n",
+                "are %s and %s (the budget policy chose the storage at compile time, for %s of activations)\n",
                 mib(plan.device_bytes()).c_str(), mib(plan.host_bytes()).c_str(), mib(std::size_t(device_budget)).c_str(),
-                mib(std::size_t(host_budget)).c_str());
+                mib(std::size_t(host_budget)).c_str(), mib(Net::budget_bytes).c_str());
     return 2;
   }
   double const t_build = now();
@@ -315,11 +423,20 @@ int main(int argc, char** argv) {
     return 64;
   }
 #endif
-  if (mode == "train" && shape == "7b") return train<Llama<32, 4096, each_block<32>::policy>, vocab>("7b", 1, sequence, steps, device_budget, host_budget,
-                                                                     gradients_on_host);
-  if (mode == "train" && shape == "tiny")
-    return train<GPT<512, 128, 128, 4, 4, 0.0, each_block<4>::policy>, 512>("tiny", 2, 128, steps, device_budget, host_budget,
-                                                                             gradients_on_host);
+  if (mode == "train" && shape == "7b") {
+    // Planned for one H100's 80 GB (on an H200 the budget policy chooses the same: nothing is
+    // recomputed at 80 GB already).
+    using Stored = Llama<32, 4096, NoPolicy>;
+    using Least = Llama<32, 4096, each_block<32>::policy>;
+    constexpr std::size_t bytes = activations_left<Least, 1, sequence, std::size_t(80 * GB)>();
+    return train<budgeted<Stored, 1, sequence, bytes>, vocab>("7b", 1, sequence, steps, device_budget, host_budget,
+                                                              gradients_on_host);
+  }
+  if (mode == "train" && shape == "tiny") {
+    using Stored = GPT<512, 128, 128, 4, 4, 0.0>;
+    return train<budgeted<Stored, 2, 128, halfway<Stored, 2, 128>()>, 512>("tiny", 2, 128, steps, device_budget,
+                                                                          host_budget, gradients_on_host);
+  }
   std::fprintf(stderr, "bench_offload_gpt: expected --table or --train tiny|7b\n");
   return 64;
 }

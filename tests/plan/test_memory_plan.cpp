@@ -333,3 +333,34 @@ TEST_CASE("memory_plan: a GPT of Llama-7B's size trains on one 80 GB GPU with 12
                                          << memory::format_bytes(all.host_bytes()) << "; AdamW "
                                          << memory::format_bytes(adamw.reserved));
 }
+
+TEST_CASE("memory_plan: the budget policy stores every block of the 7B GPT on 80 GB, fully offloaded",
+          "[plan][offload][budget]") {
+  // bench_offload_gpt --train 7b: Budget around the whole GPT, its bytes what the device leaves to
+  // the activations once the bf16 weights and the gradient pages are planned (about 61 GiB).
+  using Stored = GPT<32000, 2048, 4096, 32, 32, 0.0>;
+  using P = mixed<bfloat16, DynamicLossScale>;
+  constexpr std::size_t GB = 1'000'000'000, GiB = std::size_t(1) << 30;
+  using Roomy = Budget<60 * GiB, 1, Stored, 2048>;
+  constexpr budget_choice roomy = Roomy::chosen<bfloat16>;
+  static_assert(roomy.kind == budget_choice::blocks && roomy.checkpointed == 0 && roomy.selective == 0 &&
+                roomy.recomputed == 0);
+  step_options const o{.sequence = 2048, .offload_master_weights = true, .offload_gradients = true};
+  auto const stored = memory_plan<Stored, P, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(1, o);
+  auto const plan = memory_plan<Roomy, P, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(1, o);
+  // Every block stored: the plain GPT's plan, activation for activation.
+  CHECK(plan.activations.peak_bytes == roomy.peak);
+  CHECK(plan.activations.peak_bytes == stored.activations.peak_bytes);
+  CHECK(plan.device_bytes() == stored.device_bytes());
+  CHECK(plan.fits(80 * GB, 120 * GiB));
+  // A device of 24 GB (22.4 GiB) leaves about 9.3 GiB to the activations: under a budget of 9 GiB
+  // the policy recomputes, and the step fits.
+  using Tight = Budget<9 * GiB, 1, Stored, 2048>;
+  constexpr budget_choice tight = Tight::chosen<bfloat16>;
+  static_assert(tight.recomputed > 0 && tight.peak <= 9 * GiB);
+  auto const tight_plan = memory_plan<Tight, P, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(1, o);
+  CHECK(tight_plan.activations.peak_bytes == tight.peak);
+  CHECK(tight_plan.device_bytes() == plan.device_bytes() - roomy.peak + tight.peak);
+  CHECK(tight_plan.fits(24 * GB, 120 * GiB));
+  CHECK_FALSE(plan.fits(24 * GB, 120 * GiB));
+}
