@@ -481,11 +481,18 @@ TEST_CASE("OffloadedAdamW and AdamW resume from each other's files", "[train][op
 
   // An offloaded optimizer built first, then the weights and its state loaded: the weights are
   // read again before its first step, and the last 3 steps are AdamW's, bit for bit. With the
-  // master weights on the host, load writes them there and the compute copy is cast again.
-  for (bool const on_host : {true, false}) {  // (true first: the way back rewrites the weights' file)
-  INFO("master weights on the host: " << on_host);
+  // master weights on the host, load writes them there and the compute copy is cast again; with
+  // the gradients on the host, their sum starts from zero there.
+  struct placement {
+    bool master, gradients;
+  };
+  // (the last one without either: the way back rewrites the weights' file)
+  for (auto const [on_host, gradients_on_host] :
+       {placement{true, false}, placement{true, true}, placement{false, true}, placement{false, false}}) {
+  INFO("master weights on the host: " << on_host << ", gradients on the host: " << gradients_on_host);
   model<Net, host, P> m(seed{2});
-  OffloadedAdamW o(m, {.lr = 1e-2}, {.master_weights = on_host});
+  OffloadedAdamW o(m, {.lr = 1e-2}, {.master_weights = on_host,
+                                     .gradients = gradients_on_host ? gradient_place::host : gradient_place::device});
   load(m, weights_file);
   load(o, state_a);
   CHECK(o.steps() == 3);
@@ -494,7 +501,7 @@ TEST_CASE("OffloadedAdamW and AdamW resume from each other's files", "[train][op
   CHECK(compute_weights(m) == compute_weights(ref));
   CHECK(bytes_of(o.exp_avg().view()) == bytes_of(a.exp_avg().view()));
 
-  if (on_host) continue;  // (the way back reads the same files)
+  if (on_host || gradients_on_host) continue;  // (the way back reads the same files)
   // And back: the offloaded state loaded into an AdamW continues as the offloaded one does.
   save(o, state_o);
   model<Net, host, P> back(seed{3});
