@@ -541,6 +541,7 @@ TEST_CASE("an allocation failure on one rank at any request of a step fails ever
           fail_every_request<Net, mixed<bfloat16, DynamicLossScale>, OffloadedGrads>(2, accumulate, arena);
       int const zero3 = fail_every_request<CheckpointedNet, fp32>(3, accumulate, arena);
       int const zero3_kept = fail_every_request<CheckpointedNet, fp32>(4, accumulate, arena);
+      int const zero3_host = fail_every_request<CheckpointedNet, fp32, OffloadedGrads>(3, accumulate, arena);
       int const zero3_bf16 = fail_every_request<NetWith<Revolve<2, Repeat<3, Block>>>, mixed<bfloat16, DynamicLossScale>>(
           3, accumulate, arena);
       CHECK(stored > 0);
@@ -551,13 +552,14 @@ TEST_CASE("an allocation failure on one rank at any request of a step fails ever
       CHECK(bf16 > 0);
       CHECK(zero2 > 0);
       CHECK(zero2_host > 0);
+      CHECK(zero3_host > 0);
       if (world_rank() == 0)
         std::printf("faults under data_parallel, rank %d of %d failing (%s%s): stored %d, Checkpointed and sharded "
                     "%d, Checkpointed bf16 %d, ZeRO-2 bf16 %d (gradients on the host %d), ZeRO-3 Checkpointed %d "
-                    "(kept for backward %d), ZeRO-3 Revolve bf16 %d\n",
+                    "(kept for backward %d, gradients on the host %d), ZeRO-3 Revolve bf16 %d\n",
                     world_size() - 1, world_size(), accumulate ? "second micro-batch" : "train_step",
                     arena ? "" : ", no arena", stored, checkpointed, bf16, zero2, zero2_host, zero3, zero3_kept,
-                    zero3_bf16);
+                    zero3_host, zero3_bf16);
     }
 }
 
@@ -657,7 +659,7 @@ TEST_CASE("a failure inside an optimizer's step on one rank fails every rank and
   fail_each_rank<Net, B, SGD_of>({1});
   fail_each_rank<Net, fp32, OffloadedAdamW>({0, 1});
   fail_each_rank<CheckpointedNet, B, OffloadedAdamW>({0, 1});
-  fail_each_rank<Net, fp32, OffloadedGrads>({2});
+  fail_each_rank<Net, fp32, OffloadedGrads>({2, 3});
   fail_each_rank<CheckpointedNet, B, OffloadedAll>({2});
 }
 
@@ -799,16 +801,21 @@ TEST_CASE("each rank's step measures its whole-step plan, per tag and in total",
 
 TEST_CASE("each rank's offloaded step measures its plan on the device and on the host", "[dist][memory][plan][offload]") {
   // (master: the master weights on the host too, all of them on every rank; gradients: the
-  // gradients too, the sum of the rank's shard, under ZeRO-2)
-  auto check = [](auto tag_model, auto precision, bool shard, bool master = false, bool gradients = false) {
+  // gradients too, the sum of the rank's shard, under ZeRO-2, or ZeRO-3 with zero3: the
+  // parameters' pages are the wrapper's, as the gradients' are)
+  auto check = [](auto tag_model, auto precision, bool shard, bool master = false, bool gradients = false,
+                  bool zero3 = false) {
     using NetT = decltype(tag_model);
     using P = decltype(precision);
     using M = model<NetT, host, P>;
-    INFO(P::name << ", shard_optimizer " << shard << ", master weights on the host " << master << ", rank "
-                 << world_rank() << " of " << world_size());
+    INFO(P::name << ", shard_optimizer " << shard << ", master weights on the host " << master
+                 << ", gradients on the host " << gradients << ", ZeRO-3 " << zero3 << ", rank " << world_rank()
+                 << " of " << world_size());
     memory::caching_allocator<host> device, on_the_host;
     M m(seed{7}, device);
-    dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = shard, .shard_gradients = gradients});
+    dist::data_parallel dp(m, MPI_COMM_WORLD,
+                           {.bucket_bytes = 512, .shard_optimizer = shard, .shard_gradients = gradients,
+                            .shard_parameters = zero3});
     OffloadedAdamW opt(m, opts, dp.shard(), &on_the_host,
                        {.master_weights = master, .gradients = gradients ? gradient_place::host : gradient_place::device});
     param_range const r = my_rows(dp.rank(), dp.size());
@@ -837,6 +844,8 @@ TEST_CASE("each rank's offloaded step measures its plan on the device and on the
   }
   check(Net{}, fp32{}, true, false, true);
   check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, true, true);
+  check(Net{}, fp32{}, true, false, true, true);
+  check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, false, true, true);
 }
 
 TEST_CASE("the gradients on the host are refused under a wrapper without ZeRO-2, and a wrapper built after them",
@@ -970,13 +979,13 @@ TEST_CASE("with the master weights on the host, an offloaded optimizer trains bi
 }
 
 namespace {
-// Three ZeRO-2 steps of three micro-batches each (every pass reduced), clipping on: the weights,
-// the last norm and the losses; the wrapper's gradient pages in `pages`.
+// Three ZeRO-2 (or `level`) steps of three micro-batches each (every pass reduced), clipping on:
+// the weights, the last norm and the losses; the wrapper's gradient pages in `pages`.
 template <class P, template <class> class Opt, class NetT = Net>
-std::vector<float> zero2_run(dist::gradient_memory* pages = nullptr) {
+std::vector<float> zero2_run(dist::gradient_memory* pages = nullptr, int level = 2) {
   using M = model<NetT, host, P>;
   M m(seed{7});
-  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(2));
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level));
   Opt<M> opt(m, {.lr = 1e-2, .weight_decay = 1e-2, .clip_norm = 0.5});
   param_range const r = my_rows(dp.rank(), dp.size());
   std::vector<double> losses;
@@ -1025,6 +1034,15 @@ TEST_CASE("with the gradients on the host under ZeRO-2, an offloaded optimizer t
   std::vector<float> const all = zero2_run<B, OffloadedAll>();
   CHECK(std::memcmp(ab.data(), ob.data(), ab.size() * sizeof(float)) == 0);
   CHECK(std::memcmp(ab.data(), all.data(), ab.size() * sizeof(float)) == 0);
+  // Under ZeRO-3 (which shards the gradients as ZeRO-2 does, and the parameters): the same.
+  std::vector<float> const a3 = zero2_run<fp32, AdamW_of>(&kept, 3);
+  std::vector<float> const o3 = zero2_run<fp32, OffloadedGrads>(&sent, 3);
+  CHECK(std::memcmp(a3.data(), o3.data(), a3.size() * sizeof(float)) == 0);
+  CHECK(sent.last_peak == sent.planned_peak);
+  CHECK(sent.planned_peak <= kept.planned_peak);
+  std::vector<float> const ab3 = zero2_run<B, AdamW_of>(nullptr, 3);
+  std::vector<float> const ob3 = zero2_run<B, OffloadedGrads>(nullptr, 3);
+  CHECK(std::memcmp(ab3.data(), ob3.data(), ab3.size() * sizeof(float)) == 0);
   {  // The optimizer gone before the wrapper: the rank's shard of the model's gradients holds the sum.
     model<Net> m(seed{7});
     dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(2));

@@ -212,12 +212,12 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
     if (o.arena) r.reserved -= moved;
   }
   if (o.offload_gradients && (o.ranks > 1 || o.shard_optimizer)) {
-    // A rank of a ZeRO-2 wrapper (which shards the optimizer, on any number of ranks): the sum of
-    // its shard on the host; the buffer's pages are the wrapper's (data_parallel::gradient_pages()
-    // plans them).
+    // A rank of a ZeRO-2 or ZeRO-3 wrapper (which shards the optimizer, on any number of ranks):
+    // the sum of its shard on the host; the buffer's pages are the wrapper's
+    // (data_parallel::gradient_pages() plans them).
     if (!o.shard_optimizer)
       throw argument_error("remat::memory_plan: offload_gradients under data parallelism expects shard_optimizer "
-                           "(a ZeRO-2 wrapper, which shards the gradients and the optimizer)");
+                           "(a ZeRO-2 or ZeRO-3 wrapper, which shards the gradients and the optimizer)");
     r.host_pageable.gradients += (o.offload_gradients_backup ? 2 : 1) * rounded(shard * sizeof(T));
   } else if (o.offload_gradients) {  // (the buffer's pages leave the allocator; the sum lives on the host)
     moved = r.gradients;

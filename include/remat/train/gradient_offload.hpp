@@ -1,6 +1,6 @@
 // The gradients in host memory (OffloadedAdamW's offload_options::gradients, ZeRO-Offload's
 // placement of them), for a model trained alone (gradient_offload: the optimizer plugs it into the
-// model as its gradient_sync) and for a rank of a ZeRO-2 data-parallel wrapper (shard_sink: the
+// model as its gradient_sync) and for a rank of a ZeRO-2 (or ZeRO-3) data-parallel wrapper (shard_sink: the
 // wrapper sends the rank's reduced shard to it).
 //
 // Alone: the model's gradient buffer moves into memory whose pages come and go
@@ -192,7 +192,7 @@ class gradient_offload final : public gradient_sync {
   std::size_t planned_ = 0, pass_peak_ = 0, last_peak_ = 0;
 };
 
-// The same for a rank of a ZeRO-2 data-parallel wrapper (parallel/gradient_shard.hpp), which
+// The same for a rank of a ZeRO-2 or ZeRO-3 data-parallel wrapper (parallel/gradient_shard.hpp), which
 // owns the buffer's pages and tells this sink, in offsets within the rank's shard, when to fill
 // the shard's part of a span with the sum before backward adds onto it, and when a part is
 // reduced and final: it comes down into the host's sum (through the optimizer's slots), and the

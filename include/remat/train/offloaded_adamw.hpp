@@ -65,9 +65,9 @@ struct offload_options {
   // then reads zero between passes; gradients() here reads the sum. The same bits as the model's
   // own gradients, accumulation included (a pass adding onto a sum finds it on the device
   // first); the step checks, clips and updates from host memory. Under a data-parallel wrapper it
-  // needs ZeRO-2 (options::shard_gradients), built before the optimizer: the host holds the sum of
-  // the rank's shard, which comes down as its buckets' reductions end (the wrapper's
-  // gradient_pages() plans the device's pages).
+  // needs one that shards the gradients (options::shard_gradients, ZeRO-2; or shard_parameters,
+  // ZeRO-3), built before the optimizer: the host holds the sum of the rank's shard, which comes
+  // down as its buckets' reductions end (the wrapper's gradient_pages() plans the device's pages).
   gradient_place gradients = gradient_place::device;
 };
 
@@ -140,7 +140,8 @@ class OffloadedAdamW
                                     Model::parameter_count, "), found [", r.begin, ", ", r.end, ")");
     if (w.gradients == gradient_place::host && sync && sync->gradients_elsewhere())
       detail::raise<argument_error>("OffloadedAdamW: offload_options::gradients expects a model trained alone or under "
-                                    "a ZeRO-2 data-parallel wrapper, found its gradients on the host already");
+                                    "a ZeRO-2 or ZeRO-3 data-parallel wrapper, found its gradients on the host "
+                                    "already");
     if (w.gradients == gradient_place::host && sync && sync->shard() != r)
       detail::raise<argument_error>("OffloadedAdamW: offload_options::gradients under a data-parallel wrapper expects "
                                     "this rank's shard [", sync->shard().begin, ", ", sync->shard().end, "), found [",
@@ -167,12 +168,13 @@ class OffloadedAdamW
     if (w.gradients == gradient_place::host && !sync) {
       grads_ = std::make_unique<detail::gradient_offload<Model>>(m, *alloc_, *ring_, uploads_.channel());
       dg_ = {};
-    } else if (w.gradients == gradient_place::host) {  // (a ZeRO-2 rank: the wrapper sends its shard down)
+    } else if (w.gradients == gradient_place::host) {  // (a ZeRO-2 or -3 rank: the wrapper sends its shard down)
       sink_.sink = std::make_unique<detail::shard_sink<Model>>(m, r, *alloc_, *ring_, uploads_.channel());
       if (!sync->attach_gradient_sink(sink_.sink.get()))
         detail::raise<argument_error>("OffloadedAdamW: offload_options::gradients expects a model trained alone or "
                                       "under a data-parallel wrapper that keeps a shard of the gradients "
-                                      "(options::shard_gradients, ZeRO-2), found one without it");
+                                      "(options::shard_gradients, ZeRO-2, or shard_parameters, ZeRO-3), found one "
+                                      "without it");
       sink_.slot = m.link().gradient_sync_slot();
       dg_ = {};
     }
