@@ -218,12 +218,13 @@ std::vector<float> check_granules(int level, std::vector<float> const* zero2) {
   return trained;
 }
 
-// ZeRO-2 with the gradients on the host (OffloadedAdamW's offload_options::gradients): each
-// rank's shard comes down as its reductions end and its granules go as the others' do. Trains as
-// OffloadedAdamW with them on the device, bit for bit (no clipping: neither computes a norm), and
-// a pass holds its plan's granules, fewer than with the shard kept.
+// ZeRO-2 (or `level`) with the gradients on the host (OffloadedAdamW's
+// offload_options::gradients): each rank's shard comes down as its reductions end and its granules
+// go as the others' do. Trains as OffloadedAdamW with them on the device, bit for bit (no
+// clipping: neither computes a norm), and a pass holds its plan's granules, fewer than with the
+// shard kept.
 template <class Precision>
-void check_offloaded_gradients() {
+void check_offloaded_gradients(int level = 2) {
   using Wide = Seq<Linear<In, 1024>, Repeat<6, Checkpointed<Residual<Linear<1024, 1024>>>>, Linear<1024, Classes>>;
   using M = model<Wide, gpu, Precision>;
   std::size_t const rows = std::size_t(batch) / std::size_t(ranks), first = rows * std::size_t(rank);
@@ -231,7 +232,7 @@ void check_offloaded_gradients() {
     M m(seed{9});
     auto x = on_gpu(inputs(), first, rows, In);
     auto y = on_gpu(labels(), first, rows, 1);
-    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(2, std::size_t(4) << 20));
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level, std::size_t(4) << 20));
     OffloadedAdamW opt(m, {.lr = 1e-3}, {.gradients = on_host ? gradient_place::host : gradient_place::device});
     for (int step = 0; step < 3; ++step) {
       m.zero_grad();
@@ -245,10 +246,10 @@ void check_offloaded_gradients() {
   dist::gradient_memory kept{}, sent{};
   std::vector<float> const on_device = run(false, kept), on_host = run(true, sent);
   if (rank == 0)
-    std::printf("ZeRO-2 on the GPU, %d ranks, %s: gradient granules at most %zu bytes with the shard kept, %zu with it "
-                "on the host (plan %zu)\n",
-                ranks, Precision::name, kept.last_peak, sent.last_peak, sent.planned_peak);
-  check(same_bits(on_host, on_device), "ZeRO-2 with the gradients on the host trains as with them on the device, bit for bit");
+    std::printf("ZeRO-%d on the GPU, %d ranks, %s: gradient granules at most %zu bytes with the shard kept, %zu with "
+                "it on the host (plan %zu)\n",
+                level, ranks, Precision::name, kept.last_peak, sent.last_peak, sent.planned_peak);
+  check(same_bits(on_host, on_device), "ZeRO-2/3 with the gradients on the host trains as with them on the device, bit for bit");
   check(sent.last_peak == sent.planned_peak, "the gradients on the host: the most a pass held is the plan's");
   check(sent.planned_peak < kept.planned_peak, "the gradients on the host: fewer granules than with the shard kept");
 }
@@ -282,8 +283,10 @@ int main(int argc, char** argv) {
     using bf16 = mixed<bfloat16, DynamicLossScale>;
     std::vector<float> const bf16_zero2 = check_granules<bf16>(2, nullptr);
     for (int level : {3, 4}) check_granules<bf16>(level, &bf16_zero2);
-    check_offloaded_gradients<fp32>();
-    check_offloaded_gradients<bf16>();
+    for (int level : {2, 3}) {
+      check_offloaded_gradients<fp32>(level);
+      check_offloaded_gradients<bf16>(level);
+    }
   } catch (std::exception const& e) {
     std::printf("rank %d: FAILED with an exception: %s\n", rank, e.what());
     ++failures;
