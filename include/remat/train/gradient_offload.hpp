@@ -1,7 +1,7 @@
 // The gradients in host memory (OffloadedAdamW's offload_options::gradients, ZeRO-Offload's
 // placement of them), for a model trained alone (gradient_offload: the optimizer plugs it into the
-// model as its gradient_sync) and for a rank of a ZeRO-2 (or ZeRO-3) data-parallel wrapper (shard_sink: the
-// wrapper sends the rank's reduced shard to it).
+// model as its gradient_sync) and for a rank of a ZeRO-2 or ZeRO-3 data-parallel wrapper
+// (shard_sink: the wrapper sends the rank's reduced shard to it).
 //
 // Alone: the model's gradient buffer moves into memory whose pages come and go
 // (memory/backed_buffer.hpp: host pages, or on the GPU granules of virtual memory). Before
@@ -192,9 +192,9 @@ class gradient_offload final : public gradient_sync {
   std::size_t planned_ = 0, pass_peak_ = 0, last_peak_ = 0;
 };
 
-// The same for a rank of a ZeRO-2 or ZeRO-3 data-parallel wrapper (parallel/gradient_shard.hpp), which
-// owns the buffer's pages and tells this sink, in offsets within the rank's shard, when to fill
-// the shard's part of a span with the sum before backward adds onto it, and when a part is
+// The same for a rank of a ZeRO-2 or ZeRO-3 data-parallel wrapper (parallel/gradient_shard.hpp),
+// which owns the buffer's pages and tells this sink, in offsets within the rank's shard, when to
+// fill the shard's part of a span with the sum before backward adds onto it, and when a part is
 // reduced and final: it comes down into the host's sum (through the optimizer's slots), and the
 // wrapper gives its pages back.
 template <class Model>
