@@ -8,8 +8,11 @@
 //       byte); PyTorch's and DeepSpeed's come from their documented formulas for the model's
 //       state, with remat's planned activations of the same shape added (their estimators count
 //       none).
-//   bench_offload_gpt --train tiny|7b [--steps 3] [--device-gb N] [--host-gib M] [--gradients-on-host]
-//       Trains that GPT (7b: 32 blocks of width 4096, 6.7 billion parameters; tiny: what CI runs)
+//   bench_offload_gpt --train tiny|7b|shape [--steps 3] [--device-gb N] [--host-gib M] [--gradients-on-host]
+//       Trains that GPT (7b: 32 blocks of width 4096, 6.7 billion parameters; tiny: what CI runs;
+//       shape: the one compiled in, -DREMAT_OFFLOAD_GPT_SHAPE=layers,width,heads,vocabulary,
+//       sequence,batch,device GB, which CMake's REMAT_OFFLOAD_GPT_SHAPE sets, by default 4 blocks
+//       of width 128 for 80 GB)
 //       in bf16 with the master weights in host memory (the model built with host_master_weights,
 //       trained by OffloadedAdamW; with --gradients-on-host the gradients too,
 //       offload_options::gradients), its storage chosen by the budget policy: Budget<Bytes, ...>
@@ -32,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -92,6 +96,24 @@ constexpr std::size_t halfway() {
   for (budget_choice const& c : B::template candidates<bfloat16>()) most = c.peak > most ? c.peak : most;
   return (most + B::template minimum<bfloat16>) / 2;
 }
+
+// The GPT of --train shape: a model is a type, so its shape is compiled in.
+#if defined(REMAT_OFFLOAD_GPT_SHAPE)
+constexpr std::size_t compiled_shape[] = {REMAT_OFFLOAD_GPT_SHAPE};
+#else
+constexpr std::size_t compiled_shape[] = {4, 128, 4, 512, 128, 2, 80};
+#endif
+static_assert(std::size(compiled_shape) == 7,
+              "REMAT_OFFLOAD_GPT_SHAPE: expected layers,width,heads,vocabulary,sequence,batch,device GB");
+struct shape_of {
+  static constexpr std::size_t layers = compiled_shape[0], width = compiled_shape[1], heads = compiled_shape[2],
+                               vocabulary = compiled_shape[3], sequence = compiled_shape[4], batch = compiled_shape[5],
+                               device_gb = compiled_shape[6];
+  static_assert(layers > 0 && heads > 0 && width % heads == 0 && vocabulary > 1 && sequence > 0 && batch > 0,
+                "REMAT_OFFLOAD_GPT_SHAPE: expected layers, heads, sequence and batch above 0, a vocabulary above "
+                "1, and a width that the heads divide");
+  using gpt = GPT<vocabulary, sequence, width, heads, layers, 0.0>;
+};
 
 // The budget policy around the whole GPT Stored (so that its bytes bound all of the step's
 // activations), planned at Batch x Seq.
@@ -411,7 +433,7 @@ int main(int argc, char** argv) {
     else if (a == "--gradients-on-host")
       gradients_on_host = true;
     else {
-      std::fprintf(stderr, "usage: bench_offload_gpt --table [--host-gib M] | --train tiny|7b [--steps S] "
+      std::fprintf(stderr, "usage: bench_offload_gpt --table [--host-gib M] | --train tiny|7b|shape [--steps S] "
                            "[--device-gb N] [--host-gib M] [--gradients-on-host]\n");
       return 64;
     }
@@ -432,11 +454,20 @@ int main(int argc, char** argv) {
     return train<budgeted<Stored, 1, sequence, bytes>, vocab>("7b", 1, sequence, steps, device_budget, host_budget,
                                                               gradients_on_host);
   }
+  if (mode == "train" && shape == "shape") {
+    using S = shape_of;
+    constexpr std::size_t bytes = activations_left<S::gpt, S::batch, S::sequence, std::size_t(S::device_gb * GB)>();
+    char name[96];
+    std::snprintf(name, sizeof name, "%zu x %zu (%zu heads), vocabulary %zu, for %zu GB", S::layers, S::width, S::heads,
+                  S::vocabulary, S::device_gb);
+    return train<budgeted<S::gpt, S::batch, S::sequence, bytes>, S::vocabulary>(
+        name, S::batch, S::sequence, steps, device_budget, host_budget, gradients_on_host);
+  }
   if (mode == "train" && shape == "tiny") {
     using Stored = GPT<512, 128, 128, 4, 4, 0.0>;
     return train<budgeted<Stored, 2, 128, halfway<Stored, 2, 128>()>, 512>("tiny", 2, 128, steps, device_budget,
                                                                           host_budget, gradients_on_host);
   }
-  std::fprintf(stderr, "bench_offload_gpt: expected --table or --train tiny|7b\n");
+  std::fprintf(stderr, "bench_offload_gpt: expected --table or --train tiny|7b|shape\n");
   return 64;
 }
