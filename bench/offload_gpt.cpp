@@ -65,14 +65,6 @@ struct each_block {
 template <std::size_t L, std::size_t W, template <class> class Policy>
 using Llama = GPT<vocab, sequence, W, W / 128, L, 0.0, Policy>;
 
-// The plan of a step of the GPT Graph (blocks checkpointed: the least activations but for
-// Revolve's) with the master weights and the gradients on the host, at Batch x Seq, on Device.
-template <class Graph, std::size_t Batch, std::size_t Seq, class Device = Dev>
-constexpr memory_plan_result least_plan() {
-  return memory_plan<Graph, P, OffloadedAdamW, SoftmaxCrossEntropy, Device>(
-      Batch, {.sequence = Seq, .offload_master_weights = true, .offload_gradients = true});
-}
-
 // The activation bytes a device of DeviceBytes leaves to a step of the GPT Net at Batch x Seq
 // with its master weights on the host: what the bf16 weights, the fp32 gradients and the loss's
 // workspace do not take. The gradients counted whole, so the budget holds with them on the device;
@@ -136,6 +128,14 @@ std::string describe(budget_choice const& c, std::size_t blocks) {
 }
 
 #if !defined(REMAT_BENCH_CUDA)  // (the table is plans only: the host build makes it)
+// The plan of a step of the GPT Graph (blocks checkpointed: the least activations but for
+// Revolve's) with the master weights and the gradients on the host, at Batch x Seq, on Device.
+template <class Graph, std::size_t Batch, std::size_t Seq, class Device>
+constexpr memory_plan_result least_plan() {
+  return memory_plan<Graph, P, OffloadedAdamW, SoftmaxCrossEntropy, Device>(
+      Batch, {.sequence = Seq, .offload_master_weights = true, .offload_gradients = true});
+}
+
 struct place {
   double device = 0, host = 0;  // bytes
 };
