@@ -336,8 +336,8 @@ TEST_CASE("memory_plan: a GPT of Llama-7B's size trains on one 80 GB GPU with 12
 
 TEST_CASE("memory_plan: the budget policy stores every block of the 7B GPT on 80 GB, fully offloaded",
           "[plan][offload][budget]") {
-  // bench_offload_gpt --train 7b: Budget around the whole GPT, its bytes what the device leaves to
-  // the activations once the bf16 weights and the gradient pages are planned (about 61 GiB).
+  // bench_offload_gpt --train 7b: Budget around the whole GPT, its bytes what 80 GB leaves to the
+  // activations beside the bf16 weights and the fp32 gradients (about 37 GiB).
   using Stored = GPT<32000, 2048, 4096, 32, 32, 0.0>;
   using P = mixed<bfloat16, DynamicLossScale>;
   constexpr std::size_t GB = 1'000'000'000, GiB = std::size_t(1) << 30;

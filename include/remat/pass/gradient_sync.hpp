@@ -34,9 +34,9 @@ struct pass_event {
 };
 
 // Where a rank's reduced gradients go when they live in host memory (OffloadedAdamW's
-// offload_options::gradients under a ZeRO-2 or ZeRO-3 data-parallel wrapper): the wrapper tells it, in
-// parameter offsets within the rank's shard, what to put on the device before backward adds onto
-// it and what is reduced and final there, before it gives those pages back.
+// offload_options::gradients under a ZeRO-2 or ZeRO-3 data-parallel wrapper): the wrapper tells
+// it, in parameter offsets within the rank's shard, what to put on the device before backward adds
+// onto it and what is reduced and final there, before it gives those pages back.
 class gradient_sink {
  public:
   virtual ~gradient_sink() = default;
@@ -84,7 +84,7 @@ class gradient_sync {
   // in host memory), so that the model's buffer reads zero between passes.
   virtual bool gradients_elsewhere() const { return false; }
   // Sends this rank's reduced gradients to `sink` from now on (null: back to the model's buffer);
-  // false when this wrapper cannot (only one that keeps a shard of the gradients, ZeRO-2 or ZeRO-3, can).
+  // false when this wrapper cannot (only one that keeps a shard of the gradients can: ZeRO-2, 3).
   virtual bool attach_gradient_sink(gradient_sink* sink) {
     (void)sink;
     return false;

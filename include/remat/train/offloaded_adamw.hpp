@@ -168,7 +168,7 @@ class OffloadedAdamW
     if (w.gradients == gradient_place::host && !sync) {
       grads_ = std::make_unique<detail::gradient_offload<Model>>(m, *alloc_, *ring_, uploads_.channel());
       dg_ = {};
-    } else if (w.gradients == gradient_place::host) {  // (a ZeRO-2 or -3 rank: the wrapper sends its shard down)
+    } else if (w.gradients == gradient_place::host) {  // (ZeRO-2 or 3: the wrapper sends the shard down)
       sink_.sink = std::make_unique<detail::shard_sink<Model>>(m, r, *alloc_, *ring_, uploads_.channel());
       if (!sync->attach_gradient_sink(sink_.sink.get()))
         detail::raise<argument_error>("OffloadedAdamW: offload_options::gradients expects a model trained alone or "
