@@ -9,7 +9,8 @@
 # (BENCH_DIR: a build's bench/ folder, holding bench_policies and bench_dist; ROUNDS: 5 unless
 # given.) bench_dist runs under mpirun -np 2 when mpirun is here. SET "large" runs issue 49's
 # larger configurations instead (MLP batch 256 and 2048 x 16 blocks, GPT 16 x 4, fp32 and bf16,
-# stored and checkpoint), without bench_dist.
+# stored and checkpoint), without bench_dist; SET "gpt" the GPT 16 x 4 alone, fp32 and bf16, stored,
+# checkpoint and selective.
 set -euo pipefail
 before="$1"
 after="$2"
@@ -33,6 +34,14 @@ if [ "${4:-}" = large ]; then
       configs+=("mlp $p b256x16 $pol|BIN/bench_policies --workload mlp --batch 256 --blocks 16 --policy $pol --precision $p --steps 5 --warmup 2"
                 "mlp $p b2048x16 $pol|BIN/bench_policies --workload mlp --batch 2048 --blocks 16 --policy $pol --precision $p --steps 3 --warmup 1"
                 "gpt $p b16x4 $pol|BIN/bench_policies --workload gpt --batch 16 --blocks 4 --policy $pol --precision $p --steps 3 --warmup 1")
+    done
+  done
+elif [ "${4:-}" = gpt ]; then
+  configs=()
+  for p in fp32 bf16; do
+    for pol in stored checkpoint selective; do
+      configs+=("gpt $p b16x4 $pol|BIN/bench_policies --workload gpt --batch 16 --blocks 4 --policy $pol --precision $p \
+--steps 3 --warmup 1")
     done
   done
 elif command -v mpirun >/dev/null; then

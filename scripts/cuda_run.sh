@@ -18,14 +18,14 @@
 #             (REMAT_BENCH_PROFILE), PyTorch's kernels (inference_torch_cuda.py --profile).
 #   offload   a GPT of Llama-7B's size (32 blocks of width 4096, 6.7 billion parameters, one
 #             sequence of 2048) trained 3 steps with its master weights on the host, its storage
-#             the budget policy's for 80 GB (every block stored, 16.7 GiB of activations)
+#             the budget policy's for 80 GB (every block stored, 16.3 GiB of activations)
 #             (bench_offload_gpt_cuda --train 7b): its plan per place printed and checked against
 #             80 GB of device and 120 GiB of host memory before anything is allocated, then every
 #             measured peak against the plan, and the step's time split; about 4 minutes, most of
 #             it building the host state (not part of `all`).
 #   offload-gradients   the same GPT with its gradients on the host as well (--gradients-on-host:
 #             the device holds the bf16 weights, two spans of gradients and the activations,
-#             29.7 GiB planned; the host 100.2 GiB); its peaks against the plan, the gradient
+#             29.3 GiB planned; the host 100.2 GiB); its peaks against the plan, the gradient
 #             granules included, and the time split (not part of `all`).
 # Results go to $OUT (or /tmp/out).
 #   .gpu/run.sh [tests|bench|inference|conv|offload|offload-gradients|all]

@@ -360,7 +360,12 @@ TEST_CASE("memory_plan: the budget policy stores every block of the 7B GPT on 80
   static_assert(tight.recomputed > 0 && tight.peak <= 9 * GiB);
   auto const tight_plan = memory_plan<Tight, P, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(1, o);
   CHECK(tight_plan.activations.peak_bytes == tight.peak);
-  CHECK(tight_plan.device_bytes() == plan.device_bytes() - roomy.peak + tight.peak);
+  CHECK(tight_plan.peak == plan.peak - roomy.peak + tight.peak);
+  // (The arena's layout search stops 2.96 MiB above the tight step's peak, out of 8.7 GiB: the
+  // layout is NP-hard in general, plan/arena.hpp; the roomy one meets its peak.)
+  CHECK(plan.reserved == plan.peak);
+  CHECK(tight_plan.reserved >= tight_plan.peak);
+  CHECK(tight_plan.reserved - tight_plan.peak < tight_plan.peak / 1000);
   CHECK(tight_plan.fits(24 * GB, 120 * GiB));
   CHECK_FALSE(plan.fits(24 * GB, 120 * GiB));
 }

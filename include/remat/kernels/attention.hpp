@@ -2,11 +2,15 @@
 // its backward. Scores and their gradients are in the compute type (fp32 when activations are
 // 16-bit); the probabilities are stored in the activation type. Row r of the (count * seq) x seq
 // matrices is position r % seq of its sequence: it attends to columns 0..r % seq, and the rest of
-// the row is zero. A task per row on the host, a warp per row on the GPU.
+// the row is zero. A task per row on the host, a warp per row on the GPU. Then the same rows
+// between the products around them, a tile of positions at a time (causal_attention_forward and
+// _backward: on the host a sequence-head at a time, in its thread's cache), and the query panels
+// of BlockedAttentionCore.
 #pragma once
 
 #include "../numeric/math.hpp"
 #include "detail/cuda_rows.hpp"
+#include "gemm.hpp"
 #include "rows.hpp"
 
 #include <cstddef>
@@ -15,18 +19,34 @@
 namespace REMAT_NAMESPACE {
 namespace kernels {
 
+// Rows [0, count * rb) of a tile of causal attention's count seq x seq matrices (scores,
+// probabilities or their gradients): row t is position r0 + t % rb of matrix t / rb. The whole
+// matrices are the tile r0 = 0, rb = seq. `tiled`: the scores (or their gradient) are a tile of
+// their own, row t at t * seq, rather than rows of the matrices.
+struct causal_rows {
+  std::size_t seq, r0, rb;
+  bool tiled = false;
+  // The position of row t: it sees keys [0, position].
+  REMAT_HOST_DEVICE std::size_t position(std::size_t t) const { return r0 + t % rb; }
+  // Row t's row in the matrices.
+  REMAT_HOST_DEVICE std::size_t row(std::size_t t) const { return t / rb * seq + position(t); }
+  // Row t's row among the scores.
+  REMAT_HOST_DEVICE std::size_t score_row(std::size_t t) const { return tiled ? t : row(t); }
+};
+
 #if REMAT_HAS_CUDA
 namespace detail {
 
 // The GPU's rows: a warp per row, its lanes striding the row; the host's formulas.
 template <class V, class T>
 __global__ void __launch_bounds__(row_threads)
-    causal_softmax_rows(V const* scores, T* probs, std::size_t rows, std::size_t seq, V scale) {
+    causal_softmax_rows(V const* scores, T* probs, std::size_t rows, causal_rows g, V scale) {
   unsigned const lane = threadIdx.x % 32;
+  std::size_t const seq = g.seq;
   for (std::size_t r = first_warp_row(); r < rows; r += warp_row_stride()) {
-    std::size_t const last = r % seq;
-    V const* z = scores + r * seq;
-    T* p = probs + r * seq;
+    std::size_t const last = g.position(r);
+    V const* z = scores + g.score_row(r) * seq;
+    T* p = probs + g.row(r) * seq;
     V m = z[0] * scale;
     for (std::size_t c = lane; c <= last; c += 32) m = z[c] * scale > m ? z[c] * scale : m;
     m = warp_reduce(m, max_op{});
@@ -40,13 +60,14 @@ __global__ void __launch_bounds__(row_threads)
 
 template <class V, class T, class Out, class Mask>
 __global__ void __launch_bounds__(row_threads)
-    causal_softmax_backward_rows(T const* probs, V const* dpd, Out* dscores, std::size_t rows, std::size_t seq,
+    causal_softmax_backward_rows(T const* probs, V const* dpd, Out* dscores, std::size_t rows, causal_rows rg,
                                  V scale, Mask mask) {
   unsigned const lane = threadIdx.x % 32;
+  std::size_t const seq = rg.seq;
   for (std::size_t r = first_warp_row(); r < rows; r += warp_row_stride()) {
-    std::size_t const last = r % seq, base = r * seq;
+    std::size_t const last = rg.position(r), base = rg.row(r) * seq;
     T const* p = probs + base;
-    V const* g = dpd + base;
+    V const* g = dpd + rg.score_row(r) * seq;
     Out* d = dscores + base;
     V dot = 0;
     for (std::size_t c = lane; c <= last; c += 32) dot += g[c] * mask(base + c) * to_compute<V>(p[c]);
@@ -59,37 +80,55 @@ __global__ void __launch_bounds__(row_threads)
 }  // namespace detail
 #endif
 
+namespace detail {
+
+// One row of causal_softmax on the host: p[0, n) = softmax(k * z[0, n)), p[n, seq) = 0, the
+// exponentials kept in w (z itself, or p when it holds the compute type) and then scaled, one exp
+// per element. The row's maximum and sum in 16 lanes (row_max, row_sum): they vectorise, and their
+// order depends on n alone.
+template <class V, class T>
+REMAT_INLINE_HOST_DEVICE void causal_softmax_row(V const* z, V* w, T* p, std::size_t n, std::size_t seq, V k) {
+  V const m = row_max<V>(n, [&](std::size_t c) { return z[c] * k; });
+  for (std::size_t c = 0; c < n; ++c) w[c] = math::exp(z[c] * k - m);  // (a plain loop: it vectorises)
+  V const inv = V(1) / row_sum<V>(n, [&](std::size_t c) { return w[c]; });
+  for (std::size_t c = 0; c < n; ++c) p[c] = from_compute<T>(w[c] * inv);
+  for (std::size_t c = n; c < seq; ++c) p[c] = from_compute<T>(V(0));
+}
+
+// One row of causal_softmax_backward on the host, row `base / seq` of the batch (its dropout
+// mask's elements from base): d = scale * p o (g o mask - dot) over [0, n), with dot the row's sum
+// of g o mask o p, and zeros over [n, seq).
+template <class V, class T, class Out, class Mask>
+REMAT_INLINE_HOST_DEVICE void causal_softmax_backward_row(T const* p, V const* g, Out* d, std::size_t n,
+                                                          std::size_t seq, std::size_t base, V scale,
+                                                          Mask const& mask) {
+  V const dot = row_sum<V>(n, [&](std::size_t c) { return g[c] * mask(base + c) * to_compute<V>(p[c]); });
+  for (std::size_t c = 0; c < n; ++c)
+    d[c] = from_compute<Out>(scale * to_compute<V>(p[c]) * (g[c] * mask(base + c) - dot));
+  for (std::size_t c = n; c < seq; ++c) d[c] = from_compute<Out>(V(0));
+}
+
+}  // namespace detail
+
 // probs = softmax(scale * scores) over the causal part of each row. probs may alias scores when
-// they have one type.
+// they have one type; otherwise the scores are overwritten (on the host they hold the
+// exponentials after).
 template <class V, class T, device_tag D>
-void causal_softmax(D, V const* scores, T* probs, std::size_t count, std::size_t seq, V scale) {
+void causal_softmax(D, V* scores, T* probs, std::size_t count, std::size_t seq, V scale) {
   std::size_t const rows = count * seq;
 #if REMAT_HAS_CUDA
   if constexpr (std::is_same_v<D, cuda>) {
-    detail::launch_warp_rows(detail::causal_softmax_rows<V, T>, rows, scores, probs, rows, seq, scale);
+    detail::launch_warp_rows(detail::causal_softmax_rows<V, T>, rows, static_cast<V const*>(scores), probs, rows,
+                             causal_rows{seq, 0, seq}, scale);
     return;
   }
 #endif
-  // A row's maximum and sum in 16 lanes (detail::row_max, row_sum): they vectorise, and their order
-  // depends on the row's length alone.
   for_each_index(D{}, rows, rows * seq, [=] REMAT_LAMBDA(std::size_t r) {
-    std::size_t const n = r % seq + 1;  // the columns this position sees
-    V const* z = scores + r * seq;
-    T* p = probs + r * seq;
-    V const k = scale;
-    V const m = detail::row_max<V>(n, [&](std::size_t c) { return z[c] * k; });
-    if constexpr (std::is_same_v<T, V>) {  // one exp per element: kept in the output, then scaled
-      // (a plain loop: it vectorises as a point-wise pass does)
-      for (std::size_t c = 0; c < n; ++c) p[c] = math::exp(z[c] * k - m);
-      V const sum = detail::row_sum<V>(n, [&](std::size_t c) { return p[c]; });
-      V const inv = V(1) / sum;
-      for (std::size_t c = 0; c < n; ++c) p[c] *= inv;
-    } else {  // (a 16-bit output cannot hold the unscaled values exactly: exp again)
-      V const sum = detail::row_sum<V>(n, [&](std::size_t c) { return math::exp(z[c] * k - m); });
-      V const inv = V(1) / sum;
-      for (std::size_t c = 0; c < n; ++c) p[c] = from_compute<T>(math::exp(z[c] * k - m) * inv);
-    }
-    for (std::size_t c = n; c < seq; ++c) p[c] = from_compute<T>(V(0));
+    V* const z = scores + r * seq;
+    T* const p = probs + r * seq;
+    V* w = z;
+    if constexpr (std::is_same_v<T, V>) w = p;
+    detail::causal_softmax_row<V, T>(z, w, p, r % seq + 1, seq, scale);
   });
 }
 
@@ -115,24 +154,186 @@ void causal_softmax_backward(D, T const* probs, V const* dpd, Out* dscores, std:
 #if REMAT_HAS_CUDA
   if constexpr (std::is_same_v<D, cuda>) {
     detail::launch_warp_rows(detail::causal_softmax_backward_rows<V, T, Out, Mask>, rows, probs, dpd, dscores, rows,
-                             seq, scale, mask);
+                             causal_rows{seq, 0, seq}, scale, mask);
     return;
   }
 #endif
   for_each_index(D{}, rows, rows * seq, [=] REMAT_LAMBDA(std::size_t r) {
-    std::size_t const last = r % seq;
     std::size_t const base = r * seq;
-    T const* p = probs + base;
-    V const* g = dpd + base;
-    Out* d = dscores + base;
-    V const dot =
-        detail::row_sum<V>(last + 1, [&](std::size_t c) { return g[c] * mask(base + c) * to_compute<V>(p[c]); });
-    for (std::size_t c = 0; c <= last; ++c)
-      d[c] = from_compute<Out>(scale * to_compute<V>(p[c]) * (g[c] * mask(base + c) - dot));
-    for (std::size_t c = last + 1; c < seq; ++c) d[c] = from_compute<Out>(V(0));
+    detail::causal_softmax_backward_row<V, T, Out>(probs + base, dpd + base, dscores + base, r % seq + 1, seq, base,
+                                                   scale, mask);
   });
 }
 
+// --- Causal attention, tile by tile --------------------------------------------------------------
+// Where AttentionCore's per-head matrices lie: q, k and v (seq x head width blocks of the input,
+// matrix i at its stride's at(i, group)), the output y (or their gradients: dy, and dqkv's blocks
+// as q's), and the tiles of `tile` positions its products go by: row tile [r0, r0 + rb) of the
+// scores is computed against keys [0, r0 + rb) only.
+template <class T>
+struct attention_blocks {
+  batch n;                       // the sequence-heads, `group` heads to a sequence
+  index_t tile;                  // positions per tile
+  lhs_operand<T> q;              // seq x head width, matrix i at q.stride.at(i, n.group)
+  rhs_operand<T> k, v;           // as q (k read transposed by the scores' product)
+  result_operand<T> y;           // the output (forward) or the gradient of q (backward)
+  index_t seq() const { return q.rows; }
+  index_t width() const { return q.cols; }
+};
+
+namespace detail {
+
+// f(r0, rb) for each tile of a sequence (the last may be shorter).
+template <class F>
+void for_attention_tiles(index_t seq, index_t tile, F const& f) {
+  for (index_t r0 = 0; r0 < seq; r0 += tile) f(r0, seq - r0 < tile ? seq - r0 : tile);
+}
+
+}  // namespace detail
+
+namespace detail {
+
+// Where the scores (or their gradient) of row tile [r0, r0 + rb) go, against keys [0, r0 + rb):
+// rows of the count seq x seq results themselves when they have the compute type (in place), else
+// a tile of their own in `scores` (rb rows of seq a matrix, matrix i's at i * rb * seq).
+template <class V, class T>
+result_operand<V> score_tile(V* scores, T* results, batch n, index_t seq, index_t r0, index_t rb) {
+  if constexpr (std::is_same_v<T, V>)
+    return result_operand<V>{results, seq, seq, seq, trans::no, {index_t(n.group) * seq * seq, seq * seq}}.window(
+        r0, 0, rb, r0 + rb);
+  else
+    return {scores, rb, r0 + rb, seq, trans::no, {index_t(n.group) * rb * seq, rb * seq}};
+}
+
+// Where causal_rows' score_row 0 is: the tile's (scores), or the results' first row (in place).
+template <class V, class T>
+V const* score_base(V const* scores, T const* results) {
+  if constexpr (std::is_same_v<T, V>)
+    return results;
+  else
+    return scores;
+}
+
+}  // namespace detail
+
+// The rows of seq values in the compute type that causal_attention_forward and _backward want as
+// `scores` for `count` sequence-heads of seq positions in tiles of `tile` (when the results are not
+// in the compute type themselves): a tile's scores of each.
+constexpr std::size_t attention_scores_rows(std::size_t count, std::size_t seq, std::size_t tile) {
+  return count * (tile < seq ? tile : seq);
+}
+
+namespace detail {
+
+// The three steps of each tile that causal_attention_forward and _backward share: z = Q F^T into
+// the tile's scores (against the keys the tile sees), rows(z) into `results` (count * seq x seq),
+// y = results S over the causal columns. rows(z, row, n, seq) makes row `row` of the results from
+// its scores z (n of them, the rest zeros) on the host; rows.launch(count, base, g) does a tile's
+// rows on the GPU.
+template <class T, class V, class Rows, device_tag D>
+void attention_tile_steps(D, attention_blocks<T> const& b, rhs_operand<T> f, rhs_operand<T> sv, V* scores, T* results,
+                          Rows const& rows) {
+  std::size_t const count = b.n.count, seq = std::size_t(b.seq());
+  index_t const hw = b.width(), s = b.seq();
+  if constexpr (!std::is_same_v<D, host>) {
+#if REMAT_HAS_CUDA
+    lhs_operand<T> const r{results, s, s, s, trans::no, {index_t(b.n.group) * s * s, s * s}};
+    for_attention_tiles(s, b.tile, [&](index_t r0, index_t rb) {
+      gemm_batched(D{}, b.n, b.q.window(r0, 0, rb, hw), f.window(0, 0, r0 + rb, hw).transposed(),
+                   score_tile(scores, results, b.n, s, r0, rb));
+      rows.launch(count * std::size_t(rb), score_base(scores, results),
+                  causal_rows{seq, std::size_t(r0), std::size_t(rb), !std::is_same_v<T, V>});
+      gemm_batched(D{}, b.n, r.window(r0, 0, rb, r0 + rb), sv.window(0, 0, r0 + rb, hw), b.y.window(r0, 0, rb, hw));
+    });
+#endif
+  } else {
+    profile::timed<host> const timing(profile::work::product);
+    host_split_throwing(count, count * seq * seq * std::size_t(hw), [&](std::size_t first, std::size_t last) {
+      V* const own = std::is_same_v<T, V> ? nullptr : scores + first * std::size_t(b.tile) * seq;  // (first: its own)
+      for (std::size_t i = first; i < last; ++i)
+        for_attention_tiles(s, b.tile, [&](index_t r0, index_t rb) {
+          result_operand<V> const z = score_tile(own, results, b.n, s, r0, rb);
+          V* const zi = z.data + z.stride.at(std::is_same_v<T, V> ? i : 0, b.n.group);
+          host_gemm<T, V>(trans::no, trans::yes, rb, r0 + rb, hw, V(1),
+                          b.q.data + b.q.stride.at(i, b.n.group) + r0 * b.q.ld, b.q.ld,
+                          f.data + f.stride.at(i, b.n.group), f.ld, V(0), zi, s, true);
+          std::size_t const row0 = i * seq + std::size_t(r0);
+          host_for_each(0, std::size_t(rb), [=](std::size_t r) {  // (rows copied: see host_for_each)
+            rows(zi + r * seq, row0 + r, std::size_t(r0) + r + 1, seq);
+          });
+          host_gemm<T, T>(trans::no, trans::no, rb, hw, r0 + rb, V(1), results + row0 * seq, s,
+                          sv.data + sv.stride.at(i, b.n.group), sv.ld, V(0),
+                          b.y.data + b.y.stride.at(i, b.n.group) + r0 * b.y.ld, b.y.ld, true);
+        });
+    });
+  }
+}
+
+// The forward's rows: probs = causal softmax of the scores.
+template <class V, class T>
+struct attention_softmax_rows {
+  T* probs;
+  V scale;
+  REMAT_INLINE_HOST_DEVICE void operator()(V* z, std::size_t row, std::size_t n, std::size_t seq) const {
+    T* const p = probs + row * seq;
+    V* w = z;
+    if constexpr (std::is_same_v<T, V>) w = p;
+    causal_softmax_row<V, T>(z, w, p, n, seq, scale);
+  }
+#if REMAT_HAS_CUDA
+  void launch(std::size_t rows, V const* z, causal_rows g) const {
+    launch_warp_rows(causal_softmax_rows<V, T>, rows, z, probs, rows, g, scale);
+  }
+#endif
+};
+
+// The backward's rows: dscores = the causal softmax's backward of dpd (the scores here).
+template <class V, class T, class Mask>
+struct attention_softmax_backward_rows {
+  T const* probs;
+  T* dscores;
+  V scale;
+  Mask const& mask;
+  REMAT_INLINE_HOST_DEVICE void operator()(V const* g, std::size_t row, std::size_t n, std::size_t seq) const {
+    std::size_t const base = row * seq;
+    causal_softmax_backward_row<V, T, T>(probs + base, g, dscores + base, n, seq, base, scale, mask);
+  }
+#if REMAT_HAS_CUDA
+  void launch(std::size_t rows, V const* g, causal_rows c) const {
+    launch_warp_rows(causal_softmax_backward_rows<V, T, T, Mask>, rows, static_cast<T const*>(probs), g, dscores, rows,
+                     c, scale, mask);
+  }
+#endif
+};
+
+}  // namespace detail
+
+// Causal attention's forward without dropout, tile by tile: probs = softmax(scale * Q K^T) over
+// the causal part of each row (count * seq x seq, as causal_softmax's) and y = probs V. `scores`:
+// see attention_scores_rows (unused when probs has the compute type: the scores are made in
+// place). On the host a thread takes a sequence-head at a time and makes each tile's scores,
+// their softmax and its rows of y one after the other while they are in its cache, in its own
+// tile of scores; on the GPU each step is a batched product or a row pass over every
+// sequence-head's tile. The same products (shapes, layouts, order of sums) and rows as
+// causal_softmax between batched products, so the same bits.
+template <class T, class V, device_tag D>
+void causal_attention_forward(D, attention_blocks<T> const& b, V* scores, T* probs, V scale) {
+  detail::attention_tile_steps(D{}, b, b.k, b.v, scores, probs, detail::attention_softmax_rows<V, T>{probs, scale});
+}
+
+// Causal attention's backward from dY to dQ, tile by tile: dpd = dY V^T over the causal part of
+// each row (the gradient of the probabilities after dropout), dscores = causal_softmax_backward
+// of it (mask: the dropout's, as there) and dQ = dscores K. b.q holds dY (in the output's
+// blocks), b.k and b.v K and V, b.y dQ. `scores` as causal_attention_forward's (dpd goes into
+// dscores in place when it has the compute type). dK and dV, which sum over later tiles, are the
+// caller's products. The host and the GPU go as in causal_attention_forward; the same bits as
+// the batched products around causal_softmax_backward.
+template <class T, class V, class Mask, device_tag D>
+void causal_attention_backward(D, attention_blocks<T> const& b, V* scores, T const* probs, T* dscores, V scale,
+                               Mask const& mask) {
+  detail::attention_tile_steps(D{}, b, b.v, b.k, scores, dscores,
+                               detail::attention_softmax_backward_rows<V, T, Mask>{probs, dscores, scale, mask});
+}
 
 // --- Query panels (BlockedAttentionCore) ---------------------------------------------------------
 // A panel is rows r0 .. r0 + rb - 1 of every sequence-head's scores against the keys 0 .. L - 1 the

@@ -401,14 +401,16 @@ void gemm_batched(host, batch n, lhs_operand<T> a, rhs_operand<T> b, result_oper
   auto const [m, cols, k] = detail::check_product(a, b, c);
   if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) (void)gemm16_path_for<T>();
   if (m == 0 || cols == 0) return;
-  // (the checks above are the ones each product would make: none can throw inside the loop)
+  // (the checks above are the ones each product would make; inside the loop only a product's
+  // scratch may fail to allocate, thrown again after the threads are done)
   compute_type_t<T> const alpha(s.alpha), beta(s.beta);
-  for_each_index(host{}, n.count, n.count * std::size_t(m * cols) * std::size_t(k > 0 ? k : 1) / 8,
-                 [=](std::size_t i) {
-                   detail::host_gemm(a.op, b.op, m, cols, k, alpha, a.data + a.stride.at(i, n.group), a.ld,
-                                     b.data + b.stride.at(i, n.group), b.ld, beta, c.data + c.stride.at(i, n.group),
-                                     c.ld, true);
-                 });
+  detail::host_split_throwing(n.count, n.count * std::size_t(m * cols) * std::size_t(k > 0 ? k : 1) / 8,
+                              [=](std::size_t first, std::size_t last) {
+                                for (std::size_t i = first; i < last; ++i)
+                                  detail::host_gemm(a.op, b.op, m, cols, k, alpha, a.data + a.stride.at(i, n.group),
+                                                    a.ld, b.data + b.stride.at(i, n.group), b.ld, beta,
+                                                    c.data + c.stride.at(i, n.group), c.ld, true);
+                              });
 }
 
 #if REMAT_HAS_CUDA

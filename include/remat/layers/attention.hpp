@@ -9,7 +9,10 @@
 // the probabilities or their gradient sum over the unmasked columns only (the masked entries are
 // zeros, so the result is the full product's up to the order of the sums). For a sequence of
 // n tiles that is (n + 1) / (2n) of the full products' FLOPs; the softmax reads and writes only
-// the causal part of each row (and zeros the rest).
+// the causal part of each row (and zeros the rest). Without dropout the scores, their softmax and
+// Y go a tile at a time (kernels::causal_attention_forward), and so do dP, the softmax's backward
+// and dQ (kernels::causal_attention_backward): in 16-bit the fp32 scores then take one tile of each
+// sequence-head, not a whole seq x seq square.
 //
 // It keeps its input and P (batch x H x seq x seq: the sequence-length-squared buffer); the dropout
 // mask is regenerated from its offset. Wrapped in Checkpointed (see RecomputeAttention in
@@ -100,9 +103,21 @@ struct AttentionCore : detail::attention_function<W, H, P> {
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {
     using A = typename S::act_type;
     std::size_t const seq = s.sequence_length(), rows = x->rows(), count = rows / seq * H;
+    s.note_work(std::uint64_t(count) * seq * (seq + 1) * (W / H));  // Q K^T and P V over the causal half
+    if (!(s.training() && P > 0.0)) {  // (no dropout: the products and the softmax tile by tile)
+      A y = s.make(rows, W);
+      auto [scores, probs] = tile_scores_and_result(s, count, seq);
+      if constexpr (S::computes)
+        kernels::causal_attention_forward(
+            device<S>{}, blocks(x->data(), qkv_blocks(seq), x->data(), y->data(), out_blocks(seq), count),
+            score_data<S>(scores), probs->data(), base::template scale<S>());
+      scores.reset();
+      s.save(std::move(x));
+      s.save(std::move(probs));
+      return y;
+    }
     // The scores, in the compute type; the probabilities overwrite them when that is the storage type.
     auto [scores, probs] = compute_and_result(s, count * seq, seq);
-    s.note_work(std::uint64_t(count) * seq * (seq + 1) * (W / H));  // Q K^T and P V over the causal half
     if constexpr (S::computes) {
       auto const* q = x->data();
       for_row_tiles(seq, [&](index_t r0, index_t rb) {  // S = Q K^T, keys up to the tile's last row
@@ -160,35 +175,23 @@ struct AttentionCore : detail::attention_function<W, H, P> {
                                 kernels::result(dx->data() + 2 * W, qkv_blocks(seq)).window(c0, 0, cb, hw));
         });
     }
-    // dP (after dropout) = dY V^T in the compute type, then the softmax's backward into dS.
-    auto [dpd, dscores] = compute_and_result(s, count * seq, seq);
+    // dP (after dropout) = dY V^T in the compute type, the softmax's backward into dS, dQ = dS K
+    // (the 1/sqrt(d) is in dS): tile by tile.
+    auto [dpd, dscores] = tile_scores_and_result(s, count, seq);
     if constexpr (S::computes) {
-      using V = compute_type_t<T>;
-      T const* xd = x->data();
-      for_row_tiles(seq, [&](index_t r0, index_t rb) {
-        kernels::gemm_batched(device<S>{}, {count, H}, kernels::lhs(dy->data(), out_blocks(seq)).window(r0, 0, rb, hw),
-                              kernels::rhs(xd + 2 * W, qkv_blocks(seq)).window(0, 0, r0 + rb, hw).transposed(),
-                              kernels::result(stat_data(dpd->data()), square_blocks(seq)).window(r0, 0, rb, r0 + rb));
-      });
-      if (drops) {
-        kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
-                                         seq, base::template scale<S>(), base::mask_of(s, offset));
-      } else {
-        kernels::causal_softmax_backward(device<S>{}, probs->data(), stat_data(dpd->data()), dscores->data(), count,
-                                         seq, base::template scale<S>(), kernels::no_mask<V>{});
-      }
+      auto const b = blocks(dy->data(), out_blocks(seq), x->data(), dx->data(), qkv_blocks(seq), count);
+      if (drops)
+        kernels::causal_attention_backward(device<S>{}, b, score_data<S>(dpd), probs->data(), dscores->data(),
+                                           base::template scale<S>(), base::mask_of(s, offset));
+      else
+        kernels::causal_attention_backward(device<S>{}, b, score_data<S>(dpd), probs->data(), dscores->data(),
+                                           base::template scale<S>(), kernels::no_mask<compute_type_t<T>>{});
     }
     probs.reset();
     dpd.reset();
     if constexpr (S::computes) {
       T const* xd = x->data();
-      // dQ = dS K, dK = dS^T Q (the 1/sqrt(d) is in dS)
-      for_row_tiles(seq, [&](index_t r0, index_t rb) {
-        kernels::gemm_batched(device<S>{}, {count, H},
-                              kernels::lhs(dscores->data(), square_blocks(seq)).window(r0, 0, rb, r0 + rb),
-                              kernels::rhs(xd + W, qkv_blocks(seq)).window(0, 0, r0 + rb, hw),
-                              kernels::result(dx->data(), qkv_blocks(seq)).window(r0, 0, rb, hw));
-      });
+      // dK = dS^T Q
       for_row_tiles(seq, [&](index_t c0, index_t cb) {
         index_t const later = index_t(seq) - c0;
         kernels::gemm_batched(device<S>{}, {count, H},
@@ -204,6 +207,39 @@ struct AttentionCore : detail::attention_function<W, H, P> {
   template <class S>
   using device = typename S::device;
   static constexpr index_t hw = index_t(head_width);
+  // The per-head matrices of kernels::causal_attention_forward (q from the input x, y the output)
+  // and _backward (q: dy, in the output's blocks; y: dx, in the input's); k and v from x.
+  template <class T>
+  static kernels::attention_blocks<T> blocks(T const* q, kernels::matrix_layout q_blocks, T const* x, T* y,
+                                             kernels::matrix_layout y_blocks, std::size_t count) {
+    std::size_t const seq = std::size_t(q_blocks.rows);
+    return {{count, H},
+            index_t(causal_tile),
+            kernels::lhs(q, q_blocks),
+            kernels::rhs(x + W, qkv_blocks(seq)),
+            kernels::rhs(x + 2 * W, qkv_blocks(seq)),
+            kernels::result(y, y_blocks)};
+  }
+  // The scores those kernels want (none when the activation type is the compute type: they work
+  // in the result) and the count * seq x seq result in the activation type.
+  template <class S>
+  static constexpr std::pair<typename S::act_type, typename S::act_type> tile_scores_and_result(S& s, std::size_t count,
+                                                                                     std::size_t seq) {
+    using T = typename S::value_type;
+    if constexpr (base::template same_storage<S>) {
+      return {typename S::act_type{}, s.make(count * seq, seq)};
+    } else {
+      typename S::act_type r = s.make(count * seq, seq);  // (the scores last: they go first)
+      return {s.make(kernels::attention_scores_rows(count, seq, causal_tile), stat_columns<T>(seq)), r};
+    }
+  }
+  template <class S>
+  static constexpr compute_type_t<typename S::value_type>* score_data(typename S::act_type const& z) {
+    if constexpr (base::template same_storage<S>)
+      return nullptr;
+    else
+      return stat_data(z->data());
+  }
   // f(first, count) for each tile of causal_tile positions of a sequence (the last may be shorter).
   template <class F>
   static void for_row_tiles(std::size_t seq, F const& f) {

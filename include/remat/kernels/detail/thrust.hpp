@@ -22,7 +22,9 @@
 #include "../../cuda/runtime.hpp"
 #endif
 
+#include <atomic>
 #include <cstddef>
+#include <exception>
 
 namespace REMAT_NAMESPACE {
 namespace kernels {
@@ -50,6 +52,23 @@ void host_split(std::size_t n, std::size_t work, Run const& run) {
   (void)work;
 #endif
   run(0, n);
+}
+
+// host_split for a `run` that may throw (a product's scratch may fail to allocate): an exception
+// may not leave an OpenMP thread, so the first one leaves its chunk and is thrown again here once
+// every thread is done (the other chunks run to their end).
+template <class Run>
+void host_split_throwing(std::size_t n, std::size_t work, Run const& run) {
+  std::exception_ptr failed;
+  std::atomic<bool> taken{false};
+  host_split(n, work, [&](std::size_t first, std::size_t last) {
+    try {
+      run(first, last);
+    } catch (...) {
+      if (!taken.exchange(true)) failed = std::current_exception();
+    }
+  });
+  if (failed) std::rethrow_exception(failed);
 }
 
 // The threads a host kernel started here would run on (1 inside a parallel region: nested regions
