@@ -189,10 +189,6 @@ void for_attention_tiles(index_t seq, index_t tile, F const& f) {
   for (index_t r0 = 0; r0 < seq; r0 += tile) f(r0, seq - r0 < tile ? seq - r0 : tile);
 }
 
-}  // namespace detail
-
-namespace detail {
-
 // Where the scores (or their gradient) of row tile [r0, r0 + rb) go, against keys [0, r0 + rb):
 // rows of the count seq x seq results themselves when they have the compute type (in place), else
 // a tile of their own in `scores` (rb rows of seq a matrix, matrix i's at i * rb * seq).
@@ -228,8 +224,8 @@ namespace detail {
 // The three steps of each tile that causal_attention_forward and _backward share: z = Q F^T into
 // the tile's scores (against the keys the tile sees), rows(z) into `results` (count * seq x seq),
 // y = results S over the causal columns. rows(z, row, n, seq) makes row `row` of the results from
-// its scores z (n of them, the rest zeros) on the host; rows.launch(count, base, g) does a tile's
-// rows on the GPU.
+// its scores z (n of them, the rest zeros) on the host; rows.launch(rows, base, g) does a tile's
+// rows (causal_rows g, their scores from base) on the GPU.
 template <class T, class V, class Rows, device_tag D>
 void attention_tile_steps(D, attention_blocks<T> const& b, rhs_operand<T> f, rhs_operand<T> sv, V* scores, T* results,
                           Rows const& rows) {
