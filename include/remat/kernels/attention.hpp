@@ -24,8 +24,10 @@ namespace kernels {
 // matrices are the tile r0 = 0, rb = seq. `tiled`: the scores (or their gradient) are a tile of
 // their own, row t at t * seq, rather than rows of the matrices.
 struct causal_rows {
-  std::size_t seq, r0, rb;
-  bool tiled = false;
+  std::size_t seq;     // positions in a sequence (the matrices are seq x seq)
+  std::size_t r0;      // the tile's first position
+  std::size_t rb;      // the tile's positions
+  bool tiled = false;  // the scores are a tile of their own (else rows of the matrices)
   // The position of row t: it sees keys [0, position].
   REMAT_HOST_DEVICE std::size_t position(std::size_t t) const { return r0 + t % rb; }
   // Row t's row in the matrices.
@@ -175,9 +177,12 @@ struct attention_blocks {
   batch n;                       // the sequence-heads, `group` heads to a sequence
   index_t tile;                  // positions per tile
   lhs_operand<T> q;              // seq x head width, matrix i at q.stride.at(i, n.group)
-  rhs_operand<T> k, v;           // as q (k read transposed by the scores' product)
+  rhs_operand<T> k;              // as q (read transposed by the scores' product)
+  rhs_operand<T> v;              // as q
   result_operand<T> y;           // the output (forward) or the gradient of q (backward)
+  // The positions of a sequence.
   index_t seq() const { return q.rows; }
+  // The features of a head.
   index_t width() const { return q.cols; }
 };
 
