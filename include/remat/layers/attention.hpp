@@ -243,8 +243,7 @@ struct AttentionCore : detail::attention_function<W, H, P> {
   // f(first, count) for each tile of causal_tile positions of a sequence (the last may be shorter).
   template <class F>
   static void for_row_tiles(std::size_t seq, F const& f) {
-    for (std::size_t r0 = 0; r0 < seq; r0 += causal_tile)
-      f(index_t(r0), index_t(seq - r0 < causal_tile ? seq - r0 : causal_tile));
+    kernels::detail::for_attention_tiles(index_t(seq), index_t(causal_tile), f);  // (the kernels' tiles)
   }
   // seq x seq squares of the scores, probabilities or their gradients (batch x H x seq x seq).
   static constexpr kernels::matrix_layout square_blocks(std::size_t seq) {
