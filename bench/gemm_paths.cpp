@@ -8,6 +8,13 @@
 // The shapes: the residual MLP of bench_policies (d = 1024) at batch 256 and 2048 (forward
 // y = x W^T, backward dx = dy W, dW = dy^T x), and GPTBlock<512, 8> at 8 x 256 tokens (the
 // attention projections and the 4d MLP). Prints a table and one JSON line per shape.
+//
+// With oneDNN, a second table times the same shapes in bf16 (remat's bf16 host path): the
+// products' outputs in bf16 as the layers write them, the weight gradients in fp32 as remat
+// accumulates them (dW += dy^T x, oneDNN's sum post-op), beside the same product written over
+// (beta = 0) and with dy^T read row-major (as if stored transposed), so a layout or an
+// accumulation that costs more than the product itself shows. (oneDNN 2.6 has no fast kernel for
+// a transposed output: dW^T = x^T dy written through dW's strides runs its reference code.)
 #include <remat/remat.hpp>
 
 #if defined(REMAT_HAS_ONEDNN)
@@ -31,7 +38,7 @@ struct shape {
   bool ta, tb;  // C (m x n) = op(A) (m x k) op(B) (k x n), row-major
 };
 
-double seconds(auto const& f) {
+double seconds(auto&& f) {
   auto const t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -42,6 +49,84 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+
+#if defined(REMAT_HAS_ONEDNN)
+// One oneDNN matmul C (m x n) = A (m x k) B (k x n) + beta C over strides of one's choosing,
+// timed a call at a time.
+struct dnnl_product {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{eng};
+  dnnl::matmul prim;
+  dnnl::memory am, bm, cm;
+  std::vector<char> a, b, c;
+
+  dnnl_product(int m, int n, int k, dims as, dims bs, dims cs, dt in, dt out, float beta) {
+    dnnl::memory::desc const ad({m, k}, in, as), bd({k, n}, in, bs), cd({m, n}, out, cs);
+    dnnl::primitive_attr attr;
+    if (beta != 0.0f) {
+      dnnl::post_ops po;
+      po.append_sum(beta);
+      attr.set_post_ops(po);
+    }
+    prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, eng));
+    a.assign(ad.get_size(), 0);
+    b.assign(bd.get_size(), 0);
+    c.assign(cd.get_size(), 0);
+    am = dnnl::memory(ad, eng, a.data());
+    bm = dnnl::memory(bd, eng, b.data());
+    cm = dnnl::memory(cd, eng, c.data());
+  }
+  void operator()() {
+    prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream.wait();
+  }
+};
+
+// The shapes in bf16: remat's layout and, for each weight gradient, written over and transposed.
+void bf16_table(std::vector<shape> const& shapes, int rounds, std::vector<std::string>& json) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  std::printf("bf16 matrix products, oneDNN bf16 matmul, median of %d interleaved rounds (GFLOP/s)\n\n", rounds);
+  std::printf("| workload | product | m x n x k | as remat runs it | dW written over | dy^T row-major |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (shape const& s : shapes) {
+    int const lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+    dims const as = s.ta ? dims{1, lda} : dims{lda, 1}, bs = s.tb ? dims{1, ldb} : dims{ldb, 1};
+    // A weight gradient (dy^T x) accumulates in fp32; the other products write bf16.
+    bool const weight = s.ta;
+    std::vector<dnnl_product> variants;
+    variants.emplace_back(s.m, s.n, s.k, as, bs, dims{s.n, 1}, dt::bf16, weight ? dt::f32 : dt::bf16,
+                          weight ? 1.0f : 0.0f);
+    if (weight) {
+      variants.emplace_back(s.m, s.n, s.k, as, bs, dims{s.n, 1}, dt::bf16, dt::f32, 0.0f);
+      // dy^T as if stored row-major (what a layer that kept its output transposed would give).
+      variants.emplace_back(s.m, s.n, s.k, dims{s.k, 1}, bs, dims{s.n, 1}, dt::bf16, dt::f32, 1.0f);
+    }
+    std::vector<std::vector<double>> t(variants.size());
+    for (auto& v : variants) v();
+    for (int r = 0; r < rounds; ++r)
+      for (std::size_t i = 0; i < variants.size(); ++i) t[i].push_back(seconds(variants[i]));
+    double const flop = 2.0 * s.m * s.n * s.k;
+    double g[3] = {0, 0, 0};
+    for (std::size_t i = 0; i < variants.size(); ++i) g[i] = flop / median(t[i]) / 1e9;
+    if (weight)
+      std::printf("| %s | %s | %d x %d x %d | %.0f | %.0f | %.0f |\n", s.workload, s.product, s.m, s.n, s.k, g[0],
+                  g[1], g[2]);
+    else
+      std::printf("| %s | %s | %d x %d x %d | %.0f | | |\n", s.workload, s.product, s.m, s.n, s.k, g[0]);
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "json: {\"bench\":\"gemm_paths_bf16\",\"workload\":\"%s\",\"product\":\"%s\",\"m\":%d,"
+                  "\"n\":%d,\"k\":%d,\"onednn_gflops\":%.1f,\"written_over_gflops\":%.1f,"
+                  "\"dyt_rowmajor_gflops\":%.1f}",
+                  s.workload, s.product, s.m, s.n, s.k, g[0], g[1], g[2]);
+    json.push_back(line);
+  }
+  std::printf("\n");
+}
+#endif
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -119,6 +204,9 @@ int main(int argc, char** argv) {
     json.push_back(line);
   }
   std::printf("\n");
+#if defined(REMAT_HAS_ONEDNN)
+  bf16_table(shapes, rounds, json);
+#endif
   for (auto const& j : json) std::printf("%s\n", j.c_str());
   return 0;
 }

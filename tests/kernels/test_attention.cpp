@@ -8,6 +8,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/values.hpp"
+
 #include <omp.h>
 
 #include <cmath>
@@ -22,20 +24,6 @@ namespace {
 
 constexpr std::size_t sequences = 2, heads = 3, hw = 8, W = heads * hw, seq = 150, tile = 64;  // tiles 64, 64, 22
 constexpr std::size_t count = sequences * heads;
-
-template <class T>
-std::vector<T> random_values(std::size_t n, unsigned salt) {
-  std::mt19937 g(salt);
-  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-  std::vector<T> v(n);
-  for (T& x : v) x = T(u(g));
-  return v;
-}
-
-template <class T>
-bool same_bits(std::vector<T> const& a, std::vector<T> const& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
 // Dropout's factors by element of the count * seq x seq matrices: 0 for every seventh, else 1.25.
 struct every_seventh {

@@ -1,8 +1,9 @@
 // LayerNorm and RMSNorm over the last dimension, forward and backward: one row per task on the
-// host, one thread block per row on the GPU (parameter gradients in row chunks there). Sums
-// accumulate in the compute type (fp32 for fp32 and 16-bit data, fp64 for double), and the saved
-// statistics are kept in it; parameter gradients G may be wider than the data (fp32 master
-// gradients of 16-bit activations).
+// host (a chunk of rows in the backward, which reads x and dy once for dx and the parameter
+// gradients both), one thread block per row on the GPU (parameter gradients in row chunks
+// there). Sums accumulate in the compute type (fp32 for fp32 and 16-bit data, fp64 for double),
+// and the saved statistics are kept in it; parameter gradients G may be wider than the data (fp32
+// master gradients of 16-bit activations).
 #pragma once
 
 #include "../numeric/math.hpp"
@@ -21,6 +22,41 @@ namespace detail {
 template <class T, class V>
 REMAT_HOST_DEVICE T plus_rounded(T v, T const* add, std::size_t i) {
   return add ? from_compute<T>(to_compute<V>(v) + to_compute<V>(add[i])) : v;
+}
+
+// A norm's backward on the host in one pass over x and dy: a task takes norm_chunk rows and runs
+// row(r, pg, pb) for each, which writes the row's dx (when wanted) and adds the row's terms of
+// the parameter gradients to its chunk's column sums pg (and pb: null for RMSNorm), so the
+// row's x and dy are read from memory once. Then the chunks' sums are added onto dgamma (and
+// dbeta) column by column, chunk after chunk: the same order for every thread count. The
+// chunks' sums are kernel scratch (not the model's: memory::scratch_buffer).
+inline constexpr std::size_t norm_chunk = 32;
+template <class V, class G, class Row>
+void norm_backward_host(std::size_t rows, std::size_t w, G* dgamma, G* dbeta, Row const& row) {
+  std::size_t const chunks = (rows + norm_chunk - 1) / norm_chunk, sums = dbeta ? 2 : 1;
+  if (chunks == 0 || w == 0) return;
+  memory::scratch_buffer<host> scratch(chunks * sums * w * sizeof(V));
+  V* const part = static_cast<V*>(scratch.get());
+  for_each_index(host{}, chunks, rows * w, [=](std::size_t k) {
+    V* const pg = part + k * sums * w;
+    V* const pb = dbeta ? pg + w : nullptr;
+    for (std::size_t c = 0; c < sums * w; ++c) pg[c] = V(0);
+    std::size_t const r1 = std::min(rows, (k + 1) * norm_chunk);
+    for (std::size_t r = k * norm_chunk; r < r1; ++r) row(r, pg, pb);
+  });
+  constexpr std::size_t block = column_block<host>;
+  for_each_index(host{}, (w + block - 1) / block, chunks * sums * w, [=](std::size_t b) {
+    std::size_t const c1 = std::min(w, (b + 1) * block);
+    for (std::size_t c = b * block; c < c1; ++c) {
+      V ag = to_compute<V>(dgamma[c]);
+      for (std::size_t k = 0; k < chunks; ++k) ag += part[k * sums * w + c];
+      dgamma[c] = from_compute<G>(ag);
+      if (!dbeta) continue;
+      V ab = to_compute<V>(dbeta[c]);
+      for (std::size_t k = 0; k < chunks; ++k) ab += part[k * sums * w + w + c];
+      dbeta[c] = from_compute<G>(ab);
+    }
+  });
 }
 }  // namespace detail
 
@@ -161,31 +197,16 @@ void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const*
     return;
   }
 #endif
-  // Parameter gradients first (they read dy, which dx may overwrite): columns in blocks, rows in
-  // order, so the sums do not depend on the thread count.
-  constexpr std::size_t block = column_block<D>;
-  std::size_t const blocks = (w + block - 1) / block;
-  for_each_index(D{}, blocks, rows * w, [=] REMAT_LAMBDA(std::size_t b) {
-    std::size_t const c0 = b * block, c1 = c0 + block < w ? c0 + block : w;
-    V ag[block], ab[block];
-    for (std::size_t c = c0; c < c1; ++c) {
-      ag[c - c0] = to_compute<V>(dgamma[c]);
-      ab[c - c0] = to_compute<V>(dbeta[c]);
-    }
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = c0; c < c1; ++c) {
-        V const d = to_compute<V>(dy[r * w + c]);
-        ag[c - c0] += d * xhat(r, c);
-        ab[c - c0] += d;
-      }
-    for (std::size_t c = c0; c < c1; ++c) {
-      dgamma[c] = from_compute<G>(ag[c - c0]);
-      dbeta[c] = from_compute<G>(ab[c - c0]);
-    }
-  });
-  if (!dx) return;
-  for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
+  // One pass (detail::norm_backward_host): each row's parameter terms are added to its chunk's
+  // sums before its dx is written (dx may overwrite dy).
+  detail::norm_backward_host<V>(rows, w, dgamma, dbeta, [=](std::size_t r, V* pg, V* pb) {
     T const* dyr = dy + r * w;
+    for (std::size_t i = 0; i < w; ++i) {
+      V const d = to_compute<V>(dyr[i]);
+      pg[i] += d * xhat(r, i);
+      pb[i] += d;
+    }
+    if (!dx) return;
     V const sg = detail::row_sum<V>(w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]); });
     V const sgx = detail::row_sum<V>(
         w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * xhat(r, i); });
@@ -248,26 +269,15 @@ void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* r
     return;
   }
 #endif
-  constexpr std::size_t block = column_block<D>;
-  std::size_t const blocks = (w + block - 1) / block;
-  for_each_index(D{}, blocks, rows * w, [=] REMAT_LAMBDA(std::size_t b) {
-    std::size_t const c0 = b * block, c1 = c0 + block < w ? c0 + block : w;
-    V ag[block];
-    for (std::size_t c = c0; c < c1; ++c) ag[c - c0] = to_compute<V>(dgamma[c]);
-    for (std::size_t r = 0; r < rows; ++r) {
-      V const s = rstd[r];
-      for (std::size_t c = c0; c < c1; ++c)
-        ag[c - c0] += to_compute<V>(dy[r * w + c]) * to_compute<V>(x[r * w + c]) * s;
-    }
-    for (std::size_t c = c0; c < c1; ++c) dgamma[c] = from_compute<G>(ag[c - c0]);
-  });
-  if (!dx) return;
-  for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
+  detail::norm_backward_host<V>(rows, w, dgamma, static_cast<G*>(nullptr), [=](std::size_t r, V* pg, V*) {
     T const* xr = x + r * w;
     T const* dyr = dy + r * w;
+    V const s = rstd[r];
+    for (std::size_t i = 0; i < w; ++i) pg[i] += to_compute<V>(dyr[i]) * to_compute<V>(xr[i]) * s;
+    if (!dx) return;
     V const sgx = detail::row_sum<V>(
         w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * to_compute<V>(xr[i]); });
-    V const s = rstd[r], k = s * s * s * sgx / V(w);
+    V const k = s * s * s * sgx / V(w);
     T* dxr = dx + r * w;
     if (add) {
       T const* ar = add + r * w;
