@@ -4,7 +4,7 @@
 #   expr-host.*      fused expressions against op-by-op evaluation and copy bandwidth, the
 #                    optimizer passes' bytes per parameter and fraction of copy, and the row
 #                    passes (causal softmax, LayerNorm) against copy
-#   gemm-paths-host.* OpenBLAS against oneDNN's f32 matmul for the shapes of a step
+#   gemm-paths-host.* OpenBLAS against oneDNN's f32 matmul for the shapes of a step, the bf16 products, an epilogue in panels
 #   float-math-host.* remat's float exp/erf/tanh beside glibc, libmvec and SLEEF (AVX-512 machines)
 #   policies-host.*  the residual-MLP training step under every storage policy, interleaved with
 #                    today's PyTorch from PyPI on the same model (bench/compare_torch.py), and a
