@@ -196,6 +196,26 @@ std::vector<opt_row> row_pass_rows(std::size_t n, int reps) {
     kernels::layer_norm_backward(host{}, x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(), rows, w,
                                  dx.data(), dgamma.data(), dgamma.data() + w);
   });
+  // The same in bf16 (a mixed-precision model's: fp32 statistics and parameter gradients), at the
+  // GPT workload's width (512) and at a 7B model's (4096).
+  for (std::size_t bw : {std::size_t(512), std::size_t(4096)}) {
+    std::size_t const brows = std::max<std::size_t>(1, n / bw);
+    using btensor = tensor<bfloat16, host>;
+    index_t const br = index_t(brows), bc = index_t(bw);
+    btensor bx(br, bc), bdy(br, bc), bdx(br, bc), bgamma(bc, 1);
+    for (std::size_t i = 0; i < bx.size(); ++i) bx[i] = bfloat16(float(std::sin(0.37 * double(i))));
+    evaluate(bdy, expr::to_expr(1e-2));
+    evaluate(bgamma, expr::to_expr(1.0));
+    ftensor bmean(index_t(brows), 1), brstd(index_t(brows), 1), bdg(index_t(2 * bw), 1);
+    evaluate(bmean, expr::to_expr(0.0));
+    evaluate(brstd, expr::to_expr(1.0));
+    evaluate(bdg, expr::to_expr(0.0));
+    std::string const name = "LayerNorm backward, bf16 (width " + std::to_string(bw) + ")";
+    add(name.c_str(), double(brows * bw) * 6 + double(brows) * 8, brows * bw, [&, bw, brows] {
+      kernels::layer_norm_backward(host{}, bx.data(), bgamma.data(), bmean.data(), brstd.data(), bdy.data(), brows, bw,
+                                   bdx.data(), bdg.data(), bdg.data() + bw);
+    });
+  }
   return out;
 }
 

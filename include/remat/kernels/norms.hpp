@@ -37,7 +37,7 @@ void norm_backward_host(std::size_t rows, std::size_t w, G* dgamma, G* dbeta, Ro
   if (chunks == 0 || w == 0) return;
   memory::scratch_buffer<host> scratch(chunks * sums * w * sizeof(V));
   V* const part = static_cast<V*>(scratch.get());
-  for_each_index(host{}, chunks, rows * w, [=](std::size_t k) {
+  for_each_index(host{}, chunks, rows * w, [=] REMAT_LAMBDA(std::size_t k) {
     V* const pg = part + k * sums * w;
     V* const pb = dbeta ? pg + w : nullptr;
     for (std::size_t c = 0; c < sums * w; ++c) pg[c] = V(0);
@@ -45,7 +45,7 @@ void norm_backward_host(std::size_t rows, std::size_t w, G* dgamma, G* dbeta, Ro
     for (std::size_t r = k * norm_chunk; r < r1; ++r) row(r, pg, pb);
   });
   constexpr std::size_t block = column_block<host>;
-  for_each_index(host{}, (w + block - 1) / block, chunks * sums * w, [=](std::size_t b) {
+  for_each_index(host{}, (w + block - 1) / block, chunks * sums * w, [=] REMAT_LAMBDA(std::size_t b) {
     std::size_t const c1 = std::min(w, (b + 1) * block);
     for (std::size_t c = b * block; c < c1; ++c) {
       V ag = to_compute<V>(dgamma[c]);
@@ -181,11 +181,11 @@ void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const*
                          compute_type_t<T> const* rstd, T const* dy, std::size_t rows, std::size_t w, T* dx,
                          G* dgamma, G* dbeta, T const* add = nullptr) {
   using V = compute_type_t<T>;
-  auto xhat = [=] REMAT_LAMBDA(std::size_t r, std::size_t i) {
-    return (to_compute<V>(x[r * w + i]) - mean[r]) * rstd[r];
-  };
 #if REMAT_HAS_CUDA
   if constexpr (std::is_same_v<D, cuda>) {  // parameter gradients first: dx may overwrite dy
+    auto xhat = [=] REMAT_LAMBDA(std::size_t r, std::size_t i) {
+      return (to_compute<V>(x[r * w + i]) - mean[r]) * rstd[r];
+    };
     column_sums_of(
         cuda{}, rows, w, [=] REMAT_LAMBDA(std::size_t r, std::size_t c) { return to_compute<V>(dy[r * w + c]) * xhat(r, c); },
         dgamma, true);
@@ -199,29 +199,36 @@ void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const*
 #endif
   // One pass (detail::norm_backward_host): each row's parameter terms are added to its chunk's
   // sums before its dx is written (dx may overwrite dy).
-  detail::norm_backward_host<V>(rows, w, dgamma, dbeta, [=](std::size_t r, V* pg, V* pb) {
+  // (the row's statistics in locals: the sums' stores could otherwise overwrite them as far as the
+  // compiler knows, which keeps the loops from vectorising)
+  detail::norm_backward_host<V>(rows, w, dgamma, dbeta, [=] REMAT_LAMBDA(std::size_t r, V* pg, V* pb) {
+    T const* xr = x + r * w;
     T const* dyr = dy + r * w;
+    V const mu = mean[r], s = rstd[r];
     for (std::size_t i = 0; i < w; ++i) {
       V const d = to_compute<V>(dyr[i]);
-      pg[i] += d * xhat(r, i);
+      pg[i] += d * ((to_compute<V>(xr[i]) - mu) * s);
       pb[i] += d;
     }
     if (!dx) return;
     V const sg = detail::row_sum<V>(w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]); });
-    V const sgx = detail::row_sum<V>(
-        w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * xhat(r, i); });
-    V const mg = sg / V(w), mgx = sgx / V(w), s = rstd[r];
+    V const sgx = detail::row_sum<V>(w, [&](std::size_t i) {
+      return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * ((to_compute<V>(xr[i]) - mu) * s);
+    });
+    V const mg = sg / V(w), mgx = sgx / V(w);
     T* dxr = dx + r * w;
     if (add) {
       T const* ar = add + r * w;
       for (std::size_t i = 0; i < w; ++i) {
         V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
-        dxr[i] = from_compute<T>(to_compute<V>(from_compute<T>(s * (g - mg - xhat(r, i) * mgx))) + to_compute<V>(ar[i]));
+        dxr[i] =
+            from_compute<T>(to_compute<V>(from_compute<T>(s * (g - mg - ((to_compute<V>(xr[i]) - mu) * s) * mgx))) +
+                            to_compute<V>(ar[i]));
       }
     } else {
       for (std::size_t i = 0; i < w; ++i) {
         V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
-        dxr[i] = from_compute<T>(s * (g - mg - xhat(r, i) * mgx));
+        dxr[i] = from_compute<T>(s * (g - mg - ((to_compute<V>(xr[i]) - mu) * s) * mgx));
       }
     }
   });
@@ -269,7 +276,7 @@ void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* r
     return;
   }
 #endif
-  detail::norm_backward_host<V>(rows, w, dgamma, static_cast<G*>(nullptr), [=](std::size_t r, V* pg, V*) {
+  detail::norm_backward_host<V>(rows, w, dgamma, static_cast<G*>(nullptr), [=] REMAT_LAMBDA(std::size_t r, V* pg, V*) {
     T const* xr = x + r * w;
     T const* dyr = dy + r * w;
     V const s = rstd[r];
@@ -282,9 +289,9 @@ void rms_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const* r
     if (add) {
       T const* ar = add + r * w;
       for (std::size_t i = 0; i < w; ++i)
-        dxr[i] = from_compute<T>(
-            to_compute<V>(from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k)) +
-            to_compute<V>(ar[i]));
+        dxr[i] = from_compute<T>(to_compute<V>(from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) -
+                                                               to_compute<V>(xr[i]) * k)) +
+                                 to_compute<V>(ar[i]));
     } else {
       for (std::size_t i = 0; i < w; ++i)
         dxr[i] = from_compute<T>(s * to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) - to_compute<V>(xr[i]) * k);
