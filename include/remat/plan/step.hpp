@@ -19,7 +19,8 @@
 //   reserved         everything the model's allocator reserves: persistent plus arena
 //
 // Not in the plan: the scratch a matrix-product library picks at run time (oneDNN's scratchpad,
-// cuBLASLt's workspace, a converting product's fp32 copies, CUB's temporary storage). It is
+// cuBLASLt's workspace, a converting product's fp32 copies, CUB's temporary storage), and on the
+// host a norm's backward's column sums per chunk of 32 rows (kernels/norms.hpp). It is
 // tagged workspace in the device's default allocator (memory::default_allocator<Device>()), not the
 // model's, so a model on an allocator of its own measures exactly the plan; on the GPU it is at
 // most 32 MiB per product (kernels/detail/cublaslt.hpp).
