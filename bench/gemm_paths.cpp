@@ -89,7 +89,8 @@ struct dnnl_product {
   }
 };
 
-// The shapes in bf16: remat's layout and, for each weight gradient, written over and transposed.
+// The shapes in bf16: remat's layout and, for each weight gradient, written over and with dy^T
+// read row-major.
 void bf16_table(std::vector<shape> const& shapes, int rounds, std::vector<std::string>& json) {
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
