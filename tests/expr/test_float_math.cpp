@@ -3,7 +3,8 @@
 // exhaustive cases, labelled long), or a sample of 2^20 of them spread over every exponent (the
 // quick cases, also run under the sanitizers). Also: the vectorised pass (kernels::transform, the
 // widest clone this processor runs) gives the bits of a scalar call, for every input of the quick
-// cases and every 7th input of the exhaustive ones.
+// cases and every 7th input of the exhaustive ones. And exp_normal, which erf and tanh call on the
+// arguments they have bounded, gives exp's bits on [-87, 88].
 #include <remat/expr/expr.hpp>
 #include <remat/kernels/evaluate.hpp>
 #include <remat/numeric/float_math.hpp>
@@ -239,4 +240,40 @@ TEST_CASE("float_math: exp, erf and tanh over all 2^32 floats, within their boun
   require_within(exp_f{}, exp_scalar, exp_ref, exp_sat, exp_bound, 1, "exp", 7);
   require_within(erf_f{}, erf_scalar, erf_ref, erf_sat, erf_bound, 1, "erf", 7);
   require_within(tanh_f{}, tanh_scalar, tanh_ref, tanh_sat, tanh_bound, 1, "tanh", 7);
+}
+
+namespace {
+struct exp_normal_f {
+  float operator()(float x) const { return float_math::exp_normal(x); }
+};
+// The inputs in [-87, 88] (where e^x is a normal float) whose bit patterns are 0, stride, 2 stride,
+// ... on which exp_normal and exp differ in their bits.
+long exp_normal_mismatches(std::uint64_t stride) {
+  constexpr std::size_t chunk = std::size_t(1) << 22;
+  std::vector<float> x, a(chunk), b(chunk);
+  long differ = 0;
+  for (std::uint64_t base = 0; base < (std::uint64_t(1) << 32); base += chunk * stride) {
+    x.clear();
+    for (std::uint64_t i = base; i < std::min(base + chunk * stride, std::uint64_t(1) << 32); i += stride) {
+      float const v = std::bit_cast<float>(std::uint32_t(i));
+      if (v >= -87.0f && v <= 88.0f) x.push_back(v);
+    }
+    kernels::transform(host{}, x.size(), a.data(), apply_fn<exp_f>{x.data(), {}});
+    kernels::transform(host{}, x.size(), b.data(), apply_fn<exp_normal_f>{x.data(), {}});
+    for (std::size_t i = 0; i < x.size(); ++i)
+      differ += std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i]);
+  }
+  return differ;
+}
+}  // namespace
+
+// erf and tanh take e^x through exp_normal on arguments they have bounded; it must give exp's bits.
+TEST_CASE("float_math: exp_normal gives exp's bits on [-87, 88]", "[expr][math]") {
+  CHECK(exp_normal_mismatches(17) == 0);
+  CHECK(float_math::exp_normal(-87.0f) == float_math::exp(-87.0f));
+  CHECK(float_math::exp_normal(88.0f) == float_math::exp(88.0f));
+}
+
+TEST_CASE("float_math: exp_normal gives exp's bits on every float in [-87, 88]", "[expr][math][long]") {
+  CHECK(exp_normal_mismatches(1) == 0);
 }
