@@ -511,7 +511,7 @@ int gemm_peak(int reps, std::string const& precision, [[maybe_unused]] std::size
     kernels::set_gemm32_path(chosen);
     return 0;
   }
-  if (kernels::has_onednn) {
+  if (kernels::has_onednn_bf16()) {
     kernels::set_gemm16_path(kernels::gemm16_path::onednn);
     gemm_peak_of<bfloat16>(reps, "bf16", "onednn");
   }

@@ -199,7 +199,8 @@ inline CBLAS_TRANSPOSE cblas_trans(trans t) { return t == trans::no ? CblasNoTra
 // How a product of 16-bit inputs runs on the host: oneDNN's bf16 matmul, or conversion to fp32 and
 // the BLAS. `automatic` takes oneDNN for bfloat16 when remat has it (4-5x the fp32 BLAS on a
 // processor with AMX, see bench/gemm16.cpp) and conversion otherwise (oneDNN 2.6 has no half
-// matmul on the CPU). Tests and benchmarks set it to compare the paths.
+// matmul on the CPU, and its bf16 one needs AVX-512: has_onednn_bf16). Tests and benchmarks set it
+// to compare the paths.
 enum class gemm16_path { automatic, onednn, convert };
 
 // The process-wide setting for 16-bit products (set_gemm16_path changes it).
@@ -254,15 +255,27 @@ inline void set_gemm32_path(gemm32_path p) {
   gemm32_setting().store(p);
 }
 
+// Whether bf16 products can take oneDNN here: remat was built with it, and it has a bf16 matmul
+// for this processor (oneDNN 2.6 needs AVX-512; asked once, at the first call).
+inline bool has_onednn_bf16() {
+#if defined(REMAT_GEMM_ONEDNN)
+  return detail::onednn_bf16_matmul_here();
+#else
+  return false;
+#endif
+}
+
 // The path a product of T inputs takes now.
 template <class T>
 gemm16_path gemm16_path_for() {
   gemm16_path const p = gemm16_setting().load();
-  bool const onednn_ok = has_onednn && std::is_same_v<T, bfloat16>;
+  bool const onednn_ok = std::is_same_v<T, bfloat16> && has_onednn_bf16();
   if (p == gemm16_path::onednn && !onednn_ok)
     REMAT_NAMESPACE::detail::raise<argument_error>(
         "gemm: the oneDNN path was asked for, but ",
-        has_onednn ? "it has no half matmul on the CPU" : "remat was built without oneDNN (libdnnl-dev)");
+        !has_onednn                      ? "remat was built without oneDNN (libdnnl-dev)"
+        : !std::is_same_v<T, bfloat16>   ? "it has no half matmul on the CPU"
+                                         : "its bf16 matmul needs a processor with AVX-512, which this one lacks");
   if (p == gemm16_path::automatic) return onednn_ok ? gemm16_path::onednn : gemm16_path::convert;
   return p;
 }
@@ -275,6 +288,18 @@ void for_rows(index_t rows, [[maybe_unused]] index_t cols, F const& f) {  // (co
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 15))
 #endif
   for (index_t r = 0; r < rows; ++r) f(r);
+}
+
+// The bytes a converting product takes from the scratch allocator: what it needs, or the most any
+// asked for before when that is more. The allocator keeps freed blocks by their exact size, so
+// one size serves every later product whatever its batch (a steady inference loop asks the system
+// for nothing after a first call at its largest batch), and it caches one block, not one per shape.
+inline std::size_t convert_scratch_bytes(std::size_t need) {
+  static std::atomic<std::size_t> most{0};
+  std::size_t seen = most.load(std::memory_order_relaxed);
+  while (seen < need && !most.compare_exchange_weak(seen, need, std::memory_order_relaxed)) {
+  }
+  return std::max(seen, need);
 }
 
 // A stored rows x cols matrix with row stride ld, converted to a dense fp32 one.
@@ -343,21 +368,26 @@ void host_gemm(trans ta, trans tb, index_t m, index_t n, index_t k, compute_type
     }
 #endif
     (void)gemm16_path_for<T>();  // (checks that a forced oneDNN path is possible)
-    // Convert: A and B to dense fp32, the BLAS, then C rounded once to the 16-bit type.
+    // Convert: A and B to dense fp32, the BLAS, then C rounded once to the 16-bit type; the three
+    // fp32 copies in one scratch block of convert_scratch_bytes.
     index_t const ar = ta == trans::no ? m : k, ac = ta == trans::no ? k : m;
     index_t const br = tb == trans::no ? k : n, bc = tb == trans::no ? n : k;
-    memory::scratch_buffer<host> fa(std::size_t(ar * ac) * sizeof(float)), fb(std::size_t(br * bc) * sizeof(float));
-    widen(a, ar, ac, lda, fa.as<float>());
-    widen(b, br, bc, ldb, fb.as<float>());
+    auto const lines = [](index_t floats) { return (std::size_t(floats) + 15) / 16 * 16; };  // (64-byte steps)
+    std::size_t const na = lines(ar * ac), nb = lines(br * bc), nc = out32 ? 0 : lines(m * n);
+    memory::scratch_buffer<host> scratch(convert_scratch_bytes((na + nb + nc) * sizeof(float)));
+    float* const fa = scratch.as<float>();
+    float* const fb = fa + na;
+    widen(a, ar, ac, lda, fa);
+    widen(b, br, bc, ldb, fb);
     if constexpr (out32) {
-      cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, fa.as<float>(), std::max(1, int(ac)),
-                  fb.as<float>(), std::max(1, int(bc)), beta, c, LDC);
+      cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, fa, std::max(1, int(ac)), fb,
+                  std::max(1, int(bc)), beta, c, LDC);
     } else {
-      memory::scratch_buffer<host> fc(std::size_t(m * n) * sizeof(float));
-      if (beta != 0.0f) widen(c, m, n, ldc, fc.as<float>());
-      cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, fa.as<float>(), std::max(1, int(ac)),
-                  fb.as<float>(), std::max(1, int(bc)), beta, fc.as<float>(), N);
-      float const* src = fc.as<float>();
+      float* const fc = fb + nb;
+      if (beta != 0.0f) widen(c, m, n, ldc, fc);
+      cblas_sgemm(CblasRowMajor, cblas_trans(ta), cblas_trans(tb), M, N, K, alpha, fa, std::max(1, int(ac)), fb,
+                  std::max(1, int(bc)), beta, fc, N);
+      float const* src = fc;
       for_rows(m, n, [=](index_t r) {
         for (index_t j = 0; j < n; ++j) c[r * ldc + j] = from_compute<Out>(src[r * n + j]);
       });

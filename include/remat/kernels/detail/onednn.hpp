@@ -99,6 +99,28 @@ inline onednn_bound& onednn_for(onednn_key const& key) {
   return bound.emplace(key, std::move(b)).first->second;
 }
 
+// Whether oneDNN has a bf16 matmul for this processor, asked once by making one (oneDNN 2.6 has
+// none without AVX-512: on an AVX2 processor the descriptor is refused, and bf16 products convert
+// to fp32 for the BLAS instead).
+inline bool onednn_bf16_matmul_here() {
+  static bool const ok = [] {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    try {
+      dnnl::memory::desc const in({4, 4}, dt::bf16, tag::ab);
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      for (dt out : {dt::f32, dt::bf16})
+        dnnl::matmul::primitive_desc(dnnl::matmul::desc(in, in, dnnl::memory::desc({4, 4}, out, tag::ab)), attr,
+                                     onednn_context::get().eng);
+      return true;
+    } catch (dnnl::error const&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
 // C = alpha * op(A) op(B) + beta * C for key's shape and layouts, on the calling thread's stream.
 // Throws dnnl::error when oneDNN fails (gemm turns it into a remat::error).
 inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, void* c) {
