@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstring>
 #include <random>
-#include <string>
 #include <vector>
 
 using namespace remat;
@@ -153,13 +152,9 @@ TEST_CASE("mixed: bf16 and half products accumulate in fp32 on every host path",
       evaluate(a, expr::to_expr(1.0)), evaluate(b, expr::to_expr(1.0)), evaluate(c, expr::to_expr(3.0));
       REQUIRE_THROWS_AS(kernels::gemm(a.view(), trans::no, b.view(), trans::no, c.view()), argument_error);
       CHECK(float(c.data()[0]) == 3.0f);
-      if (kernels::has_onednn) {
-        try {
-          kernels::gemm(a.view(), trans::no, b.view(), trans::no, c.view());
-        } catch (argument_error const& e) {
-          CHECK(std::string(e.what()).find("AVX-512") != std::string::npos);
-        }
-      }
+      if (kernels::has_onednn)
+        CHECK_THROWS_WITH(kernels::gemm(a.view(), trans::no, b.view(), trans::no, c.view()),
+                          Catch::Contains("AVX-512"));
     } else {
       CHECK(kernels::gemm16_path_for<bf16>() == kernels::gemm16_path::onednn);
       path_guard g(kernels::gemm16_path::onednn);
