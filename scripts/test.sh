@@ -6,8 +6,9 @@
 #      example in emulated 16-bit, and exp, erf and tanh over every float); so every test and
 #      example builds and passes with both compilers. That build keeps line tables only (-g1: a
 #      quarter less compile time than -g, the same symbolized reports), compiles the tests at -O0
-#      and the examples at -O1 (their training runs are that stage's long tests), and leaves out
-#      what it would not run (the header self-containment check, charlm),
+#      (the three whose cases are long runs at -O1) and the examples at -O1 (their training runs
+#      are that stage's long tests), and leaves out what it would not run (the header
+#      self-containment check, charlm),
 #   3. installs remat into a temporary prefix and builds and runs tests/consumer/main.cpp the four
 #      ways a project takes remat in: find_package(remat CONFIG) from the install (and its
 #      remat::dist program under mpirun -np 2; and again with clang 16, whose OpenMP runtime is not
