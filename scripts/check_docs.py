@@ -237,8 +237,8 @@ def main():
         cm.append(f"target_link_libraries({name} PRIVATE {lib})")
         if kind == "nvcc":
             cm.append(f"target_compile_options({name} PRIVATE -std=c++20)")
-        else:  # (the blocks' training runs are short: unoptimised, they build fastest)
-            cm.append(f"target_compile_options({name} PRIVATE -O0 -Wall -Wextra -Werror -Wno-unused-variable "
+        else:  # (-O1: with GCC 12 a block builds faster than at -O0, and its training runs ten times faster)
+            cm.append(f"target_compile_options({name} PRIVATE -O1 -Wall -Wextra -Werror -Wno-unused-variable "
                       "-Wno-unused-but-set-variable)")
     with open(os.path.join(args.build, "CMakeLists.txt"), "w") as f:
         f.write("\n".join(cm) + "\n")
