@@ -142,6 +142,7 @@ class model_hooks final : public REMAT_NAMESPACE::detail::gradient_sync {
   }
 
   // ---- ZeRO-3
+  bool shards_parameters() const override { return s_.opts.shard_parameters; }
   bool gathers_parameters() const override { return s_.gathers_parameters(); }
   bool parameters_whole() const override { return !s_.gathers_parameters() || params_.whole(); }
   void const* parameters_needed(std::size_t offset, std::size_t count) override { return params_.needed(offset, count); }

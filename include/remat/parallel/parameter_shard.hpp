@@ -1,11 +1,13 @@
 // ZeRO-3 (options::shard_parameters): a rank keeps its shard of the parameters only (in mixed
 // precision, of the master weights and of their compute copy both: memory/backed_buffer.hpp gives
-// back the rest). Every frame of the walk that runs a layer says which parameters it reads; they
-// are all-gathered into one of two gather buffers of the wrapper's (as large as the largest
-// frame's parameters, by the plan walk), the next frame's already on its way into the other
-// (options::prefetch_parameters); or, with options::keep_parameters_for_backward, into the
-// model's own pages, kept until the pass ends. The plan of the pass's frames (what comes after
-// each) and of the most held at once is made as the wrapper is built.
+// back the rest; of a host model's master weights also where host_master_weights put them, in
+// the block of a host allocator, which OffloadedAdamW updates there). Every frame of the walk
+// that runs a layer says which parameters it reads; they are all-gathered into one of two gather
+// buffers of the wrapper's (as large as the largest frame's parameters, by the plan walk), the
+// next frame's already on its way into the other (options::prefetch_parameters); or, with
+// options::keep_parameters_for_backward, into the model's own pages, kept until the pass ends.
+// The plan of the pass's frames (what comes after each) and of the most held at once is made as
+// the wrapper is built.
 #pragma once
 
 #include "../memory/backed_buffer.hpp"

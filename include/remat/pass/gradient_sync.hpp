@@ -104,6 +104,9 @@ class gradient_sync {
   virtual void after_update(bool stepped) = 0;
 
   // ---- a wrapper that keeps a shard of the parameters (ZeRO-3)
+  // Whether it holds the pages of the model's parameter buffers (on any number of ranks): they
+  // must stay where they are while it lives.
+  virtual bool shards_parameters() const { return false; }
   // Whether every pass (training or not) must tell parameters_needed which parameters each layer
   // reads before it runs; such passes are collective (every rank runs them).
   virtual bool gathers_parameters() const { return false; }

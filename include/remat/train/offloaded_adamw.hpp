@@ -52,9 +52,10 @@ struct offload_options {
   // into the optimizer's host memory (pageable) for the model's life, and the device keeps their
   // 16-bit compute copy only, 4 bytes per parameter less; each step copies up the compute copy
   // alone. model::master_on_host() tells; parameters() then views host memory. Refused for an
-  // fp32 model (its layers read the master weights), under a wrapper that shards the parameters
-  // (ZeRO-3), and, not yet, for a GPU model under a data-parallel wrapper (its all-gather of the
-  // updated weights runs in device memory).
+  // fp32 model (its layers read the master weights), and, not yet, for a GPU model under a
+  // data-parallel wrapper (its all-gather of the updated weights runs in device memory). Under a
+  // wrapper that shards the parameters (ZeRO-3) the model must be built with them on the host
+  // (host_master_weights), before the wrapper: it then keeps the rank's shard of their pages.
   bool master_weights = false;
   // gradient_place::host: also the gradients (ZeRO-Offload's placement of them). The host holds
   // their fp32 sum; the device only the pages of the span backward is writing and of the one
@@ -342,10 +343,11 @@ class OffloadedAdamW
           "read its master weights, which stay on the device");
     } else {
       detail::gradient_sync const* const s = m.link().gradient_sync();
-      if (s && s->gathers_parameters())
+      if (s && s->shards_parameters() && !m.master_on_host())
         detail::raise<argument_error>(
-            "OffloadedAdamW: offload_options::master_weights expects the model's parameters whole on each rank, found "
-            "a data-parallel wrapper that shards them (shard_parameters, ZeRO-3)");
+            "OffloadedAdamW: offload_options::master_weights under a data-parallel wrapper that shards the "
+            "parameters (shard_parameters, ZeRO-3) expects the model built with them on the host "
+            "(host_master_weights), found them on its device: the wrapper holds their shard where they are");
       if (!std::is_same_v<D, host> && s)
         detail::raise<argument_error>(
             "OffloadedAdamW: offload_options::master_weights on a GPU model under a data-parallel wrapper is not "

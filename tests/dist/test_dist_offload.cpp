@@ -1,0 +1,300 @@
+// remat::dist with OffloadedAdamW (ZeRO-Offload): under mpirun (1, 2 or 3 ranks, in the same
+// program as test_dist.cpp), the optimizer with its state, the master weights or the gradients on
+// the host trains bit for bit as AdamW under the same wrapper, at every ZeRO level that takes it,
+// and each rank's step measures its plan on the device and on the host.
+#include "common.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+using namespace remat;
+using namespace dist_test;
+
+namespace {
+// The pages of a model's master weights that a ZeRO-3 rank gives back (those wholly inside the
+// buffer and wholly outside the rank's shard), from their addresses, and those the kernel's page
+// tables (mincore) find not held.
+struct given_back {
+  std::size_t expected = 0, found = 0;
+};
+template <class M>
+given_back master_pages_given_back(M const& m, param_range s) {
+  auto const page = std::size_t(sysconf(_SC_PAGESIZE));
+  auto const begin = reinterpret_cast<std::uintptr_t>(m.parameters().data());
+  auto const end = begin + M::parameter_count * sizeof(float);
+  auto const first = begin / page * page, last = (end + page - 1) / page * page;
+  std::vector<unsigned char> in((last - first) / page);
+  REQUIRE(mincore(reinterpret_cast<void*>(first), last - first, in.data()) == 0);
+  given_back g;
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    std::uintptr_t const p = first + k * page;
+    bool const inside = p >= begin && p + page <= end;
+    bool const outside_shard = p + page <= begin + s.begin * sizeof(float) || p >= begin + s.end * sizeof(float);
+    g.expected += inside && outside_shard ? 1 : 0;
+    g.found += (in[k] & 1) ? 0 : 1;
+  }
+  return g;
+}
+
+// Three ZeRO-2 (or `level`) steps of three micro-batches each (every pass reduced), clipping on:
+// the weights (ZeRO-3: gathered whole), the last norm and the losses; the wrapper's gradient pages
+// in `pages`, its parameter pages in `params` and the master weights' pages given back in
+// `master`. With built_on_host (mixed precision), the model is built with its master weights in
+// host memory (host_master_weights).
+template <class P, template <class> class Opt, class NetT = Net>
+std::vector<float> zero2_run(dist::gradient_memory* pages = nullptr, int level = 2, bool built_on_host = false,
+                             dist::gradient_memory* params = nullptr, given_back* master = nullptr) {
+  using M = model<NetT, host, P>;
+  memory::caching_allocator<host> host_side;  // (before the model: it outlives the model)
+  std::optional<M> held;
+  if constexpr (M::mixed_precision)
+    if (built_on_host) held.emplace(seed{7}, memory::default_allocator<host>(), host_master_weights{host_side});
+  if (!held) held.emplace(seed{7});
+  M& m = *held;
+  REQUIRE(m.master_on_host() == built_on_host);
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level));
+  Opt<M> opt(m, {.lr = 1e-2, .weight_decay = 1e-2, .clip_norm = 0.5});
+  param_range const r = my_rows(dp.rank(), dp.size());
+  std::vector<double> losses;
+  for (int t = 0; t < 3; ++t) {
+    batch b = whole_batch(t);
+    m.zero_grad();
+    for (int k = 0; k < 3; ++k)
+      losses.push_back(dp.template accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), 1.0 / 3));
+    opt.step();
+  }
+  if (pages) *pages = dp.gradient_pages();
+  if (params) *params = dp.parameter_pages();
+  if (master) *master = master_pages_given_back(std::as_const(m), dp.shard());
+  dp.gather_parameters();  // (ZeRO-3: the whole parameters, to compare; nothing otherwise)
+  std::vector<float> p = params_of(m);
+  p.push_back(float(opt.last_grad_norm()));
+  for (double l : losses) p.push_back(float(l));
+  return p;
+}
+}  // namespace
+
+TEST_CASE("each rank's offloaded step measures its plan on the device and on the host", "[dist][memory][plan][offload]") {
+  // (master: the master weights on the host too, all of them on every rank; gradients: the
+  // gradients too, the sum of the rank's shard, under ZeRO-2, or ZeRO-3 with zero3: the
+  // parameters' pages are the wrapper's, as the gradients' are)
+  auto check = [](auto tag_model, auto precision, bool shard, bool master = false, bool gradients = false,
+                  bool zero3 = false) {
+    using NetT = decltype(tag_model);
+    using P = decltype(precision);
+    using M = model<NetT, host, P>;
+    INFO(P::name << ", shard_optimizer " << shard << ", master weights on the host " << master
+                 << ", gradients on the host " << gradients << ", ZeRO-3 " << zero3 << ", rank " << world_rank()
+                 << " of " << world_size());
+    memory::caching_allocator<host> device, on_the_host;
+    M m(seed{7}, device);
+    dist::data_parallel dp(m, MPI_COMM_WORLD,
+                           {.bucket_bytes = 512, .shard_optimizer = shard, .shard_gradients = gradients,
+                            .shard_parameters = zero3});
+    OffloadedAdamW opt(m, opts, dp.shard(), &on_the_host,
+                       {.master_weights = master, .gradients = gradients ? gradient_place::host : gradient_place::device});
+    param_range const r = my_rows(dp.rank(), dp.size());
+    auto const plan = memory_plan<NetT, P, OffloadedAdamW, SoftmaxCrossEntropy>(
+        r.size(), {.ranks = std::size_t(dp.size()), .rank = std::size_t(dp.rank()), .shard_optimizer = shard,
+                   .offload_master_weights = master, .offload_gradients = gradients});
+    for (int t = 0; t < 2; ++t) {
+      batch b = whole_batch(t);
+      device.reset_peak();
+      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+      auto const d = device.stats(), h = on_the_host.stats();
+      for (memory::tag g : memory::all_tags) {
+        INFO(memory::name(g));
+        CHECK(d[g].peak == plan[g]);
+        CHECK(h[g].peak == plan.host_pageable[g]);
+      }
+      CHECK(d.total.peak == plan.peak);
+      CHECK(h.total.reserved == plan.host_pageable.total());
+    }
+  };
+  for (bool shard : {false, true}) {
+    check(Net{}, fp32{}, shard);
+    check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, shard);
+    check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, shard, true);
+    check(Net{}, mixed<half, DynamicLossScale>{}, shard, true);
+  }
+  check(Net{}, fp32{}, true, false, true);
+  check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, true, true);
+  check(Net{}, fp32{}, true, false, true, true);
+  check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, false, true, true);
+}
+
+TEST_CASE("the gradients on the host are refused under a wrapper without ZeRO-2, and a wrapper built after them",
+          "[dist][offload][errors]") {
+  model<Net> m(seed{7});
+  {
+    dist::data_parallel dp(m, MPI_COMM_WORLD);
+    CHECK_THROWS_WITH(OffloadedAdamW(m, opts, dp.shard(), nullptr, {.gradients = gradient_place::host}),
+                      Catch::Contains("expects a model trained alone"));
+    CHECK(m.link().gradient_sync() != nullptr);  // (the wrapper's, still)
+  }
+  OffloadedAdamW opt(m, opts, {.gradients = gradient_place::host});
+  CHECK_THROWS_WITH(dist::data_parallel(m, MPI_COMM_WORLD, sharding(2)), Catch::Contains("build the data_parallel first"));
+  CHECK(opt.offloads_gradients());
+}
+
+TEST_CASE("with the master weights on the host, an offloaded optimizer trains bit for bit as AdamW does",
+          "[dist][offload][master]") {
+  using P = mixed<bfloat16, DynamicLossScale>;
+  for (int level : {0, 1, 2}) {
+    INFO("ZeRO-" << level << ", " << world_size() << " ranks");
+    std::vector<double> la, lo;
+    std::vector<float> const a = data_parallel_run<Net, P, AdamW_of>(3, opts, sharding(level), &la);
+    std::vector<float> const o = data_parallel_run<Net, P, OffloadedMaster>(3, opts, sharding(level), &lo);
+    CHECK(std::memcmp(a.data(), o.data(), a.size() * sizeof(float)) == 0);
+    CHECK(la == lo);
+    CHECK(same_on_every_rank(o));
+  }
+}
+
+TEST_CASE("ZeRO-3 with the master weights built on the host: each rank keeps its shard of them, and an offloaded "
+          "optimizer trains bit for bit as AdamW does",
+          "[dist][offload][master][zero3]") {
+  // The model built with host_master_weights, then the wrapper: it keeps the pages of the rank's
+  // shard of the host's master weights (and of the device's compute copy), as it does of a model's
+  // own. The same bits as AdamW over a model built as usual under the same wrapper: bf16 and half
+  // with a dynamic scale, clipping, three micro-batches a step; the gradients on the device or on
+  // the host too (ZeRO-Offload's whole placement, each rank offloading its shard).
+  using B = mixed<bfloat16, DynamicLossScale>;
+  using H = mixed<half, DynamicLossScale>;
+  for (int level : {3, 4}) {
+    INFO("ZeRO-3" << (level == 4 ? ", kept for backward" : "") << ", " << world_size() << " ranks");
+    dist::gradient_memory built{}, all{};
+    given_back in_model{}, on_host{}, all_on_host{};
+    std::vector<float> const a = zero2_run<B, AdamW_of>(nullptr, level, false, nullptr, &in_model);
+    std::vector<float> const o = zero2_run<B, OffloadedAdamW>(nullptr, level, true, &built, &on_host);
+    std::vector<float> const g = zero2_run<B, OffloadedGrads>(nullptr, level, true, &all, &all_on_host);
+    CHECK(std::memcmp(a.data(), o.data(), a.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(a.data(), g.data(), a.size() * sizeof(float)) == 0);
+    CHECK(same_on_every_rank(std::vector<float>(o.begin(), o.begin() + std::ptrdiff_t(n_params))));
+    std::vector<float> const ah = zero2_run<H, AdamW_of>(nullptr, level);
+    std::vector<float> const gh = zero2_run<H, OffloadedGrads>(nullptr, level, true);
+    CHECK(std::memcmp(ah.data(), gh.data(), ah.size() * sizeof(float)) == 0);
+    // The parameter pages (the master weights' on the host among them): a pass's peak as planned;
+    // after the steps the host's master weights hold the pages of the rank's shard only, as the
+    // model's own do (kept for backward, until the next pass: the same).
+    for (dist::gradient_memory const& p : {built, all}) CHECK(p.last_peak == p.planned_peak);
+    for (given_back const& m : {in_model, on_host, all_on_host}) {
+      CHECK(m.found == m.expected);
+      // (a rank's shard may touch every page of so small a buffer; not every rank's)
+      unsigned long mine = m.expected, ranks = 0;
+      MPI_Allreduce(&mine, &ranks, 1, MPI_UNSIGNED_LONG, MPI_SUM, MPI_COMM_WORLD);
+      if (world_size() > 1) CHECK(ranks > 0);
+    }
+  }
+  // Moving the master weights once a ZeRO-3 wrapper holds their pages (one rank too): refused,
+  // the model unchanged.
+  model<Net, host, B> m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(3));
+  CHECK_THROWS_WITH(OffloadedAdamW(m, opts, {.master_weights = true}), Catch::Contains("host_master_weights"));
+  CHECK_FALSE(m.master_on_host());
+}
+
+TEST_CASE("with the gradients on the host under ZeRO-2, an offloaded optimizer trains bit for bit as AdamW does",
+          "[dist][offload][gradients]") {
+  // Each rank's shard comes down as its buckets' reductions end, and its pages go as the others'
+  // do; each later micro-batch finds the shard's sum on the device before it adds onto it.
+  dist::gradient_memory kept{}, sent{};
+  std::vector<float> const a = zero2_run<fp32, AdamW_of>(&kept);
+  std::vector<float> const o = zero2_run<fp32, OffloadedGrads>(&sent);
+  CHECK(std::memcmp(a.data(), o.data(), a.size() * sizeof(float)) == 0);
+  CHECK(same_on_every_rank(std::vector<float>(o.begin(), o.begin() + std::ptrdiff_t(n_params))));  // (the weights)
+  // The pages: as planned, and no more than a rank keeps with its shard on the device.
+  CHECK(sent.last_peak == sent.planned_peak);
+  CHECK(kept.last_peak == kept.planned_peak);
+  CHECK(sent.planned_peak <= kept.planned_peak);
+  // A wider model (2 MiB of gradients, 520 pages): a rank's shard is a third of them or more, what
+  // comes down in flight is a few layers' (buckets of 512 bytes).
+  using Wide = Seq<Linear<In, 256>, Repeat<4, Residual<Seq<LayerNorm<256>, Linear<256, 256>, GELU, Linear<256, 256>>>>,
+                   LayerNorm<256>, Linear<256, Out>>;
+  std::vector<float> const wa = zero2_run<fp32, AdamW_of, Wide>(&kept);
+  std::vector<float> const wo = zero2_run<fp32, OffloadedGrads, Wide>(&sent);
+  CHECK(std::memcmp(wa.data(), wo.data(), wa.size() * sizeof(float)) == 0);
+  CHECK(sent.last_peak == sent.planned_peak);
+  CHECK(sent.planned_peak * 2 < kept.planned_peak);
+  WARN("ZeRO-2 over " << world_size() << " ranks, a rank's gradient pages at most: " << kept.planned_peak
+                      << " bytes with its shard on the device, " << sent.planned_peak << " with it on the host");
+  using B = mixed<bfloat16, DynamicLossScale>;
+  std::vector<float> const ab = zero2_run<B, AdamW_of>();
+  std::vector<float> const ob = zero2_run<B, OffloadedGrads>();
+  std::vector<float> const all = zero2_run<B, OffloadedAll>();
+  CHECK(std::memcmp(ab.data(), ob.data(), ab.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(ab.data(), all.data(), ab.size() * sizeof(float)) == 0);
+  // Under ZeRO-3 (which shards the gradients as ZeRO-2 does, and the parameters): the same.
+  std::vector<float> const a3 = zero2_run<fp32, AdamW_of>(&kept, 3);
+  std::vector<float> const o3 = zero2_run<fp32, OffloadedGrads>(&sent, 3);
+  CHECK(std::memcmp(a3.data(), o3.data(), a3.size() * sizeof(float)) == 0);
+  CHECK(sent.last_peak == sent.planned_peak);
+  CHECK(sent.planned_peak <= kept.planned_peak);
+  std::vector<float> const ab3 = zero2_run<B, AdamW_of>(nullptr, 3);
+  std::vector<float> const ob3 = zero2_run<B, OffloadedGrads>(nullptr, 3);
+  CHECK(std::memcmp(ab3.data(), ob3.data(), ab3.size() * sizeof(float)) == 0);
+  {  // The optimizer gone before the wrapper: the rank's shard of the model's gradients holds the sum.
+    model<Net> m(seed{7});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(2));
+    param_range const r = my_rows(dp.rank(), dp.size()), s = dp.shard();
+    std::vector<float> sum;
+    {
+      OffloadedGrads<model<Net>> opt(m, opts);
+      batch b = whole_batch(0);
+      m.zero_grad();
+      dp.accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r));
+      sum = tensor_to_host(opt.gradients().view());
+      CHECK_FALSE(m.link().gradient_sync()->kept_gradients(n_params) == s);
+    }
+    std::vector<float> const g = tensor_to_host(m.gradients());
+    CHECK(std::vector<float>(g.begin() + std::ptrdiff_t(s.begin), g.begin() + std::ptrdiff_t(s.end)) == sum);
+    CHECK(m.link().gradient_sync()->kept_gradients(n_params) == s);  // (the wrapper keeps the shard again)
+  }
+  // Without ZeRO-2: refused, the model unchanged.
+  model<Net> m(seed{7});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(1));
+  CHECK_THROWS_WITH(OffloadedAdamW(m, opts, dp.shard(), nullptr, {.gradients = gradient_place::host}),
+                    Catch::Contains("shard_gradients"));
+  CHECK_FALSE(m.link().gradient_sync()->gradients_elsewhere());
+}
+
+TEST_CASE("an offloaded optimizer, whole or sharded, trains bit for bit as AdamW does and saves the same state",
+          "[dist][offload]") {
+  std::string const dir = REMAT_TEST_BINARY_DIR;
+  std::string const tag = std::to_string(world_size());
+  for (bool shard : {false, true}) {
+    INFO("shard_optimizer " << shard << ", " << world_size() << " ranks");
+    dist::options const d{.bucket_bytes = 512, .shard_optimizer = shard};
+    std::string const fa = dir + "/dist_offload_a_" + tag + ".safetensors";
+    std::string const fo = dir + "/dist_offload_o_" + tag + ".safetensors";
+    std::vector<double> la, lo;
+    std::vector<float> const a = data_parallel_run<Net, fp32, AdamW_of>(4, opts, d, &la, nullptr, fa);
+    std::vector<float> const o = data_parallel_run<Net, fp32, OffloadedAdamW>(4, opts, d, &lo, nullptr, fo);
+    CHECK(std::memcmp(a.data(), o.data(), a.size() * sizeof(float)) == 0);
+    CHECK(la == lo);
+    CHECK(same_on_every_rank(o));
+    using P = mixed<bfloat16, DynamicLossScale>;
+    std::vector<float> const a16 = data_parallel_run<Net, P, AdamW_of>(3, opts, d);
+    std::vector<float> const o16 = data_parallel_run<Net, P, OffloadedAdamW>(3, opts, d);
+    CHECK(std::memcmp(a16.data(), o16.data(), a16.size() * sizeof(float)) == 0);
+    // The files rank 0 wrote hold the same whole state.
+    MPI_Barrier(MPI_COMM_WORLD);
+    model<Net> ma, mo;
+    AdamW ra(ma, opts), ro(mo, opts);
+    load(ra, fa);
+    load(ro, fo);
+    CHECK(tensor_to_host(ro.exp_avg().view()) == tensor_to_host(ra.exp_avg().view()));
+    CHECK(tensor_to_host(ro.exp_avg_sq().view()) == tensor_to_host(ra.exp_avg_sq().view()));
+    CHECK(ro.steps() == 4);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
