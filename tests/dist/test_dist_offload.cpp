@@ -84,9 +84,10 @@ std::vector<float> zero2_run(dist::gradient_memory* pages = nullptr, int level =
 }  // namespace
 
 TEST_CASE("each rank's offloaded step measures its plan on the device and on the host", "[dist][memory][plan][offload]") {
-  // (master: the master weights on the host too, all of them on every rank; gradients: the
-  // gradients too, the sum of the rank's shard, under ZeRO-2, or ZeRO-3 with zero3: the
-  // parameters' pages are the wrapper's, as the gradients' are)
+  // (master: the master weights on the host too, all of them on every rank, under ZeRO-3 by a
+  // model built so (host_master_weights); gradients: the gradients too, the sum of the rank's
+  // shard, under ZeRO-2, or ZeRO-3 with zero3: the parameters' pages are the wrapper's, as the
+  // gradients' are)
   auto check = [](auto tag_model, auto precision, bool shard, bool master = false, bool gradients = false,
                   bool zero3 = false) {
     using NetT = decltype(tag_model);
@@ -96,7 +97,11 @@ TEST_CASE("each rank's offloaded step measures its plan on the device and on the
                  << ", gradients on the host " << gradients << ", ZeRO-3 " << zero3 << ", rank " << world_rank()
                  << " of " << world_size());
     memory::caching_allocator<host> device, on_the_host;
-    M m(seed{7}, device);
+    std::optional<M> held;
+    if constexpr (M::mixed_precision)
+      if (master && zero3) held.emplace(seed{7}, device, host_master_weights{on_the_host});
+    if (!held) held.emplace(seed{7}, device);
+    M& m = *held;
     dist::data_parallel dp(m, MPI_COMM_WORLD,
                            {.bucket_bytes = 512, .shard_optimizer = shard, .shard_gradients = gradients,
                             .shard_parameters = zero3});
@@ -130,6 +135,8 @@ TEST_CASE("each rank's offloaded step measures its plan on the device and on the
   check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, true, true);
   check(Net{}, fp32{}, true, false, true, true);
   check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, false, true, true);
+  check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, true, false, true);
+  check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, true, true, true);
 }
 
 TEST_CASE("the gradients on the host are refused under a wrapper without ZeRO-2, and a wrapper built after them",
