@@ -27,14 +27,82 @@
 #      scripts/bench_cuda.sh for the run on a GPU). Without a GPU the host side of that code is
 #      compiled at -O0 (nvcc's host compile is about half of each file's time at -O3; the device
 #      code is optimised as always), in build/cuda-check, so that build/cuda keeps the preset's.
+# The builds of stages 2 and 5 start at once, in the background, one after the other, at the lowest
+# priority (nice 19): they take the cycles the stages in front leave idle (a test that keeps one
+# core busy, a link, a configure, a serial step) and almost none from them; each stage waits for
+# its build and prints its output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
 bash scripts/setup.sh tests
 
-# Each stage's start, in seconds since the script began (CI's time is watched: under 45 minutes on
+# Each stage's start, in seconds since the script began (CI's time is watched: under 50 minutes on
 # 2 cores).
 step() { printf '\n=== [%4d s] %s\n' "$SECONDS" "$*"; }
+
+prefix="$(mktemp -d)"
+background_pid=""
+cleanup() {
+  # (the background builds are a process group of their own: stop it whole if this script stops first)
+  if [ -n "$background_pid" ]; then kill -- -"$background_pid" 2>/dev/null || true; fi
+  rm -rf "$prefix"
+}
+trap cleanup EXIT
+
+nvcc="${CUDAToolkit_ROOT:-/usr/local/cuda}/bin/nvcc"
+cuda=0
+if [ -x "$nvcc" ] || command -v nvcc >/dev/null 2>&1; then cuda=1; fi
+gpu=0
+if [ "$cuda" = 1 ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
+
+sanitize_build() {
+  cmake --preset sanitize -DCMAKE_CXX_COMPILER=clang++-19 -DCMAKE_C_COMPILER=clang-19 >/dev/null &&
+    cmake --build --preset sanitize -j"$jobs"
+}
+nvcc_build() {
+  if [ "$gpu" = 1 ]; then
+    cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null &&
+      cmake --build --preset cuda --target remat_cuda_all -j"$jobs"
+  else
+    cmake --preset cuda -B build/cuda-check -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS_RELEASE="-O0 -DNDEBUG" \
+      -DCMAKE_CXX_FLAGS_RELEASE="-O0 -DNDEBUG" >/dev/null &&
+      cmake --build build/cuda-check --target remat_cuda_all -j"$jobs"
+  fi
+}
+# background NAME FUNCTION: runs it, its output in $prefix/NAME.log, its exit status in NAME.rc.
+background() {
+  local rc=0
+  "$2" >"$prefix/$1.log" 2>&1 || rc=$?
+  echo "$rc" >"$prefix/$1.rc"
+}
+# wait_for NAME: waits for a background build, prints its output, and stops here if it failed.
+wait_for() {
+  local waited="$SECONDS"
+  while [ ! -e "$prefix/$1.rc" ]; do
+    if ! kill -0 "$background_pid" 2>/dev/null && [ ! -e "$prefix/$1.rc" ]; then
+      cat "$prefix/$1.log" 2>/dev/null || true
+      echo "the background builds stopped before the $1 build ended" >&2
+      exit 1
+    fi
+    sleep 2
+  done
+  cat "$prefix/$1.log"
+  echo "(built in the background; waited $((SECONDS - waited)) s for it here)"
+  local rc
+  rc="$(cat "$prefix/$1.rc")"
+  if [ "$rc" != 0 ]; then
+    echo "the $1 build failed (exit status $rc): its output is above" >&2
+    exit "$rc"
+  fi
+}
+set -m  # (the background job gets a process group of its own)
+{
+  renice -n 19 -p "$BASHPID" >/dev/null || true
+  background sanitize sanitize_build
+  if [ "$cuda" = 1 ]; then background nvcc nvcc_build; fi
+} &
+background_pid=$!
+set +m
 
 step "build and test (default preset)"
 cmake --preset default -DREMAT_REQUIRE_OPTIONAL=ON >/dev/null
@@ -42,15 +110,11 @@ cmake --build --preset default -j"$jobs"
 ctest --preset default -j"$jobs"
 
 step "build and test with clang under address and undefined-behaviour sanitizers"
-cmake --preset sanitize -DCMAKE_CXX_COMPILER=clang++-19 -DCMAKE_C_COMPILER=clang-19 >/dev/null
-cmake --build --preset sanitize -j"$jobs"
+wait_for sanitize
 ctest --preset sanitize -j"$jobs"
 
 step "install, then build tests/consumer four ways: find_package, add_subdirectory, FetchContent, pkg-config"
-prefix="$(mktemp -d)"
-trap 'rm -rf "$prefix"' EXIT
 cmake --install build/default --prefix "$prefix/install" >/dev/null
-nvcc="${CUDAToolkit_ROOT:-/usr/local/cuda}/bin/nvcc"
 cuda_args=()
 if [ -x "$nvcc" ]; then cuda_args=(-DCMAKE_CUDA_COMPILER="$nvcc"); fi
 cmake -S tests/consumer -B "$prefix/consumer" -DCMAKE_PREFIX_PATH="$prefix/install" -DCMAKE_BUILD_TYPE=Release \
@@ -132,16 +196,12 @@ bash scripts/docs.sh
 step "fuzz the file readers: the regression corpus, then 60 s from the seed corpus (scripts/fuzz.sh)"
 bash scripts/fuzz.sh 60
 
-if [ -x "$nvcc" ] || command -v nvcc >/dev/null 2>&1; then
+if [ "$cuda" = 1 ]; then
   step "nvcc: compile and link the CUDA backend, its tests, example and benchmark (sm_90)"
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-    cmake --build --preset cuda --target remat_cuda_all -j"$jobs"
+  wait_for nvcc
+  if [ "$gpu" = 1 ]; then
     ctest --test-dir build/cuda -L cuda --output-on-failure
   else
-    cmake --preset cuda -B build/cuda-check -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS_RELEASE="-O0 -DNDEBUG" \
-      -DCMAKE_CXX_FLAGS_RELEASE="-O0 -DNDEBUG" >/dev/null
-    cmake --build build/cuda-check --target remat_cuda_all -j"$jobs"
     echo "no GPU here: the CUDA tests are built and linked, not run (ctest --test-dir build/cuda -L cuda runs them on a GPU)"
   fi
 else
