@@ -25,6 +25,7 @@ namespace {
 // tables (mincore) find not held.
 struct given_back {
   std::size_t expected = 0, found = 0;
+  bool surely_some = false;  // the buffer spans 2 pages a rank: some rank must give back a whole page
 };
 template <class M>
 given_back master_pages_given_back(M const& m, param_range s) {
@@ -35,6 +36,7 @@ given_back master_pages_given_back(M const& m, param_range s) {
   std::vector<unsigned char> in((last - first) / page);
   REQUIRE(mincore(reinterpret_cast<void*>(first), last - first, in.data()) == 0);
   given_back g;
+  g.surely_some = end - begin >= 2 * page * std::size_t(world_size());
   for (std::size_t k = 0; k < in.size(); ++k) {
     std::uintptr_t const p = first + k * page;
     bool const inside = p >= begin && p + page <= end;
@@ -196,10 +198,12 @@ TEST_CASE("ZeRO-3 with the master weights built on the host: each rank keeps its
     for (dist::gradient_memory const& p : {built, all}) CHECK(p.last_peak == p.planned_peak);
     for (given_back const& m : {in_model, on_host, all_on_host}) {
       CHECK(m.found == m.expected);
-      // (a rank's shard may touch every page of so small a buffer; not every rank's)
+      // (a rank's shard may touch every page of so small a buffer; where the buffer spans two pages
+      // a rank, whatever its alignment, not every rank's. Below that, as CI found once on 2 ranks,
+      // where the allocator puts the buffer decides.)
       unsigned long mine = m.expected, ranks = 0;
       MPI_Allreduce(&mine, &ranks, 1, MPI_UNSIGNED_LONG, MPI_SUM, MPI_COMM_WORLD);
-      if (world_size() > 1) CHECK(ranks > 0);
+      if (world_size() > 1 && m.surely_some) CHECK(ranks > 0);
     }
   }
   // Moving the master weights once a ZeRO-3 wrapper holds their pages (one rank too): refused,
