@@ -17,28 +17,24 @@
 #endif
 
 #if defined(__CUDACC__)
-// Marks a function that kernels call on either device: inline on the host, __host__ __device__
-// (and forced inline) when nvcc compiles.
-#define REMAT_HOST_DEVICE __forceinline__ __host__ __device__
 // 1 when nvcc compiles this translation unit (the cuda device tag's kernels are available), else 0.
 #define REMAT_HAS_CUDA 1
 #else
-// Marks a function that kernels call on either device: inline on the host, __host__ __device__
-// (and forced inline) when nvcc compiles.
-#define REMAT_HOST_DEVICE inline
-// 1 when nvcc compiles this translation unit (the cuda device tag's kernels are available), else 0.
 #define REMAT_HAS_CUDA 0
 #endif
 
-// Inlined wherever called (the row sums inside row kernels): a helper left out of line is
-// compiled for the baseline, not for the AVX2/AVX-512 version of the loop that calls it
-// (REMAT_HOST_CLONES), and called per element, which keeps the loop scalar.
+// Marks a function that kernels call on either device (a point-wise operation, a conversion, a
+// row's sum): forced inline wherever called, on the host as on the GPU. On the host a function
+// left out of line is compiled for the baseline, not for the AVX2/AVX-512 version of the loop
+// that calls it (REMAT_HOST_CLONES), and called per element, which keeps that loop scalar (GCC's
+// heuristics left remat's erf out of line in some programs' GELU passes, found 2026-11-29;
+// scripts/check_clones.py finds such calls in a build).
 #if defined(__CUDACC__)
-#define REMAT_INLINE_HOST_DEVICE __forceinline__ __host__ __device__
+#define REMAT_HOST_DEVICE __forceinline__ __host__ __device__
 #elif defined(__GNUC__)
-#define REMAT_INLINE_HOST_DEVICE inline __attribute__((always_inline))
+#define REMAT_HOST_DEVICE inline __attribute__((always_inline))
 #else
-#define REMAT_INLINE_HOST_DEVICE inline
+#define REMAT_HOST_DEVICE inline
 #endif
 
 // A lambda that kernels run on either device: `[=] REMAT_LAMBDA(std::size_t i) { ... }` (nvcc
@@ -46,10 +42,18 @@
 #if defined(__CUDACC__)
 #define REMAT_LAMBDA __host__ __device__
 #elif defined(__GNUC__) && !defined(__clang__)
-// (inlined into the AVX2/AVX-512 version of the loop that runs it: see REMAT_INLINE_HOST_DEVICE)
+// (inlined into the AVX2/AVX-512 version of the loop that runs it: see REMAT_HOST_DEVICE)
 #define REMAT_LAMBDA __attribute__((always_inline))
 #else
 #define REMAT_LAMBDA
+#endif
+
+// A lambda that only the host runs, in a loop of REMAT_HOST_CLONES (a row's work between the
+// products of attention's tiles): inlined into each version of the loop, as REMAT_LAMBDA's.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define REMAT_HOST_LAMBDA __attribute__((always_inline))
+#else
+#define REMAT_HOST_LAMBDA
 #endif
 
 // A host loop compiled also for AVX2 and AVX-512 (x86-64-v3, v4), the version run chosen when the

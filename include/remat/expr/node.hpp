@@ -138,6 +138,7 @@ struct unary : expr_base {
 // Op (a stateless function of two values) applied element by element to A and B.
 template <class Op, class A, class B>
 struct binary : expr_base {
+  using op_type = Op;  // the function applied
   // The operands' device (static_assert when they differ; a constant fits either).
   using device = typename detail::common_device<typename A::device, typename B::device>::type;
   static constexpr bool is_double = A::is_double || B::is_double;  // whether either operand is double
@@ -190,9 +191,7 @@ REMAT_HOST_DEVICE V eval_at(E const& e, std::size_t i, std::size_t c) {
   else if constexpr (requires { e.op; e.a; })  // a unary node
     return e.op(eval_at<V>(e.a, i, c));
   else if constexpr (requires { e.a; e.b; })  // a binary node (its op is stateless)
-    return [&]<class Op, class A, class B>(binary<Op, A, B> const&) {
-      return Op{}(eval_at<V>(e.a, i, c), eval_at<V>(e.b, i, c));
-    }(e);
+    return typename E::op_type{}(eval_at<V>(e.a, i, c), eval_at<V>(e.b, i, c));
   else
     return e.template eval<V>(i);
 }

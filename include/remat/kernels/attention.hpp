@@ -89,7 +89,7 @@ namespace detail {
 // per element. The row's maximum and sum in 16 lanes (row_max, row_sum): they vectorise, and their
 // order depends on n alone.
 template <class V, class T>
-REMAT_INLINE_HOST_DEVICE void causal_softmax_row(V const* z, V* w, T* p, std::size_t n, std::size_t seq, V k) {
+REMAT_HOST_DEVICE void causal_softmax_row(V const* z, V* w, T* p, std::size_t n, std::size_t seq, V k) {
   V const m = row_max<V>(n, [&](std::size_t c) { return z[c] * k; });
   for (std::size_t c = 0; c < n; ++c) w[c] = math::exp(z[c] * k - m);  // (a plain loop: it vectorises)
   V const inv = V(1) / row_sum<V>(n, [&](std::size_t c) { return w[c]; });
@@ -101,7 +101,7 @@ REMAT_INLINE_HOST_DEVICE void causal_softmax_row(V const* z, V* w, T* p, std::si
 // mask's elements from base): d = scale * p o (g o mask - dot) over [0, n), with dot the row's sum
 // of g o mask o p, and zeros over [n, seq).
 template <class V, class T, class Out, class Mask>
-REMAT_INLINE_HOST_DEVICE void causal_softmax_backward_row(T const* p, V const* g, Out* d, std::size_t n,
+REMAT_HOST_DEVICE void causal_softmax_backward_row(T const* p, V const* g, Out* d, std::size_t n,
                                                           std::size_t seq, std::size_t base, V scale,
                                                           Mask const& mask) {
   V const dot = row_sum<V>(n, [&](std::size_t c) { return g[c] * mask(base + c) * to_compute<V>(p[c]); });
@@ -259,7 +259,7 @@ void attention_tile_steps(D, attention_blocks<T> const& b, rhs_operand<T> f, rhs
                           b.q.data + b.q.stride.at(i, b.n.group) + r0 * b.q.ld, b.q.ld,
                           f.data + f.stride.at(i, b.n.group), f.ld, V(0), zi, s, true);
           std::size_t const row0 = i * seq + std::size_t(r0);
-          host_for_each(0, std::size_t(rb), [=](std::size_t r) {  // (rows copied: see host_for_each)
+          host_for_each(0, std::size_t(rb), [=] REMAT_HOST_LAMBDA(std::size_t r) {  // (rows copied: see host_for_each)
             rows(zi + r * seq, row0 + r, std::size_t(r0) + r + 1, seq);
           });
           host_gemm<T, T>(trans::no, trans::no, rb, hw, r0 + rb, V(1), results + row0 * seq, s,
@@ -275,7 +275,7 @@ template <class V, class T>
 struct attention_softmax_rows {
   T* probs;
   V scale;
-  REMAT_INLINE_HOST_DEVICE void operator()(V* z, std::size_t row, std::size_t n, std::size_t seq) const {
+  REMAT_HOST_DEVICE void operator()(V* z, std::size_t row, std::size_t n, std::size_t seq) const {
     T* const p = probs + row * seq;
     V* w = z;
     if constexpr (std::is_same_v<T, V>) w = p;
@@ -295,7 +295,7 @@ struct attention_softmax_backward_rows {
   T* dscores;
   V scale;
   Mask const& mask;
-  REMAT_INLINE_HOST_DEVICE void operator()(V const* g, std::size_t row, std::size_t n, std::size_t seq) const {
+  REMAT_HOST_DEVICE void operator()(V const* g, std::size_t row, std::size_t n, std::size_t seq) const {
     std::size_t const base = row * seq;
     causal_softmax_backward_row<V, T, T>(probs + base, g, dscores + base, n, seq, base, scale, mask);
   }

@@ -31,7 +31,7 @@ template <class T, class G>
 void scatter_add_rows(host, std::int32_t const* ids, std::size_t rows, std::size_t w, std::size_t,
                       T const* dy, G* g) {
   using V = compute_type_t<G>;
-  for_each_index(host{}, w, rows * w, [=](std::size_t i) {
+  for_each_index(host{}, w, rows * w, [=] REMAT_HOST_LAMBDA(std::size_t i) {
     for (std::size_t r = 0; r < rows; ++r) {
       G& gi = g[std::size_t(ids[r]) * w + i];
       gi = from_compute<G>(to_compute<V>(gi) + to_compute<V>(dy[r * w + i]));

@@ -40,7 +40,7 @@ namespace detail {
 // The sum of f(i) over the `count` values of channel c in every image, images in order (each
 // image's plane summed in 16 lanes: row_sum).
 template <class V, class F>
-REMAT_INLINE_HOST_DEVICE V channel_sum(planes const& p, std::size_t c, F&& f) {
+REMAT_HOST_DEVICE V channel_sum(planes const& p, std::size_t c, F&& f) {
   V s = 0;
   for (std::size_t n = 0; n < p.batch; ++n) {
     std::size_t const base = n * p.image() + c * p.plane;

@@ -17,7 +17,7 @@ namespace kernels {
 namespace detail {
 // NaN is the only value unequal to itself (std::isnan is not a device function).
 template <class T>
-REMAT_INLINE_HOST_DEVICE bool is_nan(T v) {
+REMAT_HOST_DEVICE bool is_nan(T v) {
   return !(v == v);
 }
 
@@ -26,7 +26,7 @@ REMAT_INLINE_HOST_DEVICE bool is_nan(T v) {
 struct window_range {
   std::size_t first, last;
 };
-REMAT_INLINE_HOST_DEVICE window_range windows_holding(std::size_t at, std::size_t kernel, std::size_t stride,
+REMAT_HOST_DEVICE window_range windows_holding(std::size_t at, std::size_t kernel, std::size_t stride,
                                                       std::size_t count) {
   std::size_t const first = at + 1 > kernel ? (at + 1 - kernel + stride - 1) / stride : 0;
   std::size_t const last = at / stride < count - 1 ? at / stride : count - 1;
@@ -35,7 +35,7 @@ REMAT_INLINE_HOST_DEVICE window_range windows_holding(std::size_t at, std::size_
 
 // The largest value of the window at w0 (rows `width` apart; a NaN wins).
 template <class T>
-REMAT_INLINE_HOST_DEVICE T window_max(T const* w0, std::size_t width, std::size_t kernel) {
+REMAT_HOST_DEVICE T window_max(T const* w0, std::size_t width, std::size_t kernel) {
   T best = w0[0];
   for (std::size_t a = 0; a < kernel; ++a)
     for (std::size_t b = 0; b < kernel; ++b) {
@@ -47,7 +47,7 @@ REMAT_INLINE_HOST_DEVICE T window_max(T const* w0, std::size_t width, std::size_
 }
 // The index in the plane xp of the first largest value of the window starting at w0.
 template <class T>
-REMAT_INLINE_HOST_DEVICE std::size_t window_argmax(T const* xp, std::size_t w0, std::size_t width,
+REMAT_HOST_DEVICE std::size_t window_argmax(T const* xp, std::size_t w0, std::size_t width,
                                                    std::size_t kernel) {
   std::size_t at = w0;
   for (std::size_t a = 0; a < kernel; ++a)
@@ -59,7 +59,7 @@ REMAT_INLINE_HOST_DEVICE std::size_t window_argmax(T const* xp, std::size_t w0, 
 }
 // The sum of the window at w0, in the compute type V, in row-major order.
 template <class V, class T>
-REMAT_INLINE_HOST_DEVICE V window_sum(T const* w0, std::size_t width, std::size_t kernel) {
+REMAT_HOST_DEVICE V window_sum(T const* w0, std::size_t width, std::size_t kernel) {
   V sum = 0;
   for (std::size_t a = 0; a < kernel; ++a)
     for (std::size_t b = 0; b < kernel; ++b) sum += V(w0[a * width + b]);

@@ -51,7 +51,7 @@ REMAT_HOST_CLONES void host_for_each(std::size_t first, std::size_t last, F cons
 // The order of every addition depends on n alone, and the loop vectorises (a plain running sum is
 // a chain the compiler may not reorder). f may write as it goes (it is called once per c).
 template <class V, class F>
-REMAT_INLINE_HOST_DEVICE V row_sum(std::size_t n, F&& f) {
+REMAT_HOST_DEVICE V row_sum(std::size_t n, F&& f) {
   constexpr std::size_t lanes = 16;
   V lane[lanes];
   for (std::size_t l = 0; l < lanes; ++l) lane[l] = V(0);
@@ -67,7 +67,7 @@ REMAT_INLINE_HOST_DEVICE V row_sum(std::size_t n, F&& f) {
 // b where b > a, else a, without a branch for float (GCC keeps a floating-point `?:` as a branch
 // under -ftrapping-math, which stops vectorisation).
 template <class V>
-REMAT_INLINE_HOST_DEVICE V larger(V a, V b) {
+REMAT_HOST_DEVICE V larger(V a, V b) {
   if constexpr (std::is_same_v<V, float>) {
     std::uint32_t const m = 0u - std::uint32_t(b > a);
     return std::bit_cast<float>((std::bit_cast<std::uint32_t>(b) & m) | (std::bit_cast<std::uint32_t>(a) & ~m));
@@ -79,7 +79,7 @@ REMAT_INLINE_HOST_DEVICE V larger(V a, V b) {
 // The largest f(c) for c in [0, n), n >= 1, in 16 lanes as row_sum (a NaN is skipped unless f(0)
 // is one).
 template <class V, class F>
-REMAT_INLINE_HOST_DEVICE V row_max(std::size_t n, F&& f) {
+REMAT_HOST_DEVICE V row_max(std::size_t n, F&& f) {
   constexpr std::size_t lanes = 16;
   V const first = f(0);
   V lane[lanes];
@@ -122,7 +122,7 @@ void column_sums(host, T const* x, std::size_t rows, std::size_t cols, Out* out,
   using V = compute_type_t<T>;
   constexpr std::size_t block = 64;  // columns per task: contiguous in each row
   std::size_t const blocks = (cols + block - 1) / block;
-  for_each_index(host{}, blocks, rows * cols, [=](std::size_t b) {
+  for_each_index(host{}, blocks, rows * cols, [=] REMAT_HOST_LAMBDA(std::size_t b) {
     std::size_t const c0 = b * block, c1 = std::min(cols, c0 + block);
     V acc[block];
     for (std::size_t c = c0; c < c1; ++c) acc[c - c0] = accumulate ? to_compute<V>(out[c]) : V(0);
