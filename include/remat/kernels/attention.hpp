@@ -101,9 +101,8 @@ REMAT_HOST_DEVICE void causal_softmax_row(V const* z, V* w, T* p, std::size_t n,
 // mask's elements from base): d = scale * p o (g o mask - dot) over [0, n), with dot the row's sum
 // of g o mask o p, and zeros over [n, seq).
 template <class V, class T, class Out, class Mask>
-REMAT_HOST_DEVICE void causal_softmax_backward_row(T const* p, V const* g, Out* d, std::size_t n,
-                                                          std::size_t seq, std::size_t base, V scale,
-                                                          Mask const& mask) {
+REMAT_HOST_DEVICE void causal_softmax_backward_row(T const* p, V const* g, Out* d, std::size_t n, std::size_t seq,
+                                                   std::size_t base, V scale, Mask const& mask) {
   V const dot = row_sum<V>(n, [&](std::size_t c) { return g[c] * mask(base + c) * to_compute<V>(p[c]); });
   for (std::size_t c = 0; c < n; ++c)
     d[c] = from_compute<Out>(scale * to_compute<V>(p[c]) * (g[c] * mask(base + c) - dot));

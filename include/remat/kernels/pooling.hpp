@@ -27,7 +27,7 @@ struct window_range {
   std::size_t first, last;
 };
 REMAT_HOST_DEVICE window_range windows_holding(std::size_t at, std::size_t kernel, std::size_t stride,
-                                                      std::size_t count) {
+                                               std::size_t count) {
   std::size_t const first = at + 1 > kernel ? (at + 1 - kernel + stride - 1) / stride : 0;
   std::size_t const last = at / stride < count - 1 ? at / stride : count - 1;
   return {first, last};
@@ -47,8 +47,7 @@ REMAT_HOST_DEVICE T window_max(T const* w0, std::size_t width, std::size_t kerne
 }
 // The index in the plane xp of the first largest value of the window starting at w0.
 template <class T>
-REMAT_HOST_DEVICE std::size_t window_argmax(T const* xp, std::size_t w0, std::size_t width,
-                                                   std::size_t kernel) {
+REMAT_HOST_DEVICE std::size_t window_argmax(T const* xp, std::size_t w0, std::size_t width, std::size_t kernel) {
   std::size_t at = w0;
   for (std::size_t a = 0; a < kernel; ++a)
     for (std::size_t b = 0; b < kernel; ++b) {
