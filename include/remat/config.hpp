@@ -20,6 +20,7 @@
 // 1 when nvcc compiles this translation unit (the cuda device tag's kernels are available), else 0.
 #define REMAT_HAS_CUDA 1
 #else
+// 1 when nvcc compiles this translation unit (the cuda device tag's kernels are available), else 0.
 #define REMAT_HAS_CUDA 0
 #endif
 
