@@ -9,12 +9,13 @@
 // y = x W^T, backward dx = dy W, dW = dy^T x), and GPTBlock<512, 8> at 8 x 256 tokens (the
 // attention projections and the 4d MLP). Prints a table and one JSON line per shape.
 //
-// With oneDNN, a second table times the same shapes in bf16 (remat's bf16 host path): the
-// products' outputs in bf16 as the layers write them, the weight gradients in fp32 as remat
-// accumulates them (dW += dy^T x, oneDNN's sum post-op), beside the same product written over
-// (beta = 0) and with dy^T read row-major (as if stored transposed), so a layout or an
-// accumulation that costs more than the product itself shows. (oneDNN 2.6 has no fast kernel for
-// a transposed output: dW^T = x^T dy written through dW's strides runs its reference code.)
+// With oneDNN, and AVX-512 for its bf16 matmul, a second table times the same shapes in bf16
+// (remat's bf16 host path): the products' outputs in bf16 as the layers write them, the weight
+// gradients in fp32 as remat accumulates them (dW += dy^T x, oneDNN's sum post-op), beside the
+// same product written over (beta = 0) and with dy^T read row-major (as if stored transposed), so
+// a layout or an accumulation that costs more than the product itself shows. (oneDNN 2.6 has no
+// fast kernel for a transposed output: dW^T = x^T dy written through dW's strides runs its
+// reference code.)
 //
 // A third table times a product with its epilogue (bias + GELU) run after the whole product,
 // against the same in panels of rows, each panel's pass right after its product (while it is in
@@ -255,7 +256,12 @@ int main(int argc, char** argv) {
   }
   std::printf("\n");
 #if defined(REMAT_HAS_ONEDNN)
-  bf16_table(shapes, rounds, json);
+  // (oneDNN 2.6's bf16 matmul needs AVX-512: without it, remat's bf16 products widen to fp32)
+  if (REMAT_NAMESPACE::kernels::has_onednn_bf16())
+    bf16_table(shapes, rounds, json);
+  else
+    std::printf("bf16 matrix products: oneDNN has no bf16 matmul for this processor (it needs AVX-512); "
+                "remat's bf16 products widen to fp32 here\n\n");
 #endif
   std::printf("A product and its epilogue (bias + GELU), the whole product then one pass, against panels of rows each\n"
               "followed by its pass: median ms of %d interleaved rounds\n\n", rounds);
