@@ -22,17 +22,14 @@ heap over the forward (mallinfo2), its output excluded.
 Writes bench/results/attention-host.jsonl, .md and (with matplotlib) .png.
 """
 import argparse
-import ctypes
-import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
-MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+from peer_common import MALLOC_TUNED, cpu_name, heap_in_use, loaded_blas, median_row, run_child, today, write_results
+
 SETTINGS = [("as shipped", {}), ("malloc tuned", MALLOC_TUNED)]
 CORES = ["stored", "recompute", "blocked"]
 W, H, TOKENS = 256, 4, 4096
@@ -44,18 +41,6 @@ def torch_child(args):
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    libc = ctypes.CDLL("libc.so.6")
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                     "keepcost")]
-
-    libc.mallinfo2.restype = MallInfo2
-
-    def heap():
-        m = libc.mallinfo2()
-        return m.uordblks + m.hblkhd
 
     seq, batch = args.seq, args.batch
     mask = torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq)  # nanoGPT's registered buffer
@@ -88,25 +73,14 @@ def torch_child(args):
         loss = step()
         times.append(time.perf_counter() - t0)
     x.grad = None
-    h0 = heap()
+    h0 = heap_in_use()
     y = attention(x)
-    saved = heap() - h0 - y.numel() * 4
+    saved = heap_in_use() - h0 - y.numel() * 4
     del y
-    blas = "unknown"
-    try:
-        blas = [l for l in open("/proc/self/maps").read().split("\n") if "blas" in l][0].split()[-1]
-    except IndexError:
-        pass
+    blas = ", ".join(loaded_blas()) or "none mapped"
     print(json.dumps({"library": "pytorch", "core": "nanogpt", "seq": seq, "batch": batch, "width": W, "heads": H,
                       "threads": torch.get_num_threads(), "steps": args.steps, "step_s": statistics.median(times),
                       "saved_activation_bytes": saved, "loss": loss, "blas": blas, "torch": torch.__version__}))
-
-
-def run(cmd, env):
-    e = dict(os.environ, OMP_NUM_THREADS="2")
-    e.update(env)
-    out = subprocess.run(cmd, env=e, check=True, capture_output=True, text=True).stdout
-    return json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
 
 
 def main():
@@ -135,15 +109,10 @@ def main():
         results = {**{c: [] for c in CORES}, **{name: [] for name, _ in SETTINGS}}
         for _ in range(args.rounds):
             for c in CORES:
-                results[c].append(run([args.remat, "--core", c] + common, {}))
+                results[c].append(run_child([args.remat, "--core", c] + common, {}))
             for name, env in SETTINGS:
-                results[name].append(run([sys.executable, __file__, "--torch-child"] + common, env))
-        row = {}
-        for k, rs in results.items():
-            r = dict(rs[0])
-            r["step_s"] = statistics.median(x["step_s"] for x in rs)
-            r["setting"] = k
-            row[k] = r
+                results[name].append(run_child([sys.executable, __file__, "--torch-child"] + common, env))
+        row = median_row(results)
         anchor = min((row[name] for name, _ in SETTINGS), key=lambda r: r["step_s"])
         for c in CORES:
             row[c]["time_vs_pytorch"] = row[c]["step_s"] / anchor["step_s"]
@@ -153,12 +122,7 @@ def main():
         for r in row.values():
             lines.append(r)
             print(json.dumps(r), flush=True)
-    stamp = datetime.date.today().isoformat()
-    cpu = platform.processor() or "cpu"
-    try:
-        cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][0]
-    except (IndexError, OSError):
-        pass
+    stamp, cpu = today(), cpu_name()
     torch_line = next(l for l in lines if l["library"] == "pytorch")
     md = [f"<!-- {stamp}, {cpu}, {os.cpu_count()} cores; bench/compare_attention.py -->",
           f"One causal attention core, width {W} in {H} heads of {W // H}, {TOKENS} tokens (batch = {TOKENS} / seq), "
@@ -179,13 +143,7 @@ def main():
                           f"{r['peak_vs_stored']:.3f}x | {r['saved_activation_bytes'] / 2**20:.2f} |")
     md.append("")
     md.append(f"PyTorch {torch_line.get('torch')}, BLAS {torch_line.get('blas')}.")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out + ".jsonl", "w") as f:
-        for l in lines:
-            f.write(json.dumps(l) + "\n")
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_results(args.out, lines, md)
     try:
         import matplotlib
         matplotlib.use("Agg")

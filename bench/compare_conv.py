@@ -23,17 +23,14 @@ Each row's lines (remat's with the ratios, then each PyTorch setting's) are prin
 Writes bench/results/conv-host.jsonl and .md.
 """
 import argparse
-import ctypes
-import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
-MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+from peer_common import MALLOC_TUNED, cpu_name, heap_in_use, loaded_blas, median_row, run_child, today, write_results
+
 SETTINGS = [("as shipped", {}), ("malloc tuned", MALLOC_TUNED)]
 C = 64
 
@@ -45,18 +42,6 @@ def torch_child(args):
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    libc = ctypes.CDLL("libc.so.6")
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                     "keepcost")]
-
-    libc.mallinfo2.restype = MallInfo2
-
-    def heap():
-        m = libc.mallinfo2()
-        return m.uordblks + m.hblkhd
 
     class Block(nn.Module):
         def __init__(self):
@@ -105,26 +90,15 @@ def torch_child(args):
         times.append(time.perf_counter() - t0)
     # Saved activations: the heap's growth over a forward, its output excluded.
     opt.zero_grad(set_to_none=True)
-    h0 = heap()
+    h0 = heap_in_use()
     y = net(x)
-    saved = heap() - h0 - y.numel() * 4
+    saved = heap_in_use() - h0 - y.numel() * 4
     del y
-    blas = "unknown"
-    try:
-        blas = [l for l in open("/proc/self/maps").read().split("\n") if "blas" in l][0].split()[-1]
-    except IndexError:
-        pass
+    blas = ", ".join(loaded_blas()) or "none mapped"
     print(json.dumps({"library": "pytorch", "policy": args.policy, "blocks": args.blocks, "batch": args.batch,
                       "size": s, "channels": C, "threads": torch.get_num_threads(), "steps": args.steps,
                       "step_s": statistics.median(times), "saved_activation_bytes": saved, "loss": loss,
                       "blas": blas, "torch": torch.__version__, "mkldnn": torch.backends.mkldnn.is_available()}))
-
-
-def run(cmd, env):
-    e = dict(os.environ, OMP_NUM_THREADS="2")
-    e.update(env)
-    out = subprocess.run(cmd, env=e, check=True, capture_output=True, text=True).stdout
-    return json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
 
 
 def main():
@@ -156,28 +130,18 @@ def main():
             for _ in range(args.rounds):
                 common = ["--blocks", str(n), "--policy", policy, "--batch", str(args.batch), "--size",
                           str(args.size), "--steps", str(args.steps)]
-                results["remat"].append(run([args.remat] + common, {}))
+                results["remat"].append(run_child([args.remat] + common, {}))
                 for name, env in SETTINGS:
-                    results[name].append(run([sys.executable, __file__, "--torch-child"] + common, env))
-            row = {}
-            for k, rs in results.items():
-                r = dict(rs[0])
-                r["step_s"] = statistics.median(x["step_s"] for x in rs)
-                r["setting"] = k
-                row[k] = r
-                lines.append(r)
+                    results[name].append(run_child([sys.executable, __file__, "--torch-child"] + common, env))
+            row = median_row(results)
+            lines.extend(row.values())
             anchor = min((row[name] for name, _ in SETTINGS), key=lambda r: r["step_s"])
             row["remat"]["time_ratio"] = row["remat"]["step_s"] / anchor["step_s"]
             row["remat"]["saved_ratio"] = row["remat"]["saved_activation_bytes"] / max(1, anchor["saved_activation_bytes"])
             row["remat"]["anchor"] = anchor["setting"]
             for r in row.values():
                 print(json.dumps(r), flush=True)
-    stamp = datetime.date.today().isoformat()
-    cpu = platform.processor() or "cpu"
-    try:
-        cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][0]
-    except (IndexError, OSError):
-        pass
+    stamp, cpu = today(), cpu_name()
     md = [f"<!-- {stamp}, {cpu}, {os.cpu_count()} cores; bench/compare_conv.py -->",
           f"ResNet stack, 64 channels, {args.size}x{args.size}, batch {args.batch}, fp32, AdamW, 2 threads; "
           f"median of {args.rounds} interleaved rounds of {args.steps} steps. {cpu}, {stamp}.", "",
@@ -197,13 +161,7 @@ def main():
                   f"{r['saved_ratio']:.2f}x |")
     md.append("")
     md.append(f"PyTorch {lines[1].get('torch')} (oneDNN: {lines[1].get('mkldnn')}), BLAS {lines[1].get('blas')}.")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out + ".jsonl", "w") as f:
-        for l in lines:
-            f.write(json.dumps(l) + "\n")
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_results(args.out, lines, md)
 
 
 if __name__ == "__main__":

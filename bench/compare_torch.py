@@ -53,16 +53,16 @@ torch.autograd.graph.save_on_cpu(pin_memory=True). Results go to bench/results/p
   python3 bench/compare_torch.py --device cuda --remat build/cuda/bench/bench_policies_cuda [--precision bf16]
 """
 import argparse
-import ctypes
 import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
+
+from peer_common import MALLOC_TUNED, cpu_name, heap_in_use, loaded_blas
 
 D = 1024
 POLICIES_REMAT = ["stored", "checkpoint", "checkpoint_sequential", "revolve", "selective"]
@@ -73,7 +73,6 @@ PEER = {"stored": "plain", "checkpoint": "checkpoint", "checkpoint_sequential": 
         "offload": "offload"}
 # The GPT workload.
 GW, GH, GT, GV = 512, 8, 256, 256
-MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
 # (name, environment) of each way PyTorch is run.
 # (name, environment, torch.compile) of each way today's PyTorch is run.
@@ -89,31 +88,6 @@ def root(n):
 
 
 # ---------------------------------------------------------------- the PyTorch side (a child)
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-def heap_in_use():
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _Mallinfo2
-    m = libc.mallinfo2()
-    return m.uordblks + m.hblkhd
-
-
-def loaded_blas():
-    """The host BLAS libraries mapped into this process (none where PyTorch links MKL statically)."""
-    names = set()
-    with open("/proc/self/maps") as f:
-        for line in f:
-            path = line.split()[-1] if "/" in line else ""
-            base = os.path.basename(path)
-            # (not cuBLAS, and not numpy's own OpenBLAS, which PyTorch does not call)
-            if ("blas" in base or "mkl" in base) and "cublas" not in base and "scipy_openblas" not in base:
-                names.add(os.path.realpath(path))
-    return sorted(names)
 
 
 def built_blas(torch):
@@ -545,7 +519,7 @@ def main():
     torch_blas = next((os.path.basename(r["blas"][-1]) if r["blas"] else r.get("blas_info", "?") for r in rows
                        if r["library"] == "pytorch"), "?")
     stamp = datetime.date.today().isoformat()
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    cpu = cpu_name()
     if cuda:
         cpu = next((r["device"] for r in rows if r["library"] == "pytorch"), "GPU")
     with open(args.out + ".jsonl", "w") as f:

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "support/gradients.hpp"
+#include "support/lm_training.hpp"
 
 #include <omp.h>
 
@@ -28,9 +29,7 @@ using LM = Seq<Embedding<V, W>, PositionEmbedding<L, W>, Dropout<0.1>, Middle, L
 using Block = GPTBlock<W, H, 0.1>;
 
 tensor<std::int32_t> token_batch(std::size_t batch, std::size_t seq, std::size_t salt = 0) {
-  tensor<std::int32_t> ids{index_t(batch), index_t(seq)};
-  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::int32_t((i * 7 + salt * 3 + i / 5) % V);
-  return ids;
+  return lm_training::token_batch(V, batch, seq, salt);
 }
 
 template <class T>
@@ -55,10 +54,6 @@ double relative_difference(std::vector<double> const& a, std::vector<double> con
     scale = std::max(scale, std::fabs(b[i]));
   }
   return diff / scale;
-}
-
-bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace
@@ -199,60 +194,26 @@ TEST_CASE("blocked attention: causal, position by position", "[transformer][bloc
 }
 
 namespace {
-
-struct run_result {
-  std::vector<double> losses;
-  std::vector<float> params, grads;
-  std::uint64_t recomputed = 0;
-  std::size_t saved = 0;
-};
-
-// Sequences of 150 positions: three panels, the last partial.
-template <class Net, class P = fp32>
-run_result train_lm(int steps = 2) {
-  model<Net, host, P> m(seed{5});
-  AdamW opt(m, {.lr = 3e-3});
-  tensor<std::int32_t> ids = token_batch(2, 150);
-  tensor<std::int32_t> next = token_batch(2, 150, 1);
-  run_result r;
-  for (int k = 0; k < steps; ++k) {
-    r.losses.push_back(m.template train_step<SoftmaxCrossEntropy>(ids, next, opt));
-    r.recomputed += m.last_pass().recomputed;
-  }
-  r.saved = m.last_pass().saved_bytes;
-  r.params = tensor_to_host(m.parameters());
-  r.grads = tensor_to_host(m.gradients());
-  return r;
-}
-
-template <class Net, class P = fp32>
-void require_same_training(run_result const& stored, std::uint64_t recomputed_per_step) {
-  run_result const r = train_lm<Net, P>();
-  for (std::size_t k = 0; k < r.losses.size(); ++k) CHECK(r.losses[k] == stored.losses[k]);
-  CHECK(same_bits(r.params, stored.params));
-  CHECK(same_bits(r.grads, stored.grads));
-  CHECK(r.recomputed == 2 * recomputed_per_step);
-  CHECK(r.saved < stored.saved);
-}
-
+// Sequences of 150 positions: three panels, the last partial; 2 steps of 2 of them.
+constexpr lm_training::runs<V> lm{2, 2, 150};
 }  // namespace
 
 TEST_CASE("blocked attention: every policy trains bit for bit like the stored model, dropout on",
           "[transformer][blocked][policies]") {
   using Blocks = BlockedAttention<Repeat<N, Block>>;
-  run_result const stored = train_lm<LM<Blocks>>();
+  lm_training::run_result const stored = lm.train<LM<Blocks>>();
   REQUIRE(stored.losses[1] < stored.losses[0]);
-  require_same_training<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>>(stored, N);
-  require_same_training<LM<Checkpointed<Blocks>>>(stored, N);
-  require_same_training<LM<Revolve<1, Blocks>>>(stored, revolve::cost(N, 1));
-  require_same_training<LM<CheckpointSequential<2, Blocks>>>(stored, N);
-  require_same_training<LM<Selective<Blocks>>>(stored, N);
-  require_same_training<LM<Repeat<N, Selective<BlockedAttention<Block>>>>>(stored, N);
-  require_same_training<LM<Repeat<N, Offloaded<BlockedAttention<Block>>>>>(stored, 0);
+  lm.require_same_training<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>>(stored, N);
+  lm.require_same_training<LM<Checkpointed<Blocks>>>(stored, N);
+  lm.require_same_training<LM<Revolve<1, Blocks>>>(stored, revolve::cost(N, 1));
+  lm.require_same_training<LM<CheckpointSequential<2, Blocks>>>(stored, N);
+  lm.require_same_training<LM<Selective<Blocks>>>(stored, N);
+  lm.require_same_training<LM<Repeat<N, Selective<BlockedAttention<Block>>>>>(stored, N);
+  lm.require_same_training<LM<Repeat<N, Offloaded<BlockedAttention<Block>>>>>(stored, 0);
   SECTION("in bf16 too") {
-    run_result const stored16 = train_lm<LM<Blocks>, mixed<bfloat16>>();
-    require_same_training<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>, mixed<bfloat16>>(stored16, N);
-    require_same_training<LM<Selective<Blocks>>, mixed<bfloat16>>(stored16, N);
+    lm_training::run_result const stored16 = lm.train<LM<Blocks>, mixed<bfloat16>>();
+    lm.require_same_training<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>, mixed<bfloat16>>(stored16, N);
+    lm.require_same_training<LM<Selective<Blocks>>, mixed<bfloat16>>(stored16, N);
   }
 }
 

@@ -6,10 +6,10 @@
 #include <catch2/catch.hpp>
 
 #include "support/gradients.hpp"
+#include "support/lm_training.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 using namespace remat;
@@ -22,13 +22,7 @@ template <class Middle>
 using LM = Seq<Embedding<V, W>, PositionEmbedding<L, W>, Dropout<0.1>, Middle, LayerNorm<W>, Linear<W, V>>;
 
 tensor<std::int32_t> token_batch(std::size_t batch, std::size_t seq, std::size_t salt = 0) {
-  tensor<std::int32_t> ids{index_t(batch), index_t(seq)};
-  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::int32_t((i * 7 + salt * 3 + i / 5) % V);
-  return ids;
-}
-
-bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return lm_training::token_batch(V, batch, seq, salt);
 }
 
 }  // namespace
@@ -141,67 +135,34 @@ TEST_CASE("attention: hand-computed values", "[transformer]") {
 }
 
 namespace {
-
-struct run_result {
-  std::vector<double> losses;
-  std::vector<float> params, grads;
-  std::uint64_t recomputed = 0;
-  std::size_t saved = 0;
-};
-
-template <class Net, class P = fp32>
-run_result train_lm(int steps = 3) {
-  model<Net, host, P> m(seed{5});
-  AdamW opt(m, {.lr = 3e-3});
-  tensor<std::int32_t> ids = token_batch(3, 10);
-  tensor<std::int32_t> next = token_batch(3, 10, 1);
-  run_result r;
-  for (int k = 0; k < steps; ++k) {
-    r.losses.push_back(m.template train_step<SoftmaxCrossEntropy>(ids, next, opt));
-    r.recomputed += m.last_pass().recomputed;
-  }
-  r.saved = m.last_pass().saved_bytes;
-  r.params = tensor_to_host(m.parameters());
-  r.grads = tensor_to_host(m.gradients());
-  return r;
-}
-
-template <class Net, class P = fp32>
-void require_same_training(run_result const& stored, std::uint64_t recomputed_per_step) {
-  run_result const r = train_lm<Net, P>();
-  for (std::size_t k = 0; k < r.losses.size(); ++k) CHECK(r.losses[k] == stored.losses[k]);
-  CHECK(same_bits(r.params, stored.params));
-  CHECK(same_bits(r.grads, stored.grads));
-  CHECK(r.recomputed == 3 * recomputed_per_step);
-  CHECK(r.saved < stored.saved);
-}
-
+// 3 steps of 3 sequences of 10 positions
+constexpr lm_training::runs<V> lm{3, 3, 10};
 }  // namespace
 
 TEST_CASE("transformer policies: every policy trains a GPT bit for bit like the stored one, dropout on",
           "[transformer][policies]") {
-  run_result const stored = train_lm<LM<Repeat<N, Block>>>();
+  lm_training::run_result const stored = lm.train<LM<Repeat<N, Block>>>();
   REQUIRE(stored.losses[2] < stored.losses[0]);
   SECTION("Checkpointed per block and around the chain") {
-    require_same_training<LM<Repeat<N, Checkpointed<Block>>>>(stored, N);
-    require_same_training<LM<Checkpointed<Repeat<N, Block>>>>(stored, N);
+    lm.require_same_training<LM<Repeat<N, Checkpointed<Block>>>>(stored, N);
+    lm.require_same_training<LM<Checkpointed<Repeat<N, Block>>>>(stored, N);
   }
   SECTION("Revolve and CheckpointSequential") {
-    require_same_training<LM<Revolve<1, Repeat<N, Block>>>>(stored, revolve::cost(N, 1));
-    require_same_training<LM<Revolve<2, Repeat<N, Block>>>>(stored, revolve::cost(N, 2));
-    require_same_training<LM<CheckpointSequential<2, Repeat<N, Block>>>>(stored, N);
+    lm.require_same_training<LM<Revolve<1, Repeat<N, Block>>>>(stored, revolve::cost(N, 1));
+    lm.require_same_training<LM<Revolve<2, Repeat<N, Block>>>>(stored, revolve::cost(N, 2));
+    lm.require_same_training<LM<CheckpointSequential<2, Repeat<N, Block>>>>(stored, N);
   }
   SECTION("the attention core recomputed, and Selective") {
-    require_same_training<LM<RecomputeAttention<Repeat<N, Block>>>>(stored, N);
-    require_same_training<LM<Repeat<N, Selective<Block>>>>(stored, N);
-    require_same_training<LM<Selective<Repeat<N, Block>>>>(stored, N);
-    require_same_training<LM<Revolve<2, Repeat<N, RecomputeAttention<Block>>>>>(stored, revolve::cost(N, 2) + N);
+    lm.require_same_training<LM<RecomputeAttention<Repeat<N, Block>>>>(stored, N);
+    lm.require_same_training<LM<Repeat<N, Selective<Block>>>>(stored, N);
+    lm.require_same_training<LM<Selective<Repeat<N, Block>>>>(stored, N);
+    lm.require_same_training<LM<Revolve<2, Repeat<N, RecomputeAttention<Block>>>>>(stored, revolve::cost(N, 2) + N);
   }
   SECTION("in bf16 too") {
-    run_result const stored16 = train_lm<LM<Repeat<N, Block>>, mixed<bfloat16>>();
-    require_same_training<LM<Repeat<N, Checkpointed<Block>>>, mixed<bfloat16>>(stored16, N);
-    require_same_training<LM<RecomputeAttention<Repeat<N, Block>>>, mixed<bfloat16>>(stored16, N);
-    require_same_training<LM<Repeat<N, Selective<Block>>>, mixed<bfloat16>>(stored16, N);
+    lm_training::run_result const stored16 = lm.train<LM<Repeat<N, Block>>, mixed<bfloat16>>();
+    lm.require_same_training<LM<Repeat<N, Checkpointed<Block>>>, mixed<bfloat16>>(stored16, N);
+    lm.require_same_training<LM<RecomputeAttention<Repeat<N, Block>>>, mixed<bfloat16>>(stored16, N);
+    lm.require_same_training<LM<Repeat<N, Selective<Block>>>, mixed<bfloat16>>(stored16, N);
   }
 }
 

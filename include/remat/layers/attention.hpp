@@ -37,7 +37,7 @@ namespace detail {
 // in the compute type, the dropout mask of a pass's stream, and buffers of rows in the compute
 // type beside the same in the activation type.
 template <std::size_t W, std::size_t H, rate_param P>
-struct attention_function {
+struct attention_function : no_parameters {
   static_assert(W > 0 && H > 0 && W % H == 0,
                 "remat::AttentionCore<W, H> (or BlockedAttentionCore): the width W must be a positive multiple of "
                 "the head count H");
@@ -45,16 +45,10 @@ struct attention_function {
                 "remat::AttentionCore<W, H, P> (or BlockedAttentionCore): the dropout probability P must be in [0, 1)");
   static constexpr std::size_t in_width = 3 * W;    // q, k and v of each position, W each
   static constexpr std::size_t out_width = W;       // the heads' outputs, side by side
-  static constexpr std::size_t param_count = 0;     // none (the projections are Linear layers)
   static constexpr std::size_t heads = H;           // attention heads
   static constexpr std::size_t head_width = W / H;  // features per head
   static constexpr double dropout = P;              // on the attention weights, in training
   static constexpr bool sequence_layer = true;  // rows are positions of sequences (s.sequence_length())
-
-  static std::vector<param_desc> params() { return {}; }  // none
-  // (Nothing to initialise.)
-  template <class T>
-  static void init(T*, std::size_t, std::uint64_t) {}
 
   template <class S>
   static constexpr bool same_storage = std::is_same_v<typename S::value_type, compute_type_t<typename S::value_type>>;

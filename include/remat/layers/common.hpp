@@ -55,6 +55,17 @@ struct param_desc {
   std::size_t size() const { return shape_elements(shape); }  // its elements
 };
 
+namespace detail {
+// What a layer without parameters declares (the point-wise layers, Dropout, the attention cores,
+// the pooling layers, Upsample2d): no parameters, none named, nothing to initialise.
+struct no_parameters {
+  static constexpr std::size_t param_count = 0;
+  static std::vector<param_desc> params() { return {}; }
+  template <class T>
+  static void init(T*, std::size_t, std::uint64_t) {}
+};
+}  // namespace detail
+
 namespace init {
 
 // Parameter k of a model is initialised from philox(seed, stream, k): a pure function of the seed

@@ -59,14 +59,12 @@ struct dropout_mask : expr_base {
 }  // namespace expr
 
 template <rate_param P>
-struct Dropout {
+struct Dropout : detail::no_parameters {
   static_assert(P >= 0.0 && P < 1.0, "remat::Dropout<P>: P must be in [0, 1)");
   // Any width: it takes its input's.
   static constexpr std::size_t in_width = any_width;
   // Its input's width.
   static constexpr std::size_t out_width = any_width;
-  // None.
-  static constexpr std::size_t param_count = 0;
   // P, the probability that an element is zeroed.
   static constexpr double probability = P;
   // It copes with a hollow input (a shape without values) in a selective recomputation: its
@@ -74,12 +72,6 @@ struct Dropout {
   static constexpr bool handles_hollow = true;
   // Dropout<0> passes values and gradients through unchanged.
   static constexpr bool identity = P == 0.0;
-
-  // None.
-  static std::vector<param_desc> params() { return {}; }
-  // (Nothing to initialise.)
-  template <class T>
-  static void init(T*, std::size_t, std::uint64_t) {}
 
   // The mask of draw d: 0 with probability P, else 1 / (1 - P).
   static expr::dropout_mask mask(random_draw d) { return {{}, d, float(P), float(1.0 / (1.0 - P))}; }

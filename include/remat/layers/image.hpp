@@ -104,16 +104,11 @@ struct BatchNorm2d : detail::norm_affine<Channels, true> {  // (weight and bias,
                                                  typename S::act_type dy) {
     using A = typename S::act_type;
     A stats = s.restore(), x = s.restore();
-    bool const wanted = s.needs_gradient(x);
-    A dx;
-    if (wanted)
-      dx = s.reuse_or_make(dy, in_width);
-    else
-      dx = s.hollow(dy->rows(), in_width);
+    A dx = s.gradient_for(x, dy, in_width);
     if constexpr (S::computes) {
       auto const* st = stat_data(stats->data());
-      kernels::batch_norm_backward(typename S::device{}, planes(dy->rows()), x->data(), p, st, st + Channels, dy->data(),
-                                   wanted ? dx->data() : nullptr, g, g + Channels);
+      kernels::batch_norm_backward(typename S::device{}, planes(dy->rows()), x->data(), p, st, st + Channels,
+                                   dy->data(), S::is_hollow(dx) ? nullptr : dx->data(), g, g + Channels);
     }
     return dx;
   }
@@ -171,16 +166,11 @@ struct GroupNorm : detail::norm_affine<Channels, true> {  // (weight and bias, o
     using A = typename S::act_type;
     A stats = s.restore(), x = s.restore();
     std::size_t const rows = dy->rows();
-    bool const wanted = s.needs_gradient(x);
-    A dx;
-    if (wanted)
-      dx = s.reuse_or_make(dy, in_width);
-    else
-      dx = s.hollow(rows, in_width);
+    A dx = s.gradient_for(x, dy, in_width);
     if constexpr (S::computes) {
       auto const* st = stat_data(stats->data());
-      kernels::group_norm_backward(typename S::device{}, planes(rows), Groups, x->data(), p, st, st + rows * Groups, dy->data(),
-                                   wanted ? dx->data() : nullptr, g, g + Channels);
+      kernels::group_norm_backward(typename S::device{}, planes(rows), Groups, x->data(), p, st, st + rows * Groups,
+                                   dy->data(), S::is_hollow(dx) ? nullptr : dx->data(), g, g + Channels);
     }
     return dx;
   }
@@ -189,7 +179,7 @@ struct GroupNorm : detail::norm_affine<Channels, true> {  // (weight and bias, o
 namespace detail {
 // What the pooling layers share: the image in and out, no parameters.
 template <std::size_t Channels, std::size_t Height, std::size_t Width, std::size_t Kernel, std::size_t Stride>
-struct pool_geometry {
+struct pool_geometry : no_parameters {
   static_assert(Channels > 0 && Kernel > 0 && Stride > 0, "remat: pooling needs channels, a kernel and a stride");
   static_assert(Height >= Kernel && Width >= Kernel, "remat: the pooling window is larger than the image");
   static constexpr kernels::pool_shape shape{Height, Width, Kernel, Stride};
@@ -197,10 +187,6 @@ struct pool_geometry {
   static constexpr image_shape out_image{Channels, shape.out_height(), shape.out_width()};
   static constexpr std::size_t in_width = in_image.size();
   static constexpr std::size_t out_width = out_image.size();
-  static constexpr std::size_t param_count = 0;
-  static std::vector<param_desc> params() { return {}; }
-  template <class T>
-  static void init(T*, std::size_t, std::uint64_t) {}
 };
 }  // namespace detail
 
@@ -268,7 +254,7 @@ struct AvgPool2d : detail::pool_geometry<Channels, Height, Width, Kernel, Stride
 // PyTorch's nn.Upsample(scale_factor=Factor, mode="nearest"): each value repeated over a
 // Factor x Factor block (a U-Net's way back up, before a convolution). Keeps nothing.
 template <std::size_t Channels, std::size_t Height, std::size_t Width, std::size_t Factor = 2>
-struct Upsample2d {
+struct Upsample2d : detail::no_parameters {
   static_assert(Channels > 0 && Height > 0 && Width > 0 && Factor > 0, "remat::Upsample2d: empty image or factor 0");
   // The image in: Channels x Height x Width.
   static constexpr image_shape in_image{Channels, Height, Width};
@@ -278,13 +264,6 @@ struct Upsample2d {
   static constexpr std::size_t in_width = in_image.size();
   // Values per row out: the larger image's.
   static constexpr std::size_t out_width = out_image.size();
-  // None.
-  static constexpr std::size_t param_count = 0;
-  // None.
-  static std::vector<param_desc> params() { return {}; }
-  // (Nothing to initialise.)
-  template <class T>
-  static void init(T*, std::size_t, std::uint64_t) {}
 
   // Each value repeated over a Factor x Factor block.
   template <class S>

@@ -24,7 +24,8 @@
 //
 // A backward may skip its input gradient when `!s.needs_gradient(x)` (x: its saved input, then the
 // pass's input, whose gradient nobody asked for) and return `s.hollow(rows, cols)` instead: Linear
-// and the norms do. Composites pass a hollow gradient on.
+// and the norms do (`s.gradient_for(x, dy, cols)` makes one or the other). Composites pass a
+// hollow gradient on.
 //
 // Optional traits (a static constexpr member, or a type, that the graph and the policies read):
 //

@@ -8,17 +8,37 @@
 
 namespace REMAT_NAMESPACE {
 
+namespace detail {
+// What LayerNorm and RMSNorm share: W features in and out, the weight (and bias) of
+// norm_affine, and backward, plain and with a Residual's shortcut gradient r added in the dx
+// pass (when the norm is the first layer of its branch), both by Norm::backward_adding.
+template <std::size_t W, bool Bias, class Norm>
+struct row_norm : norm_affine<W, Bias> {
+  static constexpr std::size_t in_width = W;   // features per row in
+  static constexpr std::size_t out_width = W;  // features per row out (the same)
+  static constexpr bool adds_residual_gradient = true;  // backward_onto: a Residual's dx add in its pass
+
+  // The input's gradient from dy; adds the weight's (and the bias's) gradients into g.
+  template <class S>
+  static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                 typename S::act_type dy) {
+    return Norm::backward_adding(s, p, g, std::move(dy), nullptr);
+  }
+  // backward with r added in the dx pass.
+  template <class S>
+  static constexpr typename S::act_type backward_onto(S& s, typename S::param_ptr p, typename S::grad_ptr g,
+                                                      typename S::act_type dy, typename S::act_type const& r) {
+    return Norm::backward_adding(s, p, g, std::move(dy), &r);
+  }
+};
+}  // namespace detail
+
 // LayerNorm<W>: y = (x - mean) / sqrt(var + eps) * weight + bias over each row of W features
 // (torch.nn.LayerNorm(W)); keeps x and each row's mean and 1/std for backward.
 template <std::size_t W>
-struct LayerNorm : detail::norm_affine<W, true> {  // (weight and bias, W each; eps 1e-5)
+struct LayerNorm : detail::row_norm<W, true, LayerNorm<W>> {  // (weight and bias, W each; eps 1e-5)
   static_assert(W > 0, "remat::LayerNorm<W>: the width must be positive");
-  static constexpr bool adds_residual_gradient = true;  // backward_onto: a Residual's dx add in its pass
   using detail::norm_affine<W, true>::eps;
-  // Features per row in.
-  static constexpr std::size_t in_width = W;
-  // Features per row out (the same).
-  static constexpr std::size_t out_width = W;
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr p, typename S::act_type x) {
@@ -43,31 +63,15 @@ struct LayerNorm : detail::norm_affine<W, true> {  // (weight and bias, W each; 
     return y;
   }
 
-  // The input's gradient from dy; adds the weight's (and the bias's) gradients into g.
-  template <class S>
-  static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
-                                                 typename S::act_type dy) {
-    return backward_adding(s, p, g, std::move(dy), nullptr);
-  }
-  // backward with a Residual's shortcut gradient r added in the dx pass (the first layer of its branch).
-  template <class S>
-  static constexpr typename S::act_type backward_onto(S& s, typename S::param_ptr p, typename S::grad_ptr g,
-                                                      typename S::act_type dy, typename S::act_type const& r) {
-    return backward_adding(s, p, g, std::move(dy), &r);
-  }
-
  private:
+  friend detail::row_norm<W, true, LayerNorm>;
   template <class S>
   static constexpr typename S::act_type backward_adding(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                         typename S::act_type dy, typename S::act_type const* r) {
     using A = typename S::act_type;
     A rstd = s.restore(), mean = s.restore(), x = s.restore();
     // (the pass's input when nobody wants its gradient: parameter gradients only, dx hollow)
-    A dx;  // (not `?:`: GCC 12 miscounts that at compile time)
-    if (s.needs_gradient(x))
-      dx = s.reuse_or_make(dy, W);
-    else
-      dx = s.hollow(dy->rows(), W);
+    A dx = s.gradient_for(x, dy, W);
     if constexpr (S::computes)
       kernels::layer_norm_backward(typename S::device{}, x->data(), p, stat_data(mean->data()),
                                    stat_data(rstd->data()), dy->data(), dy->rows(), W, dx->data(), g, g + W,
@@ -79,14 +83,9 @@ struct LayerNorm : detail::norm_affine<W, true> {  // (weight and bias, W each; 
 // RMSNorm<W>: y = x / sqrt(mean(x^2) + eps) * weight over each row of W features
 // (torch.nn.RMSNorm(W, eps=1e-5)); keeps x and each row's 1/rms for backward.
 template <std::size_t W>
-struct RMSNorm : detail::norm_affine<W, false> {  // (a weight of W values; eps 1e-5, added to the mean square)
+struct RMSNorm : detail::row_norm<W, false, RMSNorm<W>> {  // (a weight of W; eps 1e-5, added to the mean square)
   static_assert(W > 0, "remat::RMSNorm<W>: the width must be positive");
-  static constexpr bool adds_residual_gradient = true;  // backward_onto: a Residual's dx add in its pass
   using detail::norm_affine<W, false>::eps;
-  // Features per row in.
-  static constexpr std::size_t in_width = W;
-  // Features per row out (the same).
-  static constexpr std::size_t out_width = W;
 
   // Normalises each row (see above); keeps what backward reads when the pass keeps.
   template <class S>
@@ -110,31 +109,15 @@ struct RMSNorm : detail::norm_affine<W, false> {  // (a weight of W values; eps 
     return y;
   }
 
-  // The input's gradient from dy; adds the weight's (and the bias's) gradients into g.
-  template <class S>
-  static constexpr typename S::act_type backward(S& s, typename S::param_ptr p, typename S::grad_ptr g,
-                                                 typename S::act_type dy) {
-    return backward_adding(s, p, g, std::move(dy), nullptr);
-  }
-  // backward with a Residual's shortcut gradient r added in the dx pass (the first layer of its branch).
-  template <class S>
-  static constexpr typename S::act_type backward_onto(S& s, typename S::param_ptr p, typename S::grad_ptr g,
-                                                      typename S::act_type dy, typename S::act_type const& r) {
-    return backward_adding(s, p, g, std::move(dy), &r);
-  }
-
  private:
+  friend detail::row_norm<W, false, RMSNorm>;
   template <class S>
   static constexpr typename S::act_type backward_adding(S& s, typename S::param_ptr p, typename S::grad_ptr g,
                                                         typename S::act_type dy, typename S::act_type const* r) {
     using A = typename S::act_type;
     A rstd = s.restore(), x = s.restore();
     // (the pass's input when nobody wants its gradient: parameter gradients only, dx hollow)
-    A dx;  // (not `?:`: GCC 12 miscounts that at compile time)
-    if (s.needs_gradient(x))
-      dx = s.reuse_or_make(dy, W);
-    else
-      dx = s.hollow(dy->rows(), W);
+    A dx = s.gradient_for(x, dy, W);
     if constexpr (S::computes)
       kernels::rms_norm_backward(typename S::device{}, x->data(), p, stat_data(rstd->data()), dy->data(),
                                  dy->rows(), W, dx->data(), g, r && !S::is_hollow(dx) ? (*r)->data() : nullptr);

@@ -14,18 +14,12 @@
 namespace REMAT_NAMESPACE {
 
 template <class F>
-struct Pointwise {
+struct Pointwise : detail::no_parameters {
   using pointwise_function = F;  // a fusing layer before it (Linear) may apply F in its own pass
   // F declares `static constexpr bool derivative_from_output = true` when F'(F(x)) = F'(x).
   static constexpr bool derivative_from_output = requires { requires F::derivative_from_output; };
   static constexpr std::size_t in_width = any_width;   // any width: it takes its input's
   static constexpr std::size_t out_width = any_width;  // its input's width
-  static constexpr std::size_t param_count = 0;        // none
-
-  static std::vector<param_desc> params() { return {}; }  // none
-  // (Nothing to initialise.)
-  template <class T>
-  static void init(T*, std::size_t, std::uint64_t) {}
 
   template <class S>
   static constexpr typename S::act_type forward(S& s, typename S::param_ptr, typename S::act_type x) {

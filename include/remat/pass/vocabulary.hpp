@@ -8,6 +8,7 @@
 //   s.save(a) / s.restore()          keep a tensor for backward / take it back (last in, first out)
 //   s.save_counter(v) / restore_counter()   the same for a number (a dropout offset)
 //   s.reuse_or_make(dy, cols)        dy's own memory for dx when nobody else holds it
+//   s.gradient_for(x, dy, cols)      the same, or hollow when nobody wants x's gradient
 //   s.draw(n), s.random(offset)      n elements of the pass's dropout stream, and that stream
 //   s.product(rows, cols, compute)   a matrix product's output (captured and replayed by Selective)
 //   s.training(), s.keeps(), s.recomputing(), s.sequence_length(), s.token_ids()
@@ -140,6 +141,12 @@ class pass_vocabulary {
   constexpr A reuse_or_make(A& dy, std::size_t cols) {
     if (dy.use_count() == 1 && dy->cols() == cols) return dy;
     return self().make(dy->rows(), cols);
+  }
+  // A tensor for the gradient of x (a layer's saved input): reuse_or_make(dy, cols) when it is
+  // wanted (needs_gradient), hollow when nobody asked for it (the layer then writes none).
+  constexpr A gradient_for(A const& x, A& dy, std::size_t cols) {
+    if (needs_gradient(x)) return reuse_or_make(dy, cols);
+    return self().hollow(dy->rows(), cols);
   }
 
   // The offset of n new elements of the pass's dropout stream (a recomputation draws the same).
