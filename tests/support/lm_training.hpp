@@ -1,7 +1,7 @@
 // A small language model trained a few steps the same way under two storage policies (the tests
 // of tests/transformer): token batches, what the run ends with (losses, weights, gradients, the
-// block forwards recomputed and the bytes kept), and the check that a policy trains bit for bit as
-// the stored model does while keeping less.
+// block forwards recomputed and the bytes kept), the check that a policy trains bit for bit as
+// the stored model does while keeping less, and the check that its plan equals its measured peak.
 #pragma once
 
 #include <remat/remat.hpp>
@@ -11,6 +11,8 @@
 #include "values.hpp"
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 namespace lm_training {
@@ -69,5 +71,31 @@ struct runs {
     CHECK(r.saved < stored.saved);
   }
 };
+
+// Net's activation plan (sequence_plan) equals the allocator's measured peak, and what two passes
+// kept and recomputed, at each (batch, sequence length) of `shapes`, in fp32 and in bf16.
+template <class Net, std::size_t Vocabulary>
+void require_plan_matches(std::initializer_list<std::pair<std::size_t, std::size_t>> shapes) {
+  auto const check = [&]<class P>(P, std::size_t batch, std::size_t seq) {
+    INFO("batch " << batch << ", seq " << seq << ", precision " << P::name);
+    remat::memory::caching_allocator<remat::host> alloc;
+    remat::model<Net, remat::host, P> m(remat::seed{11}, alloc);
+    remat::tensor<std::int32_t> const ids = token_batch(Vocabulary, batch, seq);
+    remat::tensor<std::int32_t> const next = token_batch(Vocabulary, batch, seq, 2);
+    auto const plan = remat::sequence_plan<Net, P>(batch, seq);
+    for (int step = 0; step < 2; ++step) {
+      REQUIRE(alloc.stats()[remat::memory::tag::activations].in_use == 0);
+      alloc.reset_peak();
+      m.template accumulate<remat::SoftmaxCrossEntropy>(ids, next);
+      CHECK(alloc.stats()[remat::memory::tag::activations].peak == plan.peak_bytes);
+      CHECK(m.last_pass().saved_bytes == plan.saved_bytes);
+      CHECK(m.last_pass().recomputed == plan.recomputed);
+    }
+  };
+  for (auto [batch, seq] : shapes) {
+    check(remat::fp32{}, batch, seq);
+    check(remat::mixed<remat::bfloat16>{}, batch, seq);
+  }
+}
 
 }  // namespace lm_training
