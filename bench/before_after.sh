@@ -10,7 +10,9 @@
 # given.) bench_dist runs under mpirun -np 2 when mpirun is here. SET "large" runs issue 49's
 # larger configurations instead (MLP batch 256 and 2048 x 16 blocks, GPT 16 x 4, fp32 and bf16,
 # stored and checkpoint), without bench_dist; SET "gpt" the GPT 16 x 4 alone, fp32 and bf16, stored,
-# checkpoint and selective.
+# checkpoint and selective; SET "examples" the wall time of whole runs of the examples beside the
+# bench folder (BENCH_DIR/../examples: charlm checkpointed, 40 steps, fp32 and bf16; digits, 5
+# epochs, fp32 and half), whose loops are compiled apart from the benchmarks'.
 set -euo pipefail
 before="$1"
 after="$2"
@@ -43,6 +45,22 @@ elif [ "${4:-}" = gpt ]; then
       configs+=("gpt $p b16x4 $pol|BIN/bench_policies --workload gpt --batch 16 --blocks 4 --policy $pol --precision $p \
 --steps 3 --warmup 1")
     done
+  done
+elif [ "${4:-}" = examples ]; then
+  # wall COMMAND...: runs it and prints its wall time as a result line
+  wall() {
+    local t0="$EPOCHREALTIME"
+    "$@" >/dev/null
+    awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "{\"step_s\": %.4f}\n", b - a }'
+  }
+  export -f wall
+  configs=()
+  for p in fp32 bf16; do
+    configs+=("charlm $p checkpoint, 40 steps (run s)|OMP_WAIT_POLICY=PASSIVE wall BIN/../examples/charlm --steps 40 \
+--batch 16 --checkpoint --sample 0 --precision $p")
+  done
+  for p in fp32 half; do
+    configs+=("digits $p, 5 epochs (run s)|OMP_WAIT_POLICY=PASSIVE wall BIN/../examples/digits --epochs 5 --precision $p")
   done
 elif command -v mpirun >/dev/null; then
   configs+=(
@@ -77,7 +95,7 @@ for line in open(sys.argv[1]):
     if t is None:
         continue
     rows.setdefault(name, {"before": [], "after": []})[side].append(float(t))
-print(f"| configuration | before (median s/step) | after | after / before |")
+print(f"| configuration | before (median s a step, or a run) | after | after / before |")
 print("|---|---|---|---|")
 out = []
 for name, v in rows.items():
