@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Causal attention at long sequences: remat's cores against PyTorch's nanoGPT attention, interleaved.
+"""Causal attention at long sequences: remat's cores against today's PyTorch's, interleaved.
 
 One attention core (the same function in all): the projections x, (batch * seq) x 3W with W = 256
 in 4 heads of 64, split into q, k, v; y = softmax(q k^T / sqrt(64), causal) v, heads side by side;
@@ -8,14 +8,19 @@ MSE against a fixed target; the time of forward + backward (with the input's gra
 
 remat's cores: stored (AttentionCore: the probabilities kept), recompute
 (Checkpointed<AttentionCore>, RecomputeAttention's core) and blocked (BlockedAttentionCore: query
-panels, memory linear in seq). PyTorch 1.13: nanoGPT's attention without the fused kernel
-(att = q @ k^T * scale; masked_fill; softmax; att @ v), which 1.13's CPU build would not fuse.
+panels, memory linear in seq). The anchor is today's PyTorch at its best: the PyPI version that
+`scripts/setup.sh bench` pins in .venv-bench (--torch-python picks another interpreter), with
+F.scaled_dot_product_attention(is_causal=True) (its fused flash kernel on the CPU), run four ways:
+eager and torch.compile, each with glibc's default malloc and with MALLOC_MMAP_THRESHOLD_ /
+MALLOC_TRIM_THRESHOLD_ raised. The first round runs all four and keeps the fastest; later rounds
+run that one. Debian's PyTorch 1.13 (/usr/bin/python3, as Debian ships it) runs once per length as
+one more row: nanoGPT's attention written out (att = q @ k^T * scale; masked_fill; softmax;
+att @ v), as 1.13 has no scaled_dot_product_attention.
 
-For each length it alternates: remat's three cores, PyTorch as shipped, PyTorch with glibc's
-MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ raised; --rounds times. The faster PyTorch
-setting is the anchor of the ratios. Memory: remat's activation peak over the step (equal to its
-plan) and what its forward kept; PyTorch's is what its forward kept only: the growth of glibc's
-heap over the forward (mallinfo2), its output excluded.
+For each length it alternates: remat's three cores, then PyTorch; --rounds times, each figure the
+median over the rounds. Memory: remat's activation peak over the step (equal to its plan) and
+what its forward kept; PyTorch's is what its forward kept only: the growth of glibc's heap over
+the forward (mallinfo2), its output excluded.
 
   /usr/bin/python3 bench/compare_attention.py --remat build/default/bench/bench_attention [--quick] [--rounds 3]
 
@@ -25,12 +30,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-from peer_common import MALLOC_TUNED, cpu_name, heap_in_use, loaded_blas, median_row, run_child, today, write_results
+from peer_common import (DEBIAN_PYTHON, cpu_name, heap_in_use, loaded_blas, median_row, run_child, run_peer, today,
+                         todays_python, write_results)
 
-SETTINGS = [("as shipped", {}), ("malloc tuned", MALLOC_TUNED)]
 CORES = ["stored", "recompute", "blocked"]
 W, H, TOKENS = 256, 4, 4096
 
@@ -45,23 +49,33 @@ def torch_child(args):
     seq, batch = args.seq, args.batch
     mask = torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq)  # nanoGPT's registered buffer
 
+    sdpa = hasattr(torch.nn.functional, "scaled_dot_product_attention")  # PyTorch 2.0 on
+
     def attention(x):  # nanoGPT's CausalSelfAttention.forward between c_attn and c_proj
         q, k, v = x.view(batch, seq, 3 * W).split(W, dim=2)
         q = q.view(batch, seq, H, W // H).transpose(1, 2)
         k = k.view(batch, seq, H, W // H).transpose(1, 2)
         v = v.view(batch, seq, H, W // H).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(mask[:, :, :seq, :seq] == 0, float("-inf"))
-        att = torch.nn.functional.softmax(att, dim=-1)
-        y = att @ v
+        if sdpa:
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(mask[:, :, :seq, :seq] == 0, float("-inf"))
+            att = torch.nn.functional.softmax(att, dim=-1)
+            y = att @ v
         return y.transpose(1, 2).contiguous().view(batch * seq, W)
 
     x = (torch.rand(batch * seq, 3 * W) * 2 - 1).requires_grad_()
     t = torch.rand(batch * seq, W)
+    # torch.compile: the loss (attention and MSE) as one graph, its backward with it; compiled in
+    # the untimed steps.
+    loss_of = (lambda: torch.nn.functional.mse_loss(attention(x), t))
+    if args.compile:
+        loss_of = torch.compile(loss_of)
 
     def step():
         x.grad = None
-        loss = torch.nn.functional.mse_loss(attention(x), t)
+        loss = loss_of()
         loss.backward()
         return loss.item()
 
@@ -78,7 +92,8 @@ def torch_child(args):
     saved = heap_in_use() - h0 - y.numel() * 4
     del y
     blas = ", ".join(loaded_blas()) or "none mapped"
-    print(json.dumps({"library": "pytorch", "core": "nanogpt", "seq": seq, "batch": batch, "width": W, "heads": H,
+    print(json.dumps({"library": "pytorch", "core": "sdpa" if sdpa else "nanogpt", "seq": seq, "batch": batch,
+                      "width": W, "heads": H,
                       "threads": torch.get_num_threads(), "steps": args.steps, "step_s": statistics.median(times),
                       "saved_activation_bytes": saved, "loss": loss, "blas": blas, "torch": torch.__version__}))
 
@@ -95,6 +110,11 @@ def main():
     ap.add_argument("--torch-child", action="store_true")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-python", default=None,
+                    help="the interpreter of today's PyTorch (default: .venv-bench/bin/python from "
+                         "scripts/setup.sh bench)")
+    ap.add_argument("--no-debian", action="store_true", help="leave out the row of Debian's PyTorch 1.13")
     args = ap.parse_args()
     if args.torch_child:
         torch_child(args)
@@ -102,47 +122,61 @@ def main():
     seqs = [int(s) for s in args.seqs.split(",")]
     if args.quick:
         seqs, args.rounds, args.steps = [256], 1, 1
-    lines = []
+    python = todays_python(args.torch_python)
+    debian = not args.no_debian and os.path.exists(DEBIAN_PYTHON) and \
+        os.path.abspath(python) != os.path.abspath(DEBIAN_PYTHON)
+    lines, chosen = [], {}
     for seq in seqs:
         batch = max(1, TOKENS // seq)
         common = ["--seq", str(seq), "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        results = {**{c: [] for c in CORES}, **{name: [] for name, _ in SETTINGS}}
-        for _ in range(args.rounds):
+        results = {**{c: [] for c in CORES}, "pytorch": []}
+        for rnd in range(args.rounds):
             for c in CORES:
                 results[c].append(run_child([args.remat, "--core", c] + common, {}))
-            for name, env in SETTINGS:
-                results[name].append(run_child([sys.executable, __file__, "--torch-child"] + common, env))
+            results["pytorch"].append(run_peer(python, [__file__, "--torch-child"] + common, chosen, seq))
+            if debian and rnd == 0:
+                results["debian"] = [run_child([DEBIAN_PYTHON, __file__, "--torch-child"] + common, {})]
         row = median_row(results)
-        anchor = min((row[name] for name, _ in SETTINGS), key=lambda r: r["step_s"])
+        anchor = row["pytorch"]
         for c in CORES:
             row[c]["time_vs_pytorch"] = row[c]["step_s"] / anchor["step_s"]
             row[c]["time_vs_stored"] = row[c]["step_s"] / row["stored"]["step_s"]
             row[c]["peak_vs_stored"] = row[c]["peak_activation_bytes"] / row["stored"]["peak_activation_bytes"]
-            row[c]["anchor"] = anchor["setting"]
+            if "debian" in row:
+                row[c]["time_vs_debian_pytorch"] = row[c]["step_s"] / row["debian"]["step_s"]
         for r in row.values():
             lines.append(r)
             print(json.dumps(r), flush=True)
     stamp, cpu = today(), cpu_name()
-    torch_line = next(l for l in lines if l["library"] == "pytorch")
+    torch_line = next(l for l in lines if l["setting"] == "pytorch")
+    old = next((l for l in lines if l["setting"] == "debian"), None)
     md = [f"<!-- {stamp}, {cpu}, {os.cpu_count()} cores; bench/compare_attention.py -->",
           f"One causal attention core, width {W} in {H} heads of {W // H}, {TOKENS} tokens (batch = {TOKENS} / seq), "
           f"fp32, forward + backward with the input's gradient, 2 threads; median of {args.rounds} interleaved "
           f"rounds of {args.steps}. {cpu}, {stamp}.", "",
-          "| seq | core | step (s) | vs PyTorch | vs stored | activation peak (MiB) | peak vs stored | kept by forward (MiB) |",
-          "|---:|---|---:|---:|---:|---:|---:|---:|"]
+          f"| seq | core | step (s) | vs PyTorch {torch_line['torch']} | vs stored | activation peak (MiB) | "
+          f"peak vs stored | kept by forward (MiB) |" + (" vs Debian's 1.13 |" if old else ""),
+          "|---:|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if old else "")]
     for seq in seqs:
-        peers = [l for l in lines if l["library"] == "pytorch" and l["seq"] == seq]
-        anchor = min(peers, key=lambda p: p["step_s"])
-        md.append(f"| {seq} | PyTorch nanoGPT ({' / '.join('%.3f' % p['step_s'] for p in peers)} s as shipped / "
-                  f"malloc tuned) | {anchor['step_s']:.3f} | 1.00x | | | | "
-                  f"{anchor['saved_activation_bytes'] / 2**20:.1f} |")
+        anchor = next(l for l in lines if l["setting"] == "pytorch" and l["seq"] == seq)
+        ways = ", ".join(f"{w} {t:.3f} s" for w, t in anchor["ways"].items())
+        md.append(f"| {seq} | PyTorch {anchor['torch']} {anchor['core']} ({anchor['way']}; first round: {ways}) | "
+                  f"{anchor['step_s']:.3f} | 1.00x | | | | {anchor['saved_activation_bytes'] / 2**20:.1f} |" +
+                  (" |" if old else ""))
+        deb = next((l for l in lines if l["setting"] == "debian" and l["seq"] == seq), None)
+        if deb:
+            md.append(f"| {seq} | PyTorch {deb['torch']} {deb['core']}, as Debian ships it (one round) | "
+                      f"{deb['step_s']:.3f} | {deb['step_s'] / anchor['step_s']:.2f}x | | | | "
+                      f"{deb['saved_activation_bytes'] / 2**20:.1f} | |")
         for r in lines:
             if r["library"] == "remat" and r["seq"] == seq:
                 md.append(f"| {seq} | {r['core']} | {r['step_s']:.3f} | {r['time_vs_pytorch']:.2f}x | "
                           f"{r['time_vs_stored']:.2f}x | {r['peak_activation_bytes'] / 2**20:.1f} | "
-                          f"{r['peak_vs_stored']:.3f}x | {r['saved_activation_bytes'] / 2**20:.2f} |")
+                          f"{r['peak_vs_stored']:.3f}x | {r['saved_activation_bytes'] / 2**20:.2f} |" +
+                          (f" {r['time_vs_debian_pytorch']:.2f}x |" if old else ""))
     md.append("")
-    md.append(f"PyTorch {torch_line.get('torch')}, BLAS {torch_line.get('blas')}.")
+    md.append(f"PyTorch {torch_line.get('torch')} (the anchor), BLAS {torch_line.get('blas')}." +
+              (f" Debian's: PyTorch {old.get('torch')}, BLAS {old.get('blas')}." if old else ""))
     write_results(args.out, lines, md)
     try:
         import matplotlib
@@ -151,11 +185,12 @@ def main():
     except ImportError:
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, pick in [("PyTorch nanoGPT", lambda l: l["library"] == "pytorch" and l["setting"] == anchor["setting"])] + \
+    peer = f"PyTorch {torch_line['torch']} {torch_line['core']}"
+    for name, pick in [(peer, lambda l: l["setting"] == "pytorch")] + \
             [(c, (lambda c: lambda l: l["library"] == "remat" and l["core"] == c)(c)) for c in CORES]:
         pts = [l for l in lines if pick(l)]
         a.plot([p["seq"] for p in pts], [p["step_s"] for p in pts], marker="o", label=name)
-        if name != "PyTorch nanoGPT":
+        if name != peer:
             b.plot([p["seq"] for p in pts], [p["peak_activation_bytes"] / 2**20 for p in pts], marker="o", label=name)
         else:
             b.plot([p["seq"] for p in pts], [p["saved_activation_bytes"] / 2**20 for p in pts], marker="o",

@@ -7,18 +7,22 @@ average pooling and Linear(64, 10); MSE against a fixed target; AdamW; 2 threads
 64 x 64 (--size 32 for a smaller run), batch 32.
 
 Policies: stored (PyTorch: plain autograd) and checkpoint (every block checkpointed; PyTorch:
-torch.utils.checkpoint per block, use_reentrant=False). PyTorch's CPU convolutions are oneDNN's
-(MKL-DNN 2.6 in Debian's 1.13), as remat's are.
+torch.utils.checkpoint per block, use_reentrant=False). PyTorch's CPU convolutions are oneDNN's,
+as remat's are (oneDNN 3.x in today's PyTorch, MKL-DNN 2.6 in Debian's 1.13 and in remat here).
 
-For each configuration it alternates: remat, PyTorch as shipped, PyTorch with glibc's
-MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ raised; --rounds times. The faster PyTorch setting
-is the anchor of the ratios. Saved activations: remat's allocator when the forward ends (equal to
-its plan); PyTorch's is the growth of glibc's heap over the forward (mallinfo2), minus the output,
-in an untimed step.
+The anchor is today's PyTorch at its best: the PyPI version that `scripts/setup.sh bench` pins in
+.venv-bench (--torch-python picks another interpreter), run four ways: eager and torch.compile (the
+loss, checkpoints included, as one graph), each with glibc's default malloc and with
+MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ raised. The first round runs all four and keeps the
+fastest; later rounds run that one. Debian's PyTorch 1.13 (/usr/bin/python3, as Debian ships it,
+eager) runs once per configuration as one more row. For each configuration it alternates remat and
+PyTorch, --rounds times; each figure is the median over the rounds. Saved activations: remat's
+allocator when the forward ends (equal to its plan); PyTorch's is the growth of glibc's heap
+(mallinfo2) over the forward, minus the output, in an untimed step.
 
   /usr/bin/python3 bench/compare_conv.py --remat build/default/bench/bench_conv [--quick] [--rounds 3] [--configs 8,16]
 
-Each row's lines (remat's with the ratios, then each PyTorch setting's) are printed as they finish.
+Each row's lines (remat's with the ratios, then PyTorch's) are printed as they finish.
 
 Writes bench/results/conv-host.jsonl and .md.
 """
@@ -26,12 +30,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-from peer_common import MALLOC_TUNED, cpu_name, heap_in_use, loaded_blas, median_row, run_child, today, write_results
+from peer_common import (DEBIAN_PYTHON, cpu_name, heap_in_use, loaded_blas, median_row, run_child, run_peer, today,
+                         todays_python, write_results)
 
-SETTINGS = [("as shipped", {}), ("malloc tuned", MALLOC_TUNED)]
 C = 64
 
 
@@ -74,9 +77,16 @@ def torch_child(args):
     x = torch.rand(args.batch, 3, s, s) * 2 - 1
     t = torch.rand(args.batch, 10)
 
+    # torch.compile: the loss (forward, checkpoints included) as one graph, its backward with it;
+    # compiled in the untimed steps.
+    loss_of = (lambda: torch.nn.functional.mse_loss(net(x), t))
+    forward = net
+    if args.compile:
+        loss_of, forward = torch.compile(loss_of), torch.compile(net)
+
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(net(x), t)
+        loss = loss_of()
         loss.backward()
         opt.step()
         return loss.item()
@@ -90,15 +100,18 @@ def torch_child(args):
         times.append(time.perf_counter() - t0)
     # Saved activations: the heap's growth over a forward, its output excluded.
     opt.zero_grad(set_to_none=True)
+    forward(x)  # (compiled in its first call)
     h0 = heap_in_use()
-    y = net(x)
+    y = forward(x)
     saved = heap_in_use() - h0 - y.numel() * 4
     del y
     blas = ", ".join(loaded_blas()) or "none mapped"
     print(json.dumps({"library": "pytorch", "policy": args.policy, "blocks": args.blocks, "batch": args.batch,
                       "size": s, "channels": C, "threads": torch.get_num_threads(), "steps": args.steps,
                       "step_s": statistics.median(times), "saved_activation_bytes": saved, "loss": loss,
-                      "blas": blas, "torch": torch.__version__, "mkldnn": torch.backends.mkldnn.is_available()}))
+                      "blas": blas, "torch": torch.__version__, "mkldnn": torch.backends.mkldnn.is_available(),
+                      "onednn": next((l.split("DNN")[1].split()[0] for l in torch.__config__.show().splitlines()
+                                      if "MKL-DNN" in l), None)}))
 
 
 def main():
@@ -115,6 +128,11 @@ def main():
     ap.add_argument("--configs", default="8,16", help="the block counts to run, comma-separated")
     ap.add_argument("--policy", default="stored")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-python", default=None,
+                    help="the interpreter of today's PyTorch (default: .venv-bench/bin/python from "
+                         "scripts/setup.sh bench)")
+    ap.add_argument("--no-debian", action="store_true", help="leave out the row of Debian's PyTorch 1.13")
     args = ap.parse_args()
     if args.torch_child:
         torch_child(args)
@@ -123,44 +141,53 @@ def main():
         configs, args.rounds, args.steps, args.size, args.batch = [2], 1, 1, 32, 4
     else:
         configs = [int(c) for c in args.configs.split(",")]
-    lines = []
+    python = todays_python(args.torch_python)
+    debian = not args.no_debian and os.path.exists(DEBIAN_PYTHON) and \
+        os.path.abspath(python) != os.path.abspath(DEBIAN_PYTHON)
+    lines, chosen = [], {}
     for n in configs:
         for policy in ("stored", "checkpoint"):
-            results = {"remat": [], **{name: [] for name, _ in SETTINGS}}
-            for _ in range(args.rounds):
-                common = ["--blocks", str(n), "--policy", policy, "--batch", str(args.batch), "--size",
-                          str(args.size), "--steps", str(args.steps)]
+            results = {"remat": [], "pytorch": []}
+            common = ["--blocks", str(n), "--policy", policy, "--batch", str(args.batch), "--size",
+                      str(args.size), "--steps", str(args.steps)]
+            for rnd in range(args.rounds):
                 results["remat"].append(run_child([args.remat] + common, {}))
-                for name, env in SETTINGS:
-                    results[name].append(run_child([sys.executable, __file__, "--torch-child"] + common, env))
+                results["pytorch"].append(run_peer(python, [__file__, "--torch-child"] + common, chosen, (n, policy)))
+                if debian and rnd == 0:
+                    results["debian"] = [run_child([DEBIAN_PYTHON, __file__, "--torch-child"] + common, {})]
             row = median_row(results)
             lines.extend(row.values())
-            anchor = min((row[name] for name, _ in SETTINGS), key=lambda r: r["step_s"])
+            anchor = row["pytorch"]
             row["remat"]["time_ratio"] = row["remat"]["step_s"] / anchor["step_s"]
             row["remat"]["saved_ratio"] = row["remat"]["saved_activation_bytes"] / max(1, anchor["saved_activation_bytes"])
-            row["remat"]["anchor"] = anchor["setting"]
+            if "debian" in row:
+                row["remat"]["time_ratio_vs_debian"] = row["remat"]["step_s"] / row["debian"]["step_s"]
             for r in row.values():
                 print(json.dumps(r), flush=True)
     stamp, cpu = today(), cpu_name()
     md = [f"<!-- {stamp}, {cpu}, {os.cpu_count()} cores; bench/compare_conv.py -->",
           f"ResNet stack, 64 channels, {args.size}x{args.size}, batch {args.batch}, fp32, AdamW, 2 threads; "
           f"median of {args.rounds} interleaved rounds of {args.steps} steps. {cpu}, {stamp}.", "",
-          "| blocks | policy | remat step (s) | PyTorch step (s), as shipped / malloc tuned | time vs PyTorch | "
-          "remat saved (MiB) | PyTorch saved (MiB) | saved vs PyTorch |",
-          "|---:|---|---:|---:|---:|---:|---:|---:|"]
+          "| blocks | policy | remat step (s) | PyTorch step (s) (how; first round's ways) | time vs PyTorch | "
+          "remat saved (MiB) | PyTorch saved (MiB) | saved vs PyTorch | Debian's 1.13 step (s) | time vs 1.13 |",
+          "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in lines:
         if r["setting"] != "remat":
             continue
-        peers = [l for l in lines if l["library"] == "pytorch" and l["blocks"] == r["blocks"]
-                 and l["policy"] == r["policy"]]
-        anchor = min(peers, key=lambda p: p["step_s"])
-        peer_times = " / ".join("%.2f" % p["step_s"] for p in peers)
+        same = [l for l in lines if l["blocks"] == r["blocks"] and l["policy"] == r["policy"]]
+        anchor = next(l for l in same if l["setting"] == "pytorch")
+        old = next((l for l in same if l["setting"] == "debian"), None)
+        ways = ", ".join(f"{w} {t:.2f}" for w, t in anchor["ways"].items())
         md.append(f"| {r['blocks']} | {r['policy']} | {r['step_s']:.2f} | "
-                  f"{peer_times} | {r['time_ratio']:.2f}x | "
+                  f"{anchor['step_s']:.2f} ({anchor['way']}; {ways}) | {r['time_ratio']:.2f}x | "
                   f"{r['saved_activation_bytes'] / 2**20:.1f} | {anchor['saved_activation_bytes'] / 2**20:.1f} | "
-                  f"{r['saved_ratio']:.2f}x |")
+                  f"{r['saved_ratio']:.2f}x | " +
+                  (f"{old['step_s']:.2f} | {r['time_ratio_vs_debian']:.2f}x |" if old else " | |"))
     md.append("")
-    md.append(f"PyTorch {lines[1].get('torch')} (oneDNN: {lines[1].get('mkldnn')}), BLAS {lines[1].get('blas')}.")
+    peer = next(l for l in lines if l["setting"] == "pytorch")
+    old = next((l for l in lines if l["setting"] == "debian"), None)
+    md.append(f"PyTorch {peer.get('torch')} (the anchor; oneDNN {peer.get('onednn')}), BLAS {peer.get('blas')}." +
+              (f" Debian's: PyTorch {old.get('torch')}, BLAS {old.get('blas')}." if old else ""))
     write_results(args.out, lines, md)
 
 

@@ -62,7 +62,7 @@ import subprocess
 import sys
 import time
 
-from peer_common import MALLOC_TUNED, cpu_name, heap_in_use, loaded_blas
+from peer_common import DEBIAN_PYTHON, TORCH_SETTINGS, cpu_name, heap_in_use, loaded_blas, todays_python
 
 D = 1024
 POLICIES_REMAT = ["stored", "checkpoint", "checkpoint_sequential", "revolve", "selective"]
@@ -74,13 +74,6 @@ PEER = {"stored": "plain", "checkpoint": "checkpoint", "checkpoint_sequential": 
 # The GPT workload.
 GW, GH, GT, GV = 512, 8, 256, 256
 OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
-# (name, environment) of each way PyTorch is run.
-# (name, environment, torch.compile) of each way today's PyTorch is run.
-TORCH_SETTINGS = [("eager", {}, False), ("eager, malloc tuned", MALLOC_TUNED, False),
-                  ("compile", {}, True), ("compile, malloc tuned", MALLOC_TUNED, True)]
-DEBIAN_PYTHON = "/usr/bin/python3"  # Debian's python3-torch (1.13): the tests' cross-check, one more row
-HERE = os.path.dirname(os.path.abspath(__file__))
-VENV_PYTHON = os.path.join(HERE, "..", ".venv-bench", "bin", "python")  # scripts/setup.sh bench
 
 
 def root(n):
@@ -406,7 +399,7 @@ def main():
         policies_remat = POLICIES_REMAT + ["recompute_attention"]
         policies_torch = POLICIES_TORCH + ["checkpoint_attention"]
     settings = TORCH_SETTINGS
-    python = args.torch_python or (VENV_PYTHON if os.path.exists(VENV_PYTHON) else sys.executable)
+    python = todays_python(args.torch_python)
     debian = not args.no_debian and not cuda and os.path.exists(DEBIAN_PYTHON)
     if cuda:  # the machine's own PyTorch, eager and compiled
         configs = [(64, 8)] if gpt else [(8192, 16), (8192, 32)]

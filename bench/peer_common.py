@@ -1,6 +1,7 @@
-"""What the scripts that run remat beside PyTorch share (bench/compare_*.py): glibc's raised malloc
-thresholds, the heap in use, the BLAS PyTorch mapped, a child's JSON line, the medians of a row's
-rounds, the processor's name and the results' files."""
+"""What the scripts that run remat beside PyTorch share (bench/compare_*.py): which PyTorch is the
+peer and the ways it is run, glibc's raised malloc thresholds, the heap in use, the BLAS PyTorch
+mapped, a child's JSON line, the medians of a row's rounds, the processor's name and the results'
+files."""
 import ctypes
 import datetime
 import json
@@ -11,6 +12,36 @@ import subprocess
 
 # glibc's thresholds raised so that freed blocks stay in the heap (one of the peer's settings).
 MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+# (name, environment, torch.compile) of each way today's PyTorch is run; the fastest is the peer.
+TORCH_SETTINGS = [("eager", {}, False), ("eager, malloc tuned", MALLOC_TUNED, False),
+                  ("compile", {}, True), ("compile, malloc tuned", MALLOC_TUNED, True)]
+DEBIAN_PYTHON = "/usr/bin/python3"  # Debian's python3-torch (1.13): the tests' cross-check, one more row
+# Today's PyTorch from PyPI, pinned (scripts/setup.sh bench).
+VENV_PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".venv-bench", "bin", "python")
+
+
+def todays_python(override=None):
+    """The interpreter of today's PyTorch: `override`, else .venv-bench's, else this one."""
+    import sys
+    return override or (VENV_PYTHON if os.path.exists(VENV_PYTHON) else sys.executable)
+
+
+def run_peer(python, cmd, chosen, key):
+    """PyTorch's child `cmd` (its arguments after the interpreter) run each way of TORCH_SETTINGS,
+    or, once `chosen[key]` names the fastest (the first round's), that way alone. A way
+    torch.compile cannot take (PyTorch 1.13 has none) is left out, and said so. Returns the
+    fastest way's line, with "way" and "ways" (every way's step_s) added."""
+    runs = []
+    for name, env, comp in [w for w in TORCH_SETTINGS if chosen.get(key, w[0]) == w[0]]:
+        try:
+            runs.append(dict(run_child([python] + cmd + (["--compile"] if comp else []), env), way=name))
+        except subprocess.CalledProcessError as e:
+            if not comp:
+                raise
+            print(f"    ({name} left out: {(e.stderr or '').strip().splitlines()[-1:]})", flush=True)
+    best = min(runs, key=lambda r: r["step_s"])
+    chosen[key] = best["way"]
+    return dict(best, ways={r["way"]: r["step_s"] for r in runs})
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -44,7 +75,12 @@ def run_child(cmd, env):
     """The last JSON line a program prints, run on 2 OpenMP threads with `env` added."""
     e = dict(os.environ, OMP_NUM_THREADS="2")
     e.update(env)
-    out = subprocess.run(cmd, env=e, check=True, capture_output=True, text=True).stdout
+    try:
+        out = subprocess.run(cmd, env=e, check=True, capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError as err:
+        if "--compile" not in cmd:
+            print(err.stderr, flush=True)
+        raise
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
 
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace remat;
@@ -136,6 +137,47 @@ TEST_CASE("model: the layer that takes the input computes no input gradient unle
   require_input_gradient_optional<Seq<Linear<40, 16>, GELU, Linear<16, 3>>, mixed<bfloat16>>();
   // A hollow input gradient never reaches the caller: a point-wise first layer still gives one.
   require_input_gradient_optional<Seq<Tanh, Linear<8, 8>, Linear<8, 3>>>();
+}
+
+namespace {
+// Two models alike: one's gradients cleared by zero_grad (its passes write a layer's gradients
+// over them), the other's zeros written through gradients() (no longer known to be zero: its
+// passes add onto them). Two micro-batches each; the same values after each.
+template <class P>
+void require_written_over_equals_added() {
+  model<Net, host, P> over{seed{11}}, onto{seed{11}};
+  tensor<float> x(16, 6), t(16, 4);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 0.7f);
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = std::cos(float(i) * 0.4f);
+  over.zero_grad();
+  auto zeros = onto.gradients();
+  std::fill(zeros.data(), zeros.data() + zeros.size(), 0.0f);
+  std::vector<float> first;
+  for (int pass = 0; pass < 2; ++pass) {
+    over.template accumulate<MSE>(x, t);
+    onto.template accumulate<MSE>(x, t);
+    auto const a = std::as_const(over).gradients(), b = std::as_const(onto).gradients();
+    std::size_t differ = 0, nonzero = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) differ += a.data()[i] != b.data()[i], nonzero += a.data()[i] != 0;
+    CHECK(differ == 0);
+    CHECK(nonzero > a.size() / 2);
+    if (pass == 0) {
+      first.assign(a.data(), a.data() + a.size());
+    } else {  // the second micro-batch added onto the first (the same batch: about twice it; the
+              // column sums add row by row, so not always exactly)
+      std::size_t doubled = 0;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        doubled += std::fabs(a.data()[i] - 2 * first[i]) <= 1e-5f * std::fabs(2 * first[i]);
+      CHECK(doubled == a.size());
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("model: a pass on zeroed gradients writes them over, the values of adding onto zeros",
+          "[graph][model]") {
+  require_written_over_equals_added<fp32>();
+  require_written_over_equals_added<mixed<bfloat16>>();
 }
 
 TEST_CASE("model: a training step lowers the loss", "[graph][model]") {

@@ -18,7 +18,10 @@
 // s.product (so Selective can keep it), dropout through s.draw, and the arithmetic inside
 // `if constexpr (S::computes)`. The same code then runs a training step (pass_state) and, at
 // compile time, the activation plan (planning::state, which only counts). backward adds into the
-// parameter gradients `g` and returns the input's gradient. A composite may name its children's
+// parameter gradients `g` and returns the input's gradient; when `s.gradients_zero()` (the pass
+// began on zeroed gradients) it may write over them instead, as a layer's gradients get one
+// contribution a pass (a layer that runs a child twice on the same parameters must add the
+// second itself). A composite may name its children's
 // parameters with `template <class F> static void visit(std::string const& prefix,
 // std::size_t offset, F& f)` instead of params().
 //

@@ -123,12 +123,13 @@ struct Linear {
     else
       dx = s.hollow(rows, In);
     if constexpr (S::computes) {
-      // dW += dy^T x, db += column sums of dy, dx = dy W.
+      // dW += dy^T x, db += column sums of dy (written over zeroed gradients), dx = dy W.
       using D = typename S::device;
       index_t const n = index_t(rows);
+      bool const add = !s.gradients_zero();
       kernels::gemm(D{}, kernels::lhs(dy->data(), n, Out).transposed(), kernels::rhs(x->data(), n, In),
-                    kernels::result(g, Out, In), {.beta = 1});
-      if constexpr (Bias) kernels::column_sums(D{}, dy->data(), rows, Out, g + In * Out, true);
+                    kernels::result(g, Out, In), {.beta = add ? 1.0 : 0.0});
+      if constexpr (Bias) kernels::column_sums(D{}, dy->data(), rows, Out, g + In * Out, add);
       if (wanted)
         kernels::gemm(D{}, kernels::lhs(dy->data(), n, Out), kernels::rhs(p, Out, In),
                       kernels::result(dx->data(), n, In));

@@ -13,6 +13,7 @@
 //   s.product(rows, cols, compute)   a matrix product's output (captured and replayed by Selective)
 //   s.training(), s.keeps(), s.recomputing(), s.sequence_length(), s.token_ids()
 //   s.needs_gradient(x)              false for the pass's input when no input gradient is wanted
+//   s.gradients_zero()               the parameter gradients are zero: write over them, not onto
 //   s.buffers(n), s.updates_buffers()  a layer's running state (BatchNorm2d's statistics), taken
 //                                    in each forward that is not a recomputation, and whether
 //                                    this forward updates it (S::buffer_ptr; see pass/step.hpp)
@@ -72,6 +73,9 @@ struct pass_options {
   // False: nobody reads the gradient with respect to the pass's input (a training step; a loss
   // gradient without an input gradient), so the layer that takes the input skips computing it.
   bool input_gradient = true;
+  // True: the gradients are zero as the pass begins (after zero_grad), so a layer may write its
+  // gradients over rather than add onto the zeros (s.gradients_zero()).
+  bool gradients_zero = false;
 };
 
 // The vocabulary, written once for every pass state. A is the activation handle (shared_ptr-like:
@@ -93,7 +97,8 @@ class pass_vocabulary {
         stream_(o.stream),
         seq_len_(o.sequence_length),
         ids_(o.ids),
-        input_gradient_(o.input_gradient) {}
+        input_gradient_(o.input_gradient),
+        gradients_zero_(o.gradients_zero) {}
 
   // ---- what a layer may ask
 
@@ -112,6 +117,10 @@ class pass_vocabulary {
   // only for the pass's own input when nobody asked for its gradient. A layer that skips it
   // returns s.hollow(rows, cols) as its input gradient, and the layers around pass that on.
   constexpr bool needs_gradient(A const& x) const { return input_gradient_ || !self().is_pass_input(x); }
+  // Whether the parameter gradients are zero as this pass begins: a layer then writes its
+  // contribution over them (a product with beta = 0) rather than adding it onto zeros. The same
+  // values either way; a zero's sign aside (-0 written over, +0 added onto).
+  constexpr bool gradients_zero() const { return gradients_zero_; }
 
   // Keeps `a` for backward; a forward that keeps nothing drops it (and, when capturing products,
   // notes that every product captured so far is needed to recompute it).
@@ -405,6 +414,7 @@ class pass_vocabulary {
   std::size_t seq_len_ = 1;
   token_ids ids_{};
   bool input_gradient_ = true;
+  bool gradients_zero_ = false;
   std::vector<A> saved_;                 // tensors the forward kept, popped in reverse by backward
   std::vector<std::uint64_t> counters_;  // the same for numbers (dropout offsets, RNG states)
   std::vector<captured_product<A>>* capture_ = nullptr;

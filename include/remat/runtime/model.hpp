@@ -469,7 +469,9 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   // (ZeRO-3) of the parameters each layer reads, and the running state updated in a copy, which
   // becomes the model's when the pass succeeds.
   state_type training_state(input_view x, bool dx) {
-    state_type s = make_state({.training = true, .stream = dropout_stream(), .input_gradient = dx}, x);
+    // (read before the pass's rollback is armed, which marks the gradients written)
+    state_type s = make_state(
+        {.training = true, .stream = dropout_stream(), .input_gradient = dx, .gradients_zero = this->grads_zero_}, x);
     detail::listen_gradients(this->link_, s, this->grads_.data());
     detail::listen_parameters(this->link_, s, this->weights());
     if constexpr (buffer_count > 0) {
