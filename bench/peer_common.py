@@ -65,8 +65,10 @@ def loaded_blas():
         for line in f:
             path = line.split()[-1] if "/" in line else ""
             base = os.path.basename(path)
-            # (not cuBLAS, and not numpy's own OpenBLAS, which PyTorch does not call)
-            if ("blas" in base or "mkl" in base) and "cublas" not in base and "scipy_openblas" not in base:
+            # (not cuBLAS, not numpy's own OpenBLAS, which PyTorch does not call, and not a
+            # torch.compile kernel whose hashed name happens to hold "mkl")
+            if ("blas" in base or "mkl" in base) and "cublas" not in base and "scipy_openblas" not in base \
+                    and "torchinductor" not in path:
                 names.add(os.path.realpath(path))
     return sorted(names)
 
