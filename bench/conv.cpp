@@ -5,10 +5,16 @@
 // MSE against a fixed target, AdamW, fp32. Policies: stored, checkpoint (every block checkpointed).
 //
 //   bench_conv --blocks 8|16 --policy stored|checkpoint [--batch 32] [--steps 3] [--warmup 1] [--size 64]
+//              [--profile]
+//
+// --profile: after the timed steps, as many again with remat::profile on, and where a step's time
+// goes per phase (bench/profile_table.hpp; the convolutions count as products).
 //
 // Prints one JSON line: the median step time, the activations' measured peak and the plan's, and
 // what the forward kept (saved activation bytes).
 #include <remat/remat.hpp>
+
+#include "profile_table.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -34,6 +40,8 @@ struct nets {
                   Linear<C, 10>>;
 };
 
+bool want_profile = false;
+
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 template <class Net, std::size_t S>
@@ -54,6 +62,12 @@ int run(char const* policy, std::size_t blocks, std::size_t batch, int steps, in
     double const t1 = now();
     if (k >= warmup) times.push_back(t1 - t0);
     peak = alloc.stats()[memory::tag::activations].peak;
+  }
+  if (want_profile) {  // more steps, profiled (so the timed ones above carry no profiling cost)
+    profile::enable();
+    for (int k = 0; k < steps; ++k) (void)m.template train_step<MSE>(x, t, opt);
+    bench_profile::print(profile::read(), steps, policy, blocks, batch, "resnet");
+    profile::enable(false);
   }
   std::sort(times.begin(), times.end());
   double const step = times[times.size() / 2];
@@ -98,9 +112,10 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::stoi(next());
     else if (a == "--size") size = std::stoul(next());
     else if (a == "--policy") policy = next();
+    else if (a == "--profile") want_profile = true;
     else {
       std::fprintf(stderr, "usage: %s --blocks 2|8|16 --policy stored|checkpoint [--batch 32] [--size 64|32] "
-                           "[--steps 3] [--warmup 1]\n", argv[0]);
+                           "[--steps 3] [--warmup 1] [--profile]\n", argv[0]);
       return 2;
     }
   }

@@ -52,6 +52,11 @@ struct onednn_context {
     static onednn_context c;
     return c;
   }
+  // The calling thread's stream (a stream is not to be shared between threads).
+  static dnnl::stream& stream() {
+    thread_local dnnl::stream s{get().eng};
+    return s;
+  }
 };
 
 // A thread's memory objects for one primitive: the operands' and the scratchpad's, re-pointed at
@@ -130,7 +135,7 @@ inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, v
   m.b.set_data_handle(const_cast<void*>(b));
   m.c.set_data_handle(c);
   m.pad.set_data_handle(pad.get());
-  thread_local dnnl::stream stream{onednn_context::get().eng};  // a stream is not to be shared between threads
+  dnnl::stream& stream = onednn_context::stream();
   // (the C call: the C++ one builds a map and a vector of the arguments on the heap every call)
   dnnl_exec_arg_t const args[4] = {{DNNL_ARG_SRC, m.a.get()},
                                    {DNNL_ARG_WEIGHTS, m.b.get()},
