@@ -32,8 +32,8 @@ import os
 import statistics
 import time
 
-from peer_common import (DEBIAN_PYTHON, cpu_name, heap_in_use, loaded_blas, median_row, run_child, run_peer, today,
-                         todays_python, write_results)
+from peer_common import (DEBIAN_PYTHON, add_peer_options, chosen_peers, cpu_name, heap_in_use, loaded_blas, median_row,
+                         run_child, run_peer, today, write_results)
 
 CORES = ["stored", "recompute", "blocked"]
 W, H, TOKENS = 256, 4, 4096
@@ -111,10 +111,7 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--torch-python", default=None,
-                    help="the interpreter of today's PyTorch (default: .venv-bench/bin/python from "
-                         "scripts/setup.sh bench)")
-    ap.add_argument("--no-debian", action="store_true", help="leave out the row of Debian's PyTorch 1.13")
+    add_peer_options(ap)
     args = ap.parse_args()
     if args.torch_child:
         torch_child(args)
@@ -122,9 +119,7 @@ def main():
     seqs = [int(s) for s in args.seqs.split(",")]
     if args.quick:
         seqs, args.rounds, args.steps = [256], 1, 1
-    python = todays_python(args.torch_python)
-    debian = not args.no_debian and os.path.exists(DEBIAN_PYTHON) and \
-        os.path.abspath(python) != os.path.abspath(DEBIAN_PYTHON)
+    python, debian = chosen_peers(args)
     lines, chosen = [], {}
     for seq in seqs:
         batch = max(1, TOKENS // seq)

@@ -32,8 +32,8 @@ import os
 import statistics
 import time
 
-from peer_common import (DEBIAN_PYTHON, cpu_name, heap_in_use, loaded_blas, median_row, run_child, run_peer, today,
-                         todays_python, write_results)
+from peer_common import (DEBIAN_PYTHON, add_peer_options, chosen_peers, cpu_name, heap_in_use, loaded_blas, median_row,
+                         run_child, run_peer, today, write_results)
 
 C = 64
 
@@ -129,10 +129,7 @@ def main():
     ap.add_argument("--policy", default="stored")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--torch-python", default=None,
-                    help="the interpreter of today's PyTorch (default: .venv-bench/bin/python from "
-                         "scripts/setup.sh bench)")
-    ap.add_argument("--no-debian", action="store_true", help="leave out the row of Debian's PyTorch 1.13")
+    add_peer_options(ap)
     args = ap.parse_args()
     if args.torch_child:
         torch_child(args)
@@ -141,9 +138,7 @@ def main():
         configs, args.rounds, args.steps, args.size, args.batch = [2], 1, 1, 32, 4
     else:
         configs = [int(c) for c in args.configs.split(",")]
-    python = todays_python(args.torch_python)
-    debian = not args.no_debian and os.path.exists(DEBIAN_PYTHON) and \
-        os.path.abspath(python) != os.path.abspath(DEBIAN_PYTHON)
+    python, debian = chosen_peers(args)
     lines, chosen = [], {}
     for n in configs:
         for policy in ("stored", "checkpoint"):

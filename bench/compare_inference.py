@@ -124,7 +124,6 @@ def main():
     for lib, _ in runs:
         if lib not in libs:
             libs.append(lib)
-    remat = libs[0]
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:

@@ -62,7 +62,8 @@ import subprocess
 import sys
 import time
 
-from peer_common import DEBIAN_PYTHON, TORCH_SETTINGS, cpu_name, heap_in_use, loaded_blas, todays_python
+from peer_common import (DEBIAN_PYTHON, TORCH_SETTINGS, add_peer_options, chosen_peers, cpu_name, heap_in_use,
+                         loaded_blas)
 
 D = 1024
 POLICIES_REMAT = ["stored", "checkpoint", "checkpoint_sequential", "revolve", "selective"]
@@ -363,10 +364,7 @@ def main():
     ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=1,
                     help="interleaved rounds; each figure is the median over them (the first picks PyTorch's setting)")
-    ap.add_argument("--torch-python", default=None,
-                    help="the interpreter of today's PyTorch (default: .venv-bench/bin/python from "
-                         "scripts/setup.sh bench)")
-    ap.add_argument("--no-debian", action="store_true", help="leave out the row of Debian's PyTorch 1.13")
+    add_peer_options(ap)
     ap.add_argument("--policies", default=None, help="only these remat policies, e.g. stored,checkpoint")
     ap.add_argument("--torch-policies", default=None, help="only these PyTorch policies, e.g. plain,checkpoint")
     ap.add_argument("--replot", action="store_true", help="redraw OUT.png from OUT.jsonl, run nothing")
@@ -399,8 +397,8 @@ def main():
         policies_remat = POLICIES_REMAT + ["recompute_attention"]
         policies_torch = POLICIES_TORCH + ["checkpoint_attention"]
     settings = TORCH_SETTINGS
-    python = todays_python(args.torch_python)
-    debian = not args.no_debian and not cuda and os.path.exists(DEBIAN_PYTHON)
+    python, debian = chosen_peers(args)
+    debian = debian and not cuda
     if cuda:  # the machine's own PyTorch, eager and compiled
         configs = [(64, 8)] if gpt else [(8192, 16), (8192, 32)]
         settings = [s for s in TORCH_SETTINGS if not s[1]]

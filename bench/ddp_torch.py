@@ -10,7 +10,6 @@ loaded. bench/dist_scaling.sh runs it beside remat with the environment settings
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys

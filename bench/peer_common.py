@@ -26,6 +26,24 @@ def todays_python(override=None):
     return override or (VENV_PYTHON if os.path.exists(VENV_PYTHON) else sys.executable)
 
 
+def add_peer_options(ap):
+    """The options that pick the peers: --torch-python (today's PyTorch's interpreter) and
+    --no-debian (leave out the row of Debian's 1.13)."""
+    ap.add_argument("--torch-python", default=None,
+                    help="the interpreter of today's PyTorch (default: .venv-bench/bin/python from "
+                         "scripts/setup.sh bench)")
+    ap.add_argument("--no-debian", action="store_true", help="leave out the row of Debian's PyTorch 1.13")
+
+
+def chosen_peers(args):
+    """(today's PyTorch's interpreter, whether Debian's 1.13 runs as one more row) from the options
+    of add_peer_options: the row runs where Debian's interpreter exists and is not the anchor."""
+    python = todays_python(args.torch_python)
+    debian = not args.no_debian and os.path.exists(DEBIAN_PYTHON) and \
+        os.path.abspath(python) != os.path.abspath(DEBIAN_PYTHON)
+    return python, debian
+
+
 def run_peer(python, cmd, chosen, key):
     """PyTorch's child `cmd` (its arguments after the interpreter) run each way of TORCH_SETTINGS,
     or, once `chosen[key]` names the fastest (the first round's), that way alone. A way
