@@ -4,8 +4,10 @@
 // reductions, the rest), as a table on stderr and a JSON line ("kind": "profile") on stdout.
 #pragma once
 
-#include <cstdio>
 #include <remat/remat.hpp>
+
+#include <cstddef>
+#include <cstdio>
 #include <string>
 
 namespace bench_profile {
