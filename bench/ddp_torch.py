@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from peer_common import fastest_adamw
+
 D, N = 1024, 8
 
 
@@ -48,7 +50,7 @@ def worker(rank, ranks, args, port, out):
     torch.manual_seed(1)
     net = torch.nn.Sequential(*[Block() for _ in range(N)], torch.nn.LayerNorm(D))
     model = torch.nn.parallel.DistributedDataParallel(net) if ranks > 1 else net
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt, _ = fastest_adamw(torch, model.parameters(), 1e-4)
     lo, hi = args.batch * rank // ranks, args.batch * (rank + 1) // ranks
     i = torch.arange(lo * D, hi * D, dtype=torch.float64)
     x = torch.sin(0.001 * i).float().reshape(hi - lo, D)
