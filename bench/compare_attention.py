@@ -29,11 +29,9 @@ Writes bench/results/attention-host.jsonl, .md and (with matplotlib) .png.
 import argparse
 import json
 import os
-import statistics
-import time
 
 from peer_common import (DEBIAN_PYTHON, add_peer_options, chosen_peers, cpu_name, heap_in_use, loaded_blas, median_row,
-                         run_child, run_peer, today, write_results)
+                         run_child, run_peer, timed_steps, today, write_results)
 
 CORES = ["stored", "recompute", "blocked"]
 W, H, TOKENS = 256, 4, 4096
@@ -79,13 +77,7 @@ def torch_child(args):
         loss.backward()
         return loss.item()
 
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        loss = step()
-        times.append(time.perf_counter() - t0)
+    step_s, loss = timed_steps(step, args.warmup, args.steps)
     x.grad = None
     h0 = heap_in_use()
     y = attention(x)
@@ -94,7 +86,7 @@ def torch_child(args):
     blas = ", ".join(loaded_blas()) or "none mapped"
     print(json.dumps({"library": "pytorch", "core": "sdpa" if sdpa else "nanogpt", "seq": seq, "batch": batch,
                       "width": W, "heads": H,
-                      "threads": torch.get_num_threads(), "steps": args.steps, "step_s": statistics.median(times),
+                      "threads": torch.get_num_threads(), "steps": args.steps, "step_s": step_s,
                       "saved_activation_bytes": saved, "loss": loss, "blas": blas, "torch": torch.__version__}))
 
 

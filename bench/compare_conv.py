@@ -30,11 +30,9 @@ Writes bench/results/conv-host.jsonl and .md.
 import argparse
 import json
 import os
-import statistics
-import time
 
 from peer_common import (DEBIAN_PYTHON, add_peer_options, chosen_peers, cpu_name, fastest_adamw, heap_in_use,
-                         loaded_blas, median_row, run_child, run_peer, today, write_results)
+                         loaded_blas, median_row, run_child, run_peer, timed_steps, today, write_results)
 
 C = 64
 
@@ -92,13 +90,7 @@ def torch_child(args):
         opt.step()
         return loss.item()
 
-    for _ in range(args.warmup):
-        step()
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        loss = step()
-        times.append(time.perf_counter() - t0)
+    step_s, loss = timed_steps(step, args.warmup, args.steps)
     # Saved activations: the heap's growth over a forward, its output excluded.
     opt.zero_grad(set_to_none=True)
     forward(x)  # (compiled in its first call)
@@ -109,7 +101,7 @@ def torch_child(args):
     blas = ", ".join(loaded_blas()) or "none mapped"
     print(json.dumps({"library": "pytorch", "policy": args.policy, "blocks": args.blocks, "batch": args.batch,
                       "size": s, "channels": C, "threads": torch.get_num_threads(), "steps": args.steps,
-                      "step_s": statistics.median(times), "saved_activation_bytes": saved, "loss": loss,
+                      "step_s": step_s, "saved_activation_bytes": saved, "loss": loss,
                       "blas": blas, "torch": torch.__version__, "mkldnn": torch.backends.mkldnn.is_available(),
                       "adamw": "fused" if opt.defaults.get("fused") else "for-each loop",
                       "onednn": next((l.split("DNN")[1].split()[0] for l in torch.__config__.show().splitlines()

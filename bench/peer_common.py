@@ -1,7 +1,7 @@
 """What the scripts that run remat beside PyTorch share (bench/compare_*.py): which PyTorch is the
 peer and the ways it is run, glibc's raised malloc thresholds, the heap in use, the BLAS PyTorch
-mapped, the peer's fastest AdamW, a child's JSON line, the medians of a row's rounds, the processor's name and the results'
-files."""
+mapped, the peer's fastest AdamW, its timed steps, a child's JSON line, the medians of a row's
+rounds, the processor's name and the results' files."""
 import ctypes
 import datetime
 import json
@@ -89,6 +89,19 @@ def loaded_blas():
                     and "torchinductor" not in path:
                 names.add(os.path.realpath(path))
     return sorted(names)
+
+
+def timed_steps(step, warmup, steps):
+    """Runs step() `warmup` times untimed, then `steps` times: (the median seconds, the last loss)."""
+    import time
+    for _ in range(warmup):
+        step()
+    times, loss = [], None
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), loss
 
 
 def fastest_adamw(torch, params, lr):
