@@ -72,7 +72,7 @@ def torch_child(args):
 
     s = args.size
     net = Net(args.blocks, args.policy == "checkpoint")
-    opt, _ = fastest_adamw(torch, net.parameters(), 1e-3)
+    opt = fastest_adamw(torch, net.parameters(), 1e-3)
     x = torch.rand(args.batch, 3, s, s) * 2 - 1
     t = torch.rand(args.batch, 10)
 

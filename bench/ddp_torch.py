@@ -50,7 +50,7 @@ def worker(rank, ranks, args, port, out):
     torch.manual_seed(1)
     net = torch.nn.Sequential(*[Block() for _ in range(N)], torch.nn.LayerNorm(D))
     model = torch.nn.parallel.DistributedDataParallel(net) if ranks > 1 else net
-    opt, _ = fastest_adamw(torch, model.parameters(), 1e-4)
+    opt = fastest_adamw(torch, model.parameters(), 1e-4)
     lo, hi = args.batch * rank // ranks, args.batch * (rank + 1) // ranks
     i = torch.arange(lo * D, hi * D, dtype=torch.float64)
     x = torch.sin(0.001 * i).float().reshape(hi - lo, D)

@@ -105,16 +105,16 @@ def timed_steps(step, warmup, steps):
 
 
 def fastest_adamw(torch, params, lr):
-    """PyTorch's AdamW at its fastest, and whether it is the fused one: `fused=True` (one kernel
-    over all the parameters), which PyTorch 2.4 and later also run on the CPU, where it took 14 ms
-    for 32 million parameters against 35-68 ms for the default for-each-tensor loop and 77 ms for
-    `foreach=True` (2.15 on a 2-core Zen 5); the default where fused is not there (Debian's 1.13
-    fuses on CUDA only)."""
+    """PyTorch's AdamW at its fastest: `fused=True` (one kernel over all the parameters), which
+    PyTorch 2.4 and later also run on the CPU, where it took 9.1-13.9 ms for 32 million parameters
+    against 35-68 ms for the default for-each-tensor loop and 77 ms for `foreach=True` (2.15 on a
+    2-core Zen 5); the default where fused is not there (Debian's 1.13 fuses on CUDA only). Which
+    one it is: `opt.defaults.get("fused")`."""
     params = list(params)
     try:
-        return torch.optim.AdamW(params, lr=lr, fused=True), True
+        return torch.optim.AdamW(params, lr=lr, fused=True)
     except (RuntimeError, TypeError, ValueError):
-        return torch.optim.AdamW(params, lr=lr), False
+        return torch.optim.AdamW(params, lr=lr)
 
 
 def run_child(cmd, env):
