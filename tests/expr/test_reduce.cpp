@@ -77,6 +77,36 @@ TEST_CASE("reductions: the result is bitwise the same on any number of threads",
 }
 #endif
 
+TEST_CASE("row maxima: a NaN is skipped unless it comes first, and a tie keeps the earlier lane's value",
+          "[expr][reduce][kernels]") {
+  // row_max's lanes (c % 16 over whole groups of 16, then the tail from lane 0) each keep their
+  // value unless a later one is larger, and the lanes are folded from lane 0 up the same way. The
+  // host's vector form of the lanes must choose as that does, in ties (-0 against +0) and NaNs.
+  float const nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto const max_of = [](std::vector<float> const& v) {
+    return kernels::detail::row_max<float>(v.size(), [&v](std::size_t c) { return v[c]; });
+  };
+  std::vector<float> v(40, -1.0f);
+  v[5] = nan, v[21] = nan, v[35] = nan;  // in both whole groups and in the tail
+  v[9] = 2.0f;
+  CHECK(max_of(v) == 2.0f);
+  v[0] = nan;  // the first value: every lane starts from it, and nothing is larger than a NaN
+  CHECK(std::isnan(max_of(v)));
+  std::vector<float> zeros(40, -1.0f);
+  zeros[1] = -0.0f, zeros[17] = 0.0f;  // lane 1: -0 first, and +0 is not larger
+  CHECK(std::signbit(max_of(zeros)));
+  zeros[1] = 0.0f, zeros[17] = -0.0f;
+  CHECK(!std::signbit(max_of(zeros)));
+  zeros[1] = -0.0f, zeros[17] = -1.0f, zeros[2] = 0.0f, zeros[33] = 0.0f;  // lanes 1 and 2; the fold keeps lane 1's
+  CHECK(std::signbit(max_of(zeros)));
+  zeros[31] = inf;
+  CHECK(max_of(zeros) == inf);
+  std::vector<float> falling(33);
+  for (std::size_t c = 0; c < falling.size(); ++c) falling[c] = -float(c);
+  falling[32] = -inf;
+  CHECK(max_of(falling) == 0.0f);
+}
+
 TEST_CASE("row sums and maxima: exact where they can be, close to the exact sum, alignment-independent",
           "[expr][reduce][kernels]") {
   // Within one row of a row kernel (softmax, the norms): 16 lanes whose order depends on the
