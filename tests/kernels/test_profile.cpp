@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <vector>
+
 using namespace remat;
 using memory::phase;
 using profile::work;
@@ -64,4 +66,29 @@ TEST_CASE("profile: off, nothing is counted; reset starts from zero", "[profile]
   profile::reset();
   CHECK(profile::read().calls[std::size_t(phase::forward)][std::size_t(work::product)] == 0);
   profile::enable(false);
+}
+
+TEST_CASE("profile: causal attention's tiles count their softmax rows as row passes, the rest as products",
+          "[profile][attention]") {
+  // causal_attention_forward makes each tile's scores, their softmax and its rows of the output one
+  // after the other in each thread; its time goes to both kinds, one call each. (Outside a model
+  // the phase is phase::none.) Two sequences of 96 positions (two tiles), 2 heads of 8.
+  constexpr std::size_t batch = 2, heads = 2, hw = 8, W = heads * hw, seq = 96, count = batch * heads;
+  std::vector<float> x(batch * seq * 3 * W), y(batch * seq * W), probs(count * seq * seq);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(i % 11) * 0.1f - 0.5f;
+  kernels::matrix_layout const qkv{index_t(seq), index_t(hw), index_t(3 * W), {index_t(seq * 3 * W), index_t(hw)}};
+  kernels::matrix_layout const out{index_t(seq), index_t(hw), index_t(W), {index_t(seq * W), index_t(hw)}};
+  float const* q = x.data();
+  kernels::attention_blocks<float> const b{{count, heads}, 64, kernels::lhs(q, qkv), kernels::rhs(q + W, qkv),
+                                           kernels::rhs(q + 2 * W, qkv), kernels::result(y.data(), out)};
+  profile::enable();
+  kernels::causal_attention_forward(host{}, b, static_cast<float*>(nullptr), probs.data(), 0.25f);
+  profile::report const r = profile::read();
+  profile::enable(false);
+  std::size_t const p = std::size_t(memory::current_phase());
+  CHECK(r.calls[p][std::size_t(work::product)] == 1);
+  CHECK(r.calls[p][std::size_t(work::rows)] == 1);
+  CHECK(r.seconds(memory::current_phase(), work::product) > 0);
+  CHECK(r.seconds(memory::current_phase(), work::rows) > 0);
+  CHECK(probs[seq * seq - 1] > 0);  // (the last row's last probability: the call did its work)
 }

@@ -13,7 +13,10 @@
 #include "gemm.hpp"
 #include "rows.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 namespace REMAT_NAMESPACE {
@@ -247,9 +250,14 @@ void attention_tile_steps(D, attention_blocks<T> const& b, rhs_operand<T> f, rhs
     });
 #endif
   } else {
-    profile::timed<host> const timing(profile::work::product);
+    // Timed as products, less the row passes' share, which each thread measures when profiling.
+    profile::timed<host> timing(profile::work::product);
+    bool const split = timing.counting();
+    std::atomic<std::int64_t> rows_ns{0}, all_ns{0};
     host_split_throwing(count, count * seq * seq * std::size_t(hw), [&](std::size_t first, std::size_t last) {
       V* const own = std::is_same_v<T, V> ? nullptr : scores + first * std::size_t(b.tile) * seq;  // (first: its own)
+      auto const ns = [split] { return split ? std::chrono::steady_clock::now().time_since_epoch().count() : 0; };
+      std::int64_t in_rows = 0, start = ns();
       for (std::size_t i = first; i < last; ++i)
         for_attention_tiles(s, b.tile, [&](index_t r0, index_t rb) {
           result_operand<V> const z = score_tile(own, results, b.n, s, r0, rb);
@@ -258,14 +266,19 @@ void attention_tile_steps(D, attention_blocks<T> const& b, rhs_operand<T> f, rhs
                           b.q.data + b.q.stride.at(i, b.n.group) + r0 * b.q.ld, b.q.ld,
                           f.data + f.stride.at(i, b.n.group), f.ld, V(0), zi, s, true);
           std::size_t const row0 = i * seq + std::size_t(r0);
+          std::int64_t const t0 = ns();
           host_for_each(0, std::size_t(rb), [=] REMAT_HOST_LAMBDA(std::size_t r) {  // (rows copied: see host_for_each)
             rows(zi + r * seq, row0 + r, std::size_t(r0) + r + 1, seq);
           });
+          in_rows += ns() - t0;
           host_gemm<T, T>(trans::no, trans::no, rb, hw, r0 + rb, V(1), results + row0 * seq, s,
                           sv.data + sv.stride.at(i, b.n.group), sv.ld, V(0),
                           b.y.data + b.y.stride.at(i, b.n.group) + r0 * b.y.ld, b.y.ld, true);
         });
+      rows_ns += in_rows;
+      all_ns += ns() - start;
     });
+    if (split && all_ns.load() > 0) timing.split(profile::work::rows, double(rows_ns.load()) / double(all_ns.load()));
   }
 }
 

@@ -130,18 +130,31 @@ class timed {
     wait();
     begin_ = detail::seconds_now();
   }
-  // Adds the kernel's time to its phase and kind.
+  // Adds the kernel's time to its phase and kind (and the share given to split to that kind).
   ~timed() {
     detail::thread_profile& t = detail::current();
     if (!t.on) return;
     if (--t.depth > 0 || begin_ < 0) return;
     wait();
     std::size_t const p = std::size_t(memory::current_phase());
-    t.r.kernel_s[p][std::size_t(w_)] += detail::seconds_now() - begin_;
+    double const s = detail::seconds_now() - begin_;
+    t.r.kernel_s[p][std::size_t(w_)] += s * (1.0 - share_);
     ++t.r.calls[p][std::size_t(w_)];
+    if (share_ > 0.0) {
+      t.r.kernel_s[p][std::size_t(other_)] += s * share_;
+      ++t.r.calls[p][std::size_t(other_)];
+    }
   }
   timed(timed const&) = delete;
   timed& operator=(timed const&) = delete;
+  // Whether this one is timing (profiling on, and not inside another timed kernel).
+  bool counting() const { return begin_ >= 0; }
+  // Counts `share` (0 to 1) of the call's time as kind `other`: a kernel whose threads each do two
+  // kinds of work one after the other, which it timed per thread to know their shares.
+  void split(work other, double share) {
+    other_ = other;
+    share_ = share > 0.0 ? (share < 1.0 ? share : 1.0) : 0.0;
+  }
 
  private:
   static void wait() {
@@ -151,6 +164,8 @@ class timed {
   }
   work w_;
   double begin_ = -1;
+  work other_ = work::rows;
+  double share_ = 0.0;
 };
 
 }  // namespace profile
