@@ -11,7 +11,9 @@ For each configuration (batch, N) it runs, alternating between the libraries:
   remat:   stored, checkpoint (every block), checkpoint_sequential (round(sqrt N) runs),
            revolve (round(sqrt N) slots), selective (keeps products, recomputes point-wise work)
   PyTorch: plain, checkpoint per block (use_reentrant=False), checkpoint_sequential with
-           round(sqrt N) segments
+           round(sqrt N) segments, selective (its selective activation checkpointing per block,
+           PyTorch 2.4 and later: the matrix products' outputs kept, the rest recomputed, as
+           remat's Selective; Debian's 1.13 has none, so its row is left out)
 The anchor is today's PyTorch at its best: the version from PyPI that `scripts/setup.sh bench`
 installs into .venv-bench (pinned there; --torch-python picks another interpreter), run in a child
 process four ways: eager and torch.compile, each with glibc's default malloc and with
@@ -69,10 +71,10 @@ from peer_common import (DEBIAN_PYTHON, TORCH_SETTINGS, add_peer_options, chosen
 
 D = 1024
 POLICIES_REMAT = ["stored", "checkpoint", "checkpoint_sequential", "revolve", "selective"]
-POLICIES_TORCH = ["plain", "checkpoint", "checkpoint_sequential"]
+POLICIES_TORCH = ["plain", "checkpoint", "checkpoint_sequential", "selective"]
 # The PyTorch policy each remat policy is compared with.
 PEER = {"stored": "plain", "checkpoint": "checkpoint", "checkpoint_sequential": "checkpoint_sequential",
-        "revolve": "checkpoint_sequential", "selective": "plain", "recompute_attention": "checkpoint_attention",
+        "revolve": "checkpoint_sequential", "selective": "selective", "recompute_attention": "checkpoint_attention",
         "offload": "offload"}
 # The GPT workload.
 GW, GH, GT, GV = 512, 8, 256, 256
@@ -106,6 +108,26 @@ def reentrant_free(fn):
     return {"use_reentrant": False} if "use_reentrant" in inspect.signature(fn).parameters else {}
 
 
+NO_SELECTIVE = 4  # a child's exit status where its PyTorch has no selective activation checkpointing
+
+
+def selective_checkpoint(torch):
+    """f(block, x): torch.utils.checkpoint around the block with PyTorch's selective activation
+    checkpointing (2.4 and later), which keeps the outputs of the matrix products (mm, addmm, bmm)
+    and recomputes everything else in backward: remat's Selective. A child whose PyTorch has none
+    exits with NO_SELECTIVE."""
+    import functools
+    try:
+        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    except ImportError:
+        print(f"PyTorch {torch.__version__} has no selective activation checkpointing", file=sys.stderr)
+        sys.exit(NO_SELECTIVE)
+    aten = torch.ops.aten
+    context = functools.partial(create_selective_checkpoint_contexts,
+                                [aten.mm.default, aten.addmm.default, aten.bmm.default])
+    return lambda block, x: checkpoint(block, x, use_reentrant=False, context_fn=context)
+
+
 def gpt_model(policy, n):
     import torch
     import torch.nn as nn
@@ -113,6 +135,7 @@ def gpt_model(policy, n):
     from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
     sdpa = getattr(F, "scaled_dot_product_attention", None)  # PyTorch 2.x: its fused (flash) attention
+    selective = selective_checkpoint(torch) if policy == "selective" else None
 
     def attention_core(qkv):
         b, t, _ = qkv.shape
@@ -152,6 +175,9 @@ def gpt_model(policy, n):
             if policy == "checkpoint":
                 for b in self.blocks:
                     h = checkpoint(b, h, use_reentrant=False)
+            elif policy == "selective":
+                for b in self.blocks:
+                    h = selective(b, h)
             elif policy == "checkpoint_sequential":
                 h = checkpoint_sequential(self.blocks, root(n), h, **reentrant_free(checkpoint_sequential))
             else:
@@ -196,6 +222,7 @@ def torch_worker(args):
         # PyTorch 1.13's checkpoint_sequential is reentrant only: with an input that needs no
         # gradient no parameter before the last segment would get one. Its documented remedy:
         x.requires_grad_(True)
+    selective = selective_checkpoint(torch) if policy == "selective" else None
 
     def forward():
         if policy == "plain":
@@ -204,6 +231,11 @@ def torch_worker(args):
             h = x
             for b in net:
                 h = checkpoint(b, h, use_reentrant=False)
+            return h
+        if policy == "selective":
+            h = x
+            for b in net:
+                h = selective(b, h)
             return h
         if policy == "offload":  # every saved tensor to (pinned) host memory, back in backward
             with torch.autograd.graph.save_on_cpu(pin_memory=dev == "cuda"):
@@ -288,7 +320,7 @@ def measure(args, torch, net, forward, loss_of, opt, flop, workload, width):
         if k >= args.warmup:
             times.append(t1 - t0)
     # checkpoint_sequential checkpoints the first K - 1 segments of N // K blocks; the last is stored.
-    recomputed = {"plain": 0, "offload": 0, "checkpoint": n, "checkpoint_attention": n,
+    recomputed = {"plain": 0, "offload": 0, "checkpoint": n, "checkpoint_attention": n, "selective": n,
                   "checkpoint_sequential": (root(n) - 1) * (n // root(n))}[policy]
     # torch.mm of the model's product shape on the GPU, 1024^3 on the host.
     mm_m, mm_n = (batch * (GT if workload == "gpt" else 1), width) if cuda else (1024, 1024)
@@ -337,6 +369,9 @@ def run_torch(batch, n, policy, steps, warmup, extra_env, precision, workload, d
                           "--policy", policy, "--steps", str(steps), "--warmup", str(warmup),
                           "--precision", precision] + (["--compile"] if compile else []),
                          env=env, capture_output=True, text=True)
+    if out.returncode == NO_SELECTIVE:
+        print(f"    ({out.stderr.strip().splitlines()[-1]}: its {policy} row is left out)", flush=True)
+        return None
     if out.returncode != 0:
         if compile:  # a policy torch.compile cannot take: that way is left out, and said so
             print(f"    (torch.compile failed for {policy}: {out.stderr.strip().splitlines()[-1:]})", flush=True)
@@ -453,6 +488,8 @@ def main():
                           python, comp)
             if r is not None:
                 runs.append(dict(r, setting=name))
+        if not runs:
+            return
         best = min(runs, key=lambda r: r["step_s"])
         chosen[(batch, n, tp)] = best["setting"]
         rounds.setdefault(("pytorch", batch, n, tp), []).append(
@@ -472,6 +509,8 @@ def main():
                 if debian and rnd == 0:
                     r = run_torch(batch, n, tp, args.steps, args.warmup, {}, args.precision, args.workload,
                                   args.device, DEBIAN_PYTHON)
+                    if r is None:
+                        continue
                     debian_rows.append(dict(r, library="pytorch-debian", setting="as Debian ships it"))
                     print(f"  pytorch N={n:3d} batch={batch:5d} {tp:22s} {r['step_s']:.4f} s as Debian ships it "
                           f"({r['torch_version']})", flush=True)
