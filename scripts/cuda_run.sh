@@ -9,7 +9,9 @@
 #             blocks) and the GPT (batch 64, 8 blocks) beside the machine's PyTorch, eager and
 #             torch.compile (bench/compare_torch.py --device cuda; PRECISIONS="bf16 fp32" for both
 #             precisions, CONFIGS for other MLP sizes, TORCH_POLICIES for more PyTorch policies
-#             than plain and checkpoint: each compiled run costs about a minute);
+#             than plain and checkpoint: each compiled run costs about a minute; remat's selective
+#             has a ratio only with TORCH_POLICIES=plain,checkpoint,selective, its peer being
+#             PyTorch's selective activation checkpointing);
 #   inference the surrogates' inference latency (bench_inference_cuda: forward(x, out), an
 #             inference_graph's run and replay) beside PyTorch's eager and CUDA-graph calls
 #             (bench/inference_torch_cuda.py), in two interleaved rounds;
