@@ -23,8 +23,7 @@ system). The first round runs all four for each policy and keeps the fastest; la
 Its optimizer is its fused AdamW (`fused=True`, on the CPU too since PyTorch 2.4: 2.5-7x faster
 there than its default loop). Debian's PyTorch 1.13 (/usr/bin/python3, as Debian ships it: eager,
 its default BLAS) runs once per configuration as one more row, "as Debian ships it"; it is not the
-anchor. Each child reports
-its version and the BLAS it loaded.
+anchor. Each child reports its version and the BLAS it loaded.
 
 Saved-activation memory: remat's is what its allocator holds when the forward ends (its plan
 says the same); PyTorch's is the growth of glibc's heap (mallinfo2: arenas + mmapped blocks)
@@ -111,6 +110,15 @@ def reentrant_free(fn):
 NO_SELECTIVE = 4  # a child's exit status where its PyTorch has no selective activation checkpointing
 
 
+def per_block(torch, policy):
+    """f(block, x) for the policies that wrap each block: checkpoint (torch.utils.checkpoint,
+    use_reentrant=False) and selective (below); None for the others."""
+    if policy == "checkpoint":
+        from torch.utils.checkpoint import checkpoint
+        return lambda block, x: checkpoint(block, x, use_reentrant=False)
+    return selective_checkpoint(torch) if policy == "selective" else None
+
+
 def selective_checkpoint(torch):
     """f(block, x): torch.utils.checkpoint around the block with PyTorch's selective activation
     checkpointing (2.4 and later), which keeps the outputs of the matrix products (mm, addmm, bmm)
@@ -135,7 +143,7 @@ def gpt_model(policy, n):
     from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
     sdpa = getattr(F, "scaled_dot_product_attention", None)  # PyTorch 2.x: its fused (flash) attention
-    selective = selective_checkpoint(torch) if policy == "selective" else None
+    wrap = per_block(torch, policy)
 
     def attention_core(qkv):
         b, t, _ = qkv.shape
@@ -172,12 +180,9 @@ def gpt_model(policy, n):
 
         def forward(self, ids):
             h = self.wte(ids) + self.wpe.weight[: ids.shape[1]]
-            if policy == "checkpoint":
+            if wrap:
                 for b in self.blocks:
-                    h = checkpoint(b, h, use_reentrant=False)
-            elif policy == "selective":
-                for b in self.blocks:
-                    h = selective(b, h)
+                    h = wrap(b, h)
             elif policy == "checkpoint_sequential":
                 h = checkpoint_sequential(self.blocks, root(n), h, **reentrant_free(checkpoint_sequential))
             else:
@@ -190,7 +195,7 @@ def gpt_model(policy, n):
 def torch_worker(args):
     import torch
     import torch.nn as nn
-    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+    from torch.utils.checkpoint import checkpoint_sequential
 
     global D
     if args.device == "cuda" and args.workload == "mlp":
@@ -222,20 +227,15 @@ def torch_worker(args):
         # PyTorch 1.13's checkpoint_sequential is reentrant only: with an input that needs no
         # gradient no parameter before the last segment would get one. Its documented remedy:
         x.requires_grad_(True)
-    selective = selective_checkpoint(torch) if policy == "selective" else None
+    wrap = per_block(torch, policy)
 
     def forward():
         if policy == "plain":
             return net(x)
-        if policy == "checkpoint":
+        if wrap:
             h = x
             for b in net:
-                h = checkpoint(b, h, use_reentrant=False)
-            return h
-        if policy == "selective":
-            h = x
-            for b in net:
-                h = selective(b, h)
+                h = wrap(b, h)
             return h
         if policy == "offload":  # every saved tensor to (pinned) host memory, back in backward
             with torch.autograd.graph.save_on_cpu(pin_memory=dev == "cuda"):
