@@ -82,13 +82,26 @@ TEST_CASE("gemm: fp32 on each host path (OpenBLAS, oneDNN) against double", "[ke
       }
   }
   if (kernels::has_onednn) {  // automatic takes oneDNN when remat has it, OpenBLAS for the smallest
-    kernels::set_gemm32_path(kernels::gemm32_path::automatic);
-    CHECK(kernels::gemm32_path_now() == kernels::gemm32_path::onednn);
-    CHECK(kernels::gemm32_path_for(1, 256, 256) == kernels::gemm32_path::openblas);
-    CHECK(kernels::gemm32_path_for(64, 64, 64) == kernels::gemm32_path::openblas);  // 2^18 multiply-adds
-    CHECK(kernels::gemm32_path_for(65, 64, 64) == kernels::gemm32_path::onednn);
-    kernels::set_gemm32_path(kernels::gemm32_path::onednn);  // a path asked for holds for every size
-    CHECK(kernels::gemm32_path_for(1, 256, 256) == kernels::gemm32_path::onednn);
+    using kernels::gemm32_path;
+    kernels::set_gemm32_path(gemm32_path::automatic);
+    CHECK(kernels::gemm32_path_now() == gemm32_path::onednn);
+    CHECK(kernels::gemm32_path_for(1, 256, 256, trans::no, trans::yes) == gemm32_path::openblas);
+    CHECK(kernels::gemm32_path_for(64, 64, 64, trans::no, trans::yes) == gemm32_path::openblas);  // 2^18 multiply-adds
+    CHECK(kernels::gemm32_path_for(65, 64, 64, trans::no, trans::yes) == gemm32_path::onednn);
+    // ... and OpenBLAS for fewer than 512 rows with neither operand transposed (dy W) where oneDNN
+    // has no AVX-512 code (its bf16 matmul is the probe: it has one exactly where it has AVX-512)
+    bool const avx512 = kernels::has_onednn_bf16();
+    gemm32_path const plain_small = avx512 ? gemm32_path::onednn : gemm32_path::openblas;
+    CHECK(kernels::gemm32_path_for(256, 1024, 1024, trans::no, trans::no) == plain_small);
+    CHECK(kernels::gemm32_path_for(511, 64, 64, trans::no, trans::no) == plain_small);
+    CHECK(kernels::gemm32_path_for(512, 64, 64, trans::no, trans::no) == gemm32_path::onednn);
+    for (trans ta : {trans::no, trans::yes})
+      for (trans tb : {trans::no, trans::yes})
+        if (ta == trans::yes || tb == trans::yes)
+          CHECK(kernels::gemm32_path_for(256, 1024, 1024, ta, tb) == gemm32_path::onednn);
+    kernels::set_gemm32_path(gemm32_path::onednn);  // a path asked for holds for every size and layout
+    CHECK(kernels::gemm32_path_for(1, 256, 256, trans::no, trans::yes) == gemm32_path::onednn);
+    CHECK(kernels::gemm32_path_for(256, 1024, 1024, trans::no, trans::no) == gemm32_path::onednn);
   }
 }
 

@@ -223,8 +223,13 @@ inline constexpr bool has_onednn =
 // (bench_gemm_paths, bench/results/gemm-paths-host.md: 1.06-1.25x OpenBLAS on a Zen 4 EPYC), except
 // the smallest: a product of at most small_product multiply-adds (a surrogate called on one row)
 // takes OpenBLAS, whose call costs about a microsecond where oneDNN's costs six (bench_inference,
-// 2 threads, Zen 4: 9 us against 30 us for four products of one row). The batched products
-// (attention's per-head ones, one per thread) stay on OpenBLAS.
+// 2 threads, Zen 4: 9 us against 30 us for four products of one row). On a processor without
+// AVX-512, a product of fewer than plain_layout_rows rows with neither operand transposed (a
+// layer's input gradient, dy W) takes OpenBLAS too: oneDNN 2.6's AVX2 code ran it at half its
+// rate for the transposed layouts inside a step (Zen 3, 128 and 256 rows by 1024 x 1024: 8.7 ms a
+// call against 4.8 for x W^T; from 512 rows on the same), and the MLP's batch-256 fp32 step went
+// from 0.65 to 0.50 s (bench_policies, medians of 5 interleaved rounds). The batched products (attention's per-head ones, one per thread) stay on
+// OpenBLAS.
 enum class gemm32_path { automatic, openblas, onednn };
 
 // The process-wide setting for fp32 products (set_gemm32_path changes it).
@@ -241,12 +246,9 @@ inline gemm32_path gemm32_path_now() {
 }
 // The multiply-adds at or below which `automatic` takes OpenBLAS (see gemm32_path).
 inline constexpr std::int64_t small_product = std::int64_t(1) << 18;
-// The path an m x n x k fp32 product takes now.
-inline gemm32_path gemm32_path_for(index_t m, index_t n, index_t k) {
-  if (gemm32_setting().load() == gemm32_path::automatic && std::int64_t(m) * n * k <= small_product)
-    return gemm32_path::openblas;
-  return gemm32_path_now();
-}
+// The rows below which `automatic` takes OpenBLAS for a product with neither operand transposed
+// where oneDNN has no AVX-512 code (see gemm32_path).
+inline constexpr index_t plain_layout_rows = 512;
 // Sets the path of every later fp32 product; oneDNN without it is an argument_error (nothing changes).
 inline void set_gemm32_path(gemm32_path p) {
   if (p == gemm32_path::onednn && !has_onednn)
@@ -263,6 +265,17 @@ inline bool has_onednn_bf16() {
 #else
   return false;
 #endif
+}
+
+// The path an m x n x k fp32 product op(A) op(B) takes now.
+inline gemm32_path gemm32_path_for(index_t m, index_t n, index_t k, trans ta, trans tb) {
+  if (gemm32_setting().load() == gemm32_path::automatic) {
+    if (std::int64_t(m) * n * k <= small_product) return gemm32_path::openblas;
+    // (without AVX-512, oneDNN's bf16 probe fails where its fp32 code is AVX2's)
+    if (has_onednn && ta == trans::no && tb == trans::no && m < plain_layout_rows && !has_onednn_bf16())
+      return gemm32_path::openblas;
+  }
+  return gemm32_path_now();
 }
 
 // The path a product of T inputs takes now.
@@ -334,7 +347,7 @@ void host_gemm(trans ta, trans tb, index_t m, index_t n, index_t k, compute_type
   int const LDA = blas_int(lda, "lda"), LDB = blas_int(ldb, "ldb"), LDC = blas_int(ldc, "ldc");
   if constexpr (std::is_same_v<T, float>) {
 #if defined(REMAT_GEMM_ONEDNN)
-    if (!batched && K > 0 && gemm32_path_for(m, n, k) == gemm32_path::onednn) {
+    if (!batched && K > 0 && gemm32_path_for(m, n, k, ta, tb) == gemm32_path::onednn) {
       try {
         onednn_matmul({m, n, k, lda, ldb, ldc, ta == trans::yes, tb == trans::yes, true, alpha, beta, true}, a, b, c);
       } catch (dnnl::error const& e) {
