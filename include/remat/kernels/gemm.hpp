@@ -228,8 +228,8 @@ inline constexpr bool has_onednn =
 // layer's input gradient, dy W) takes OpenBLAS too: oneDNN 2.6's AVX2 code ran it at half its
 // rate for the transposed layouts inside a step (Zen 3, 128 and 256 rows by 1024 x 1024: 8.7 ms a
 // call against 4.8 for x W^T; from 512 rows on the same), and the MLP's batch-256 fp32 step went
-// from 0.65 to 0.50 s (bench_policies, medians of 5 interleaved rounds). The batched products (attention's per-head ones, one per thread) stay on
-// OpenBLAS.
+// from 0.65 to 0.50 s (bench_policies, medians of 5 interleaved rounds). The batched products
+// (attention's per-head ones, one per thread) stay on OpenBLAS.
 enum class gemm32_path { automatic, openblas, onednn };
 
 // The process-wide setting for fp32 products (set_gemm32_path changes it).
