@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh machine: installs what is missing (scripts/setup.sh tests), then
-#   1. builds and runs the tests (ctest) with GCC and optimisation,
+#   1. builds and runs the tests (ctest) with GCC and optimisation: the examples, the benchmarks and
+#      the tests of the expressions, kernels and 16-bit arithmetic at the preset's -O3, the other
+#      test programs at -O1 -fstrict-aliasing (tests/CMakeLists.txt: REMAT_TEST_OPTIMIZATION),
 #   2. builds and runs them again with clang (Debian's newest, clang-19) under AddressSanitizer and
 #      UndefinedBehaviorSanitizer (all but the tests labelled "long": 20-epoch runs of the digits
 #      example in emulated 16-bit, and exp, erf and tanh over every float); so every test and
