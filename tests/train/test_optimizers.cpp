@@ -101,6 +101,80 @@ TEST_CASE("gradient clipping scales by max_norm / (norm + 1e-6)", "[train][optim
   CHECK(p[0] == Approx(-3.0 * c - 3.0).epsilon(1e-12));
 }
 
+namespace {
+
+// make() must throw argument_error saying `says`, with the model's allocator as before.
+template <class Model, class Make>
+void refused(Model& m, Make make, std::string const& says) {
+  std::size_t const in_use = m.allocator().stats().total.in_use;
+  try {
+    make();
+    FAIL("accepted; expected an argument_error saying: " << says);
+  } catch (argument_error const& e) {
+    CHECK_THAT(e.what(), Catch::Contains(says));
+  }
+  CHECK(m.allocator().stats().total.in_use == in_use);
+}
+
+}  // namespace
+
+TEST_CASE("settings out of torch.optim's ranges are refused by name, built or set, and change nothing",
+          "[train][optim][errors]") {
+  using Net = Seq<Linear<6, 16>, GELU, LayerNorm<16>, Linear<16, 4>>;
+  using M = model<Net>;
+  M m{seed{3}}, twin{seed{3}};
+  double const nan = std::nan(""), inf = HUGE_VAL;
+  refused(m, [&] { (void)AdamW(m, {.lr = -1}); }, "AdamW: expected lr finite and >= 0, found -1");
+  refused(m, [&] { (void)AdamW(m, {.lr = nan}); }, "AdamW: expected lr finite and >= 0, found nan");
+  refused(m, [&] { (void)AdamW(m, {.lr = inf}); }, "AdamW: expected lr finite and >= 0, found inf");
+  refused(m, [&] { (void)AdamW(m, {.beta1 = 1.0}); }, "AdamW: expected beta1 in [0, 1), found 1");
+  refused(m, [&] { (void)AdamW(m, {.beta1 = -0.5}); }, "AdamW: expected beta1 in [0, 1), found -0.5");
+  refused(m, [&] { (void)AdamW(m, {.beta2 = 1.5}); }, "AdamW: expected beta2 in [0, 1), found 1.5");
+  refused(m, [&] { (void)AdamW(m, {.eps = -1e-8}); }, "AdamW: expected eps finite and >= 0, found -1e-08");
+  refused(m, [&] { (void)AdamW(m, {.weight_decay = -0.25}); }, "AdamW: expected weight_decay finite and >= 0, found -0.25");
+  refused(m, [&] { (void)AdamW(m, {.clip_norm = -1}); }, "AdamW: expected clip_norm finite and >= 0, found -1");
+  refused(m, [&] { (void)SGD(m, {.lr = -0.5}); }, "SGD: expected lr finite and >= 0, found -0.5");
+  refused(m, [&] { (void)SGD(m, {.momentum = -0.9}); }, "SGD: expected momentum finite and >= 0, found -0.9");
+  refused(m, [&] { (void)SGD(m, {.weight_decay = -1}); }, "SGD: expected weight_decay finite and >= 0, found -1");
+  refused(m, [&] { (void)SGD(m, {.clip_norm = nan}); }, "SGD: expected clip_norm finite and >= 0, found nan");
+  refused(m, [&] { (void)SGD(m, {.nesterov = true}); }, "SGD: Nesterov momentum needs a momentum > 0, found 0");
+  refused(m, [&] { (void)OffloadedAdamW<M>(m, {.lr = -1}); }, "OffloadedAdamW: expected lr finite and >= 0, found -1");
+  refused(m, [&] { (void)OffloadedAdamW<M>(m, {.beta2 = 1}); }, "OffloadedAdamW: expected beta2 in [0, 1), found 1");
+  // Each end of a range that is in it is taken.
+  AdamW edges(m, {.lr = 0, .beta1 = 0, .beta2 = 0, .eps = 0, .weight_decay = 0, .clip_norm = 0});
+  CHECK(edges.lr() == 0);
+
+  // set_lr refuses a rate out of range and keeps the one it had: the next steps are a twin's that
+  // was never given it, bit for bit.
+  tensor<float> x(8, 6);
+  tensor<std::int32_t> y(8, 1);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 0.3f);
+  for (std::size_t i = 0; i < 8; ++i) y[i] = std::int32_t(i % 4);
+  auto twice = [&](auto& opt, auto& twin_opt, char const* who) {
+    for (double bad : {-1e-3, nan, inf}) {
+      refused(m, [&] { opt.set_lr(bad); }, std::string(who) + ": expected lr finite and >= 0, found ");
+      CHECK(opt.lr() == 1e-2);
+    }
+    for (int step = 0; step < 2; ++step) {
+      m.train_step<SoftmaxCrossEntropy>(x, y, opt);
+      twin.train_step<SoftmaxCrossEntropy>(x, y, twin_opt);
+    }
+    CHECK(tensor_to_host(m.parameters()) == tensor_to_host(twin.parameters()));
+  };
+  {
+    AdamW a(m, {.lr = 1e-2}), b(twin, {.lr = 1e-2});
+    twice(a, b, "AdamW");
+  }
+  {
+    SGD a(m, {.lr = 1e-2, .momentum = 0.9}), b(twin, {.lr = 1e-2, .momentum = 0.9});
+    twice(a, b, "SGD");
+  }
+  {
+    OffloadedAdamW a(m, {.lr = 1e-2}), b(twin, {.lr = 1e-2});
+    twice(a, b, "OffloadedAdamW");
+  }
+}
+
 TEST_CASE("warm-up then cosine", "[train][schedule]") {
   warmup_cosine s{.base_lr = 1.0, .warmup = 10, .total = 110, .min_lr = 0.1};
   CHECK(s(0) == Approx(0.1));

@@ -170,11 +170,8 @@ class exported {
   }
   void zero_grad() { model_.zero_grad(); }  // gradients to zero (before accumulating)
   void step() { optimizer_.step(); }        // the optimizer's step on what was accumulated
-  // The learning rate of the next steps (>= 0, else argument_error).
-  void set_learning_rate(double lr) {
-    if (!(lr >= 0)) detail::raise<argument_error>("set_learning_rate: expected a rate >= 0, found ", lr);
-    optimizer_.set_lr(lr);
-  }
+  // The learning rate of the next steps (finite and >= 0, else the optimizer's argument_error).
+  void set_learning_rate(double lr) { optimizer_.set_lr(lr); }
   // model::reserve_inference for up to max_batch rows.
   void reserve_inference(std::int64_t max_batch) { model_.reserve_inference(rows_of(max_batch)); }
   // y (batch x out floats, host or device memory) = the model's output for x.

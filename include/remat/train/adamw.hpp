@@ -22,7 +22,16 @@ struct adamw_options {
 
   // Its name, in messages and files.
   static constexpr char const* optimizer = "AdamW";
-  void check() const {}                              // (every value is accepted)
+  // Throws argument_error, naming the setting, unless lr, eps, weight_decay and clip_norm are
+  // finite and >= 0 and beta1 and beta2 in [0, 1) (torch.optim.AdamW's ranges).
+  void check(char const* who = optimizer) const {
+    detail::check_setting(who, "lr", lr);
+    detail::check_setting(who, "beta1", beta1, true);
+    detail::check_setting(who, "beta2", beta2, true);
+    detail::check_setting(who, "eps", eps);
+    detail::check_setting(who, "weight_decay", weight_decay);
+    detail::check_setting(who, "clip_norm", clip_norm);
+  }
 };
 
 namespace detail {

@@ -132,6 +132,7 @@ class OffloadedAdamW
         model_(&m),
         o_(o),
         master_(w.master_weights || m.master_on_host()) {
+    o.check("OffloadedAdamW");
     if (r.begin > r.end || r.end > Model::parameter_count)
       detail::raise<argument_error>("OffloadedAdamW: expected a range of the model's ", Model::parameter_count,
                                     " parameters, found [", r.begin, ", ", r.end, ")");
@@ -264,8 +265,13 @@ class OffloadedAdamW
   // backward's reports for the spans' copies down (seconds of the host's clock; 0 without).
   double last_pass_copy_wait() const { return grads_ ? grads_->last_copy_wait() : 0.0; }
 
-  void set_lr(double lr) { o_.lr = lr; }  // the rate of the next steps (a schedule calls it)
-  double lr() const { return o_.lr; }     // the rate of the next step
+  // The rate of the next steps (a schedule calls it): finite and >= 0, or argument_error and the
+  // rate unchanged.
+  void set_lr(double lr) {
+    detail::check_setting("OffloadedAdamW", "lr", lr);
+    o_.lr = lr;
+  }
+  double lr() const { return o_.lr; }         // the rate of the next step
   std::uint64_t steps() const { return t_; }  // steps taken (skipped ones not counted)
   void set_steps(std::uint64_t t) { t_ = t; }  // sets the step count (what a restored state resumes from)
   adamw_options const& options() const { return o_; }  // its settings (and set_lr's rate)

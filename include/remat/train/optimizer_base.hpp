@@ -21,6 +21,13 @@ namespace REMAT_NAMESPACE {
 
 namespace detail {
 
+// One of an optimizer's settings, checked where it is given (the constructor, set_lr): finite and
+// at least 0, and below 1 when `below_one` (a moment's decay); argument_error naming it otherwise.
+inline void check_setting(char const* who, char const* name, double v, bool below_one = false) {
+  if (!(std::isfinite(v) && v >= 0 && (!below_one || v < 1)))
+    raise<argument_error>(who, ": expected ", name, below_one ? " in [0, 1)" : " finite and >= 0", ", found ", v);
+}
+
 // What an optimizer step does before its update: the overflow check of a loss scale and
 // clip_grad_norm_ (scale gradients by max_norm / (norm + 1e-6) when that is below 1), both from one
 // reduction over the gradients, which is skipped when neither is wanted (the norm then reads NaN).
@@ -221,8 +228,13 @@ class model_optimizer : public optimizer_base<T, D, C> {
     o_.check();
   }
 
-  void set_lr(double lr) { o_.lr = lr; }  // the rate of the next steps (a schedule calls it)
-  double lr() const { return o_.lr; }     // the rate of the next step
+  // The rate of the next steps (a schedule calls it): finite and >= 0, or argument_error and the
+  // rate unchanged.
+  void set_lr(double lr) {
+    check_setting(Options::optimizer, "lr", lr);
+    o_.lr = lr;
+  }
+  double lr() const { return o_.lr; }  // the rate of the next step
   // Steps taken (skipped ones not counted).
   std::uint64_t steps() const { return t_; }
   // Sets the step count (what a restored state resumes from).

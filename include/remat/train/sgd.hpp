@@ -19,8 +19,13 @@ struct sgd_options {
 
   // Its name, in messages and files.
   static constexpr char const* optimizer = "SGD";
-  // Throws argument_error for settings that contradict each other.
+  // Throws argument_error, naming the setting, unless lr, momentum, weight_decay and clip_norm
+  // are finite and >= 0 (torch.optim.SGD's ranges), and for Nesterov momentum > 0.
   void check() const {
+    detail::check_setting(optimizer, "lr", lr);
+    detail::check_setting(optimizer, "momentum", momentum);
+    detail::check_setting(optimizer, "weight_decay", weight_decay);
+    detail::check_setting(optimizer, "clip_norm", clip_norm);
     if (nesterov && momentum <= 0) detail::raise<argument_error>("SGD: Nesterov momentum needs a momentum > 0, found ", momentum);
   }
 };
