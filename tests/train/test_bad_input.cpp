@@ -84,6 +84,11 @@ void feature_rows(Tr& tr) {
     nt[3] = T(-bad);
     refused_everywhere<argument_error, MSE>(tr, "a non-finite target", x, nt, {"MSE target: expected finite"}, true);
   }
+  for (double w : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                   -std::numeric_limits<double>::infinity()})
+    refused<argument_error>(tr, "a micro-batch weight that is not finite",
+                            [&] { tr.m.template accumulate<MSE>(x, t, w); },
+                            {"model::accumulate: expected a finite weight, found "});
   refused_everywhere<argument_error, MSE>(tr, "an empty batch", x.row_range(0, 0), t.row_range(0, 0),
                                           {"at least one row, found 0"}, true);
   auto wide = copy_of(x, rows, cols + 1);

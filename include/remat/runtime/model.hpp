@@ -20,6 +20,7 @@
 #include "parameters.hpp"
 #include "pass_transaction.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -181,7 +182,8 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   }
 
   // A training pass: forward (saving what backward needs), loss, backward; gradients of
-  // weight * loss are added to the model's gradients. Returns the loss.
+  // weight * loss are added to the model's gradients (a weight that is not finite: argument_error,
+  // nothing changed). Returns the loss.
   // If `dx` is given, the gradient with respect to the input is written there too.
   // Transactional: when it throws (out of memory at any allocation, say), the gradients, running
   // state, dropout stream and pass count are as they were before the call, bit for bit. Gradients
@@ -191,6 +193,7 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   double accumulate(input_view x, target_type<Loss> target, double weight = 1.0, tensor<T, Device>* dx = nullptr) {
     [[maybe_unused]] auto const on_stream = this->stream_.scope();
     validate<Loss>(x, target);
+    if (!std::isfinite(weight)) detail::raise<argument_error>("model::accumulate: expected a finite weight, found ", weight);
     if (dx && (reads_ids || dx->rows() != x.rows() || dx->cols() != x.cols()))
       detail::raise<shape_error>("model::accumulate: the input gradient must have the input's shape ", x.rows(), " x ",
                                  x.cols(), reads_ids ? " (and token ids have none)" : "");
