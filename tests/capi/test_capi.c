@@ -86,6 +86,15 @@ int main(int argc, char** argv) {
   CHECK(m != NULL);
   STATUS(capi_surrogate_create(NULL, &options), REMAT_ERROR_ARGUMENT);
   CHECK(strstr(capi_surrogate_last_error(), "NULL") != NULL);
+  {
+    /* A setting outside torch.optim's range: no model, the setting named. */
+    remat_options bad = options;
+    capi_surrogate_model* none = NULL;
+    bad.beta2 = 1.0;
+    STATUS(capi_surrogate_create(&none, &bad), REMAT_ERROR_ARGUMENT);
+    CHECK(none == NULL);
+    CHECK(strstr(capi_surrogate_last_error(), "expected beta2 in [0, 1), found 1") != NULL);
+  }
 
   /* Training: the loss falls. */
   float x[BATCH * IN], t[BATCH * OUT];
@@ -123,6 +132,9 @@ int main(int argc, char** argv) {
   CHECK(strstr(capi_surrogate_last_error(), "finite") != NULL);
   t[3] = 0;
   STATUS(capi_surrogate_set_learning_rate(m, -1), REMAT_ERROR_ARGUMENT);
+  CHECK(strstr(capi_surrogate_last_error(), "expected lr finite and >= 0, found -1") != NULL);
+  STATUS(capi_surrogate_accumulate(m, x, t, BATCH, NAN, &loss), REMAT_ERROR_ARGUMENT);
+  CHECK(strstr(capi_surrogate_last_error(), "expected a finite weight") != NULL);
   STATUS(capi_surrogate_load(m, "/nonexistent/remat.safetensors", NULL), REMAT_ERROR_IO);
   probe(m, after);
   CHECK(memcmp(before, after, sizeof before) == 0);
