@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <vector>
 #if defined(_OPENMP)
 #include <omp.h>
@@ -105,6 +107,63 @@ TEST_CASE("the gradient checker catches a wrong backward", "[layers][grad]") {
   CHECK_FALSE(r.passed);
   CHECK(r.max_error > 0.1);
   CHECK(r.worst.find("input") != std::string::npos);
+}
+
+namespace {
+// Another hand-written layer: y = x, and dx = dy but for element 5, which is NaN (a backward that
+// goes wrong on some elements only).
+struct nan_at_five {
+  static constexpr std::size_t in_width = any_width, out_width = any_width, param_count = 0;
+  static std::vector<param_desc> params() { return {}; }
+  template <class T>
+  static void init(T*, std::size_t, std::uint64_t) {}
+  template <class T, class D>
+  static act<T, D> forward(pass_state<T, D>& s, T const*, act<T, D> x) {
+    act<T, D> y = s.make(x->rows(), x->cols());
+    evaluate(*y, to_expr(*x));
+    return y;
+  }
+  template <class T, class D>
+  static act<T, D> backward(pass_state<T, D>&, T const*, T*, act<T, D> dy) {
+    if (dy->size() > 5) dy->data()[5] = std::numeric_limits<T>::quiet_NaN();
+    return dy;
+  }
+};
+}  // namespace
+
+TEST_CASE("the gradient checker catches a NaN derivative after finite ones", "[layers][grad]") {
+  // (input[0] .. input[4] agree; a NaN compares false with every error, so a check that kept the
+  // largest by `>` alone passed with it)
+  auto const r = check_gradients<Seq<nan_at_five>>();
+  INFO(r.summary());
+  CHECK(r.checked >= 6);
+  CHECK_FALSE(r.passed);
+  CHECK(std::isnan(r.max_error));
+  CHECK(r.worst.find("input[5]") != std::string::npos);
+}
+
+TEST_CASE("the gradient checker refuses options out of range, naming them", "[layers][grad][errors]") {
+  using Net = Seq<Linear<3, 2>>;
+  double const inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  auto const refused = [](auto run, char const* name) {
+    INFO(name);
+    REQUIRE_THROWS_AS(run(), argument_error);
+    CHECK_THROWS_WITH(run(), Catch::Contains(std::string("expected ") + name));
+  };
+  refused([] { return check_gradients<Net>({.batch = 0}); }, "batch");
+  for (double step : {0.0, -1e-6, nan, inf})
+    refused([step] { return check_gradients<Net>({.step = step}); }, "step");
+  for (double tolerance : {-1e-9, nan, inf})  // (infinity: a check that cannot fail)
+    refused([tolerance] { return check_gradients<Net>({.tolerance = tolerance}); }, "tolerance");
+  refused([] { return check_gradients<Net>({.max_checks_per_tensor = 0}); }, "max_checks_per_tensor");
+  refused([] { return check_gradients<AttentionCore<4, 1>>({.batch = 1, .sequence = 0}); }, "sequence");
+  using Ids = Seq<Embedding<11, 4>, Linear<4, 3>>;
+  refused([] { return check_gradients<Ids>({.vocabulary = 12}); }, "vocabulary");
+  // The ends of each range are taken.
+  CHECK(check_gradients<Net>({.tolerance = 0}).checked > 0);
+  CHECK(check_gradients<Net>({.max_checks_per_tensor = 1}).passed);
+  CHECK(check_gradients<Ids>({.vocabulary = 11}).passed);
+  CHECK(check_gradients<AttentionCore<4, 1>>({.batch = 1, .sequence = 1}).passed);
 }
 
 TEST_CASE("Linear computes x W^T + b", "[layers]") {

@@ -26,7 +26,8 @@ struct gradient_check_options {
 
 // What check_gradients found.
 struct gradient_check_report {
-  double max_error = 0;     // the largest relative error (see gradient_check_options::tolerance)
+  double max_error = 0;     // the largest relative error (see gradient_check_options::tolerance); NaN
+                            // where a derivative was not finite (a failure)
   std::string worst;  // where the largest error was
   std::size_t checked = 0;  // derivatives compared
   bool passed = true;       // every error within the tolerance
@@ -58,11 +59,35 @@ struct projection_loss {
   }
 };
 
+// check_gradients' options, checked before anything is built: argument_error naming the one out of
+// range (a tolerance of infinity, say, would make a check that cannot fail). `vocabulary`: the
+// model's, when it reads token ids (else 0).
+inline void check_gradient_options(gradient_check_options const& o, bool sequence_model, std::size_t vocabulary) {
+  auto const refuse = [](char const* name, char const* expected, auto found) {
+    raise<argument_error>("check_gradients: expected ", name, " ", expected, ", found ", found);
+  };
+  if (o.batch == 0) refuse("batch", ">= 1", o.batch);
+  if (!(std::isfinite(o.step) && o.step > 0)) refuse("step", "finite and > 0", o.step);
+  if (!(std::isfinite(o.tolerance) && o.tolerance >= 0)) refuse("tolerance", "finite and >= 0", o.tolerance);
+  if (o.max_checks_per_tensor == 0) refuse("max_checks_per_tensor", ">= 1", o.max_checks_per_tensor);
+  if (sequence_model && o.sequence == 0) refuse("sequence", ">= 1 for a sequence model", o.sequence);
+  if (vocabulary && o.vocabulary > vocabulary) {
+    raise<argument_error>("check_gradients: expected vocabulary at most the model's ", vocabulary, " (0: all), found ",
+                          o.vocabulary);
+  }
+}
+
 }  // namespace detail
 
 template <class Net>
 gradient_check_report check_gradients(gradient_check_options o = {}) {
   using M = model<Net, host, fp64>;
+  detail::check_gradient_options(o, M::sequence_model, [] {
+    if constexpr (M::reads_ids)
+      return std::size_t(first_layer_t<Net>::vocabulary);
+    else
+      return std::size_t(0);
+  }());
   constexpr std::size_t in_w = M::reads_ids ? 1 : (M::in_width == any_width ? 5 : M::in_width);
   constexpr std::size_t out_w = M::out_width == any_width ? in_w : M::out_width;
   M m{seed{o.seed}};
@@ -106,10 +131,13 @@ gradient_check_report check_gradients(gradient_check_options o = {}) {
     cell = v;
     return (fp - fm) / (2 * h);
   };
+  // (a NaN error, from a NaN or infinite derivative on either side, is the worst and stays so:
+  // comparisons with it are false, so it would otherwise go unseen after the first check)
   auto record = [&](double a, double n, std::string const& where) {
     double const err = std::fabs(a - n) / std::max({1.0, std::fabs(a), std::fabs(n)});
     ++rep.checked;
-    if (err > rep.max_error || rep.worst.empty()) {
+    bool const worse = rep.worst.empty() || (!std::isnan(rep.max_error) && (std::isnan(err) || err > rep.max_error));
+    if (worse) {
       rep.max_error = err;
       rep.worst = where + " (analytic " + std::to_string(a) + ", numeric " + std::to_string(n) + ")";
     }
