@@ -81,9 +81,10 @@ TEST_CASE("gradients: a whole model", "[layers][grad][graph]") {
 }
 
 namespace {
-// A hand-written layer (the same interface the built-in ones have) whose backward is wrong on
-// purpose: y = 2x, but it returns dx = dy.
-struct wrong_double {
+// A hand-written layer (the same interface the built-in ones have): y = Factor x, with a backward
+// that is wrong on purpose: dx = dy, changed by Wrong::apply.
+template <int Factor, class Wrong>
+struct hand_written {
   static constexpr std::size_t in_width = any_width, out_width = any_width, param_count = 0;
   static std::vector<param_desc> params() { return {}; }
   template <class T>
@@ -91,14 +92,26 @@ struct wrong_double {
   template <class T, class D>
   static act<T, D> forward(pass_state<T, D>& s, T const*, act<T, D> x) {
     act<T, D> y = s.make(x->rows(), x->cols());
-    evaluate(*y, *x * 2.0);
+    evaluate(*y, *x * double(Factor));
     return y;
   }
   template <class T, class D>
   static act<T, D> backward(pass_state<T, D>&, T const*, T*, act<T, D> dy) {
+    Wrong::apply(*dy);
     return dy;
   }
 };
+struct as_is {  // (dx = dy: wrong for y = 2x)
+  template <class A>
+  static void apply(A&) {}
+};
+struct nan_at_five {  // (element 5 NaN: a backward that goes wrong on some elements only)
+  template <class A>
+  static void apply(A& dy) {
+    if (dy.size() > 5) dy.data()[5] = std::numeric_limits<typename A::value_type>::quiet_NaN();
+  }
+};
+using wrong_double = hand_written<2, as_is>;
 }  // namespace
 
 TEST_CASE("the gradient checker catches a wrong backward", "[layers][grad]") {
@@ -109,32 +122,10 @@ TEST_CASE("the gradient checker catches a wrong backward", "[layers][grad]") {
   CHECK(r.worst.find("input") != std::string::npos);
 }
 
-namespace {
-// Another hand-written layer: y = x, and dx = dy but for element 5, which is NaN (a backward that
-// goes wrong on some elements only).
-struct nan_at_five {
-  static constexpr std::size_t in_width = any_width, out_width = any_width, param_count = 0;
-  static std::vector<param_desc> params() { return {}; }
-  template <class T>
-  static void init(T*, std::size_t, std::uint64_t) {}
-  template <class T, class D>
-  static act<T, D> forward(pass_state<T, D>& s, T const*, act<T, D> x) {
-    act<T, D> y = s.make(x->rows(), x->cols());
-    evaluate(*y, to_expr(*x));
-    return y;
-  }
-  template <class T, class D>
-  static act<T, D> backward(pass_state<T, D>&, T const*, T*, act<T, D> dy) {
-    if (dy->size() > 5) dy->data()[5] = std::numeric_limits<T>::quiet_NaN();
-    return dy;
-  }
-};
-}  // namespace
-
 TEST_CASE("the gradient checker catches a NaN derivative after finite ones", "[layers][grad]") {
   // (input[0] .. input[4] agree; a NaN compares false with every error, so a check that kept the
   // largest by `>` alone passed with it)
-  auto const r = check_gradients<Seq<nan_at_five>>();
+  auto const r = check_gradients<Seq<hand_written<1, nan_at_five>>>();
   INFO(r.summary());
   CHECK(r.checked >= 6);
   CHECK_FALSE(r.passed);
