@@ -10,6 +10,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -324,6 +325,13 @@ TEST_CASE("mixed: the dynamic scale follows GradScaler's schedule", "[mixed][sca
   CHECK(s.scale() == 8.0);
   CHECK(s.skipped_steps() == 1);
   CHECK_THROWS_AS(s.configure({.init_scale = 8.0, .growth_factor = 0.5}), argument_error);
+  // An infinite scale (or growth) would overflow every step after it: refused, the state kept.
+  double const inf = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH(s.configure({.init_scale = inf}), Catch::Contains("expected a finite init_scale > 0"));
+  CHECK_THROWS_AS(s.configure({.init_scale = 8.0, .growth_factor = inf}), argument_error);
+  CHECK_THROWS_AS(s.configure({.init_scale = std::nan("")}), argument_error);
+  CHECK(s.scale() == 8.0);
+  CHECK(s.options().growth_factor == 4.0);
 
   loss_scaler fixed = loss_scaler::of<StaticLossScale<1024>>();
   fixed.update(true);

@@ -184,6 +184,15 @@ TEST_CASE("warm-up then cosine", "[train][schedule]") {
   CHECK(s(60) == Approx(0.1 + 0.45));  // half way: cos(pi/2) = 0
   CHECK(s(110) == Approx(0.1));
   CHECK(s(1000) == Approx(0.1));
+
+  // No decay phase: warm-up to the end, then min_lr.
+  warmup_cosine const edge{.base_lr = 1.0, .warmup = 4, .total = 4, .min_lr = 0.1};
+  CHECK(edge(3) == Approx(1.0));
+  CHECK(edge(4) == Approx(0.1));
+  // A warm-up past the end is refused by name, at any step.
+  warmup_cosine const late{.base_lr = 1.0, .warmup = 20, .total = 10};
+  CHECK_THROWS_WITH(late(0), Catch::Contains("expected warmup <= total, found warmup 20 and total 10"));
+  CHECK_THROWS_AS(late(15), argument_error);
 }
 
 TEST_CASE("gradient accumulation over k micro-batches equals one k-times-larger batch", "[train][accumulate]") {

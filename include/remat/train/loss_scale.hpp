@@ -50,11 +50,12 @@ class loss_scaler {
   void configure(dynamic_scale_options o) {
     if (!dynamic_)
       detail::raise<argument_error>("loss_scaler::configure: expected a model with DynamicLossScale, found a static scale");
-    if (!(o.init_scale > 0) || !(o.growth_factor > 1) || !(o.backoff_factor > 0 && o.backoff_factor < 1) ||
-        o.growth_interval == 0)
+    // (An infinite scale or growth would overflow every step after it, each one skipped: refused.)
+    if (!(o.init_scale > 0 && std::isfinite(o.init_scale)) || !(o.growth_factor > 1 && std::isfinite(o.growth_factor)) ||
+        !(o.backoff_factor > 0 && o.backoff_factor < 1) || o.growth_interval == 0)
       detail::raise<argument_error>(
-          "loss_scaler::configure: expected init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
-          "growth_interval > 0, found ",
+          "loss_scaler::configure: expected a finite init_scale > 0, a finite growth_factor > 1, 0 < backoff_factor "
+          "< 1 and growth_interval > 0, found ",
           o.init_scale, ", ", o.growth_factor, ", ", o.backoff_factor, ", ", o.growth_interval);
     o_ = o;
     scale_ = o.init_scale;
