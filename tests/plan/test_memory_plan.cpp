@@ -133,6 +133,59 @@ TEST_CASE("memory_plan: hand-computed parts of a step", "[plan]") {
   static_assert(big.optimizer_state == 2 * ((4160 / 3 * 4 + 255) / 256 * 256));
 }
 
+// A plan never describes a step the model would refuse: each argument the model's training pass
+// refuses (batch 0, a width other than the graph's, a sequence past the positional table, more
+// rows than a Budget was planned for) is refused by the plan too, as is a rank outside [0, ranks).
+TEST_CASE("memory_plan: refuses what the model's training pass would refuse", "[plan]") {
+  using L = Seq<Linear<8, 16>, GELU, Linear<16, 4>>;
+  using Gpt = GPT<11, 16, 16, 2, 2, 0.1>;  // (a positional table of 16)
+  using Budgeted = Seq<Budget<1 << 20, 4, Repeat<2, Seq<Linear<8, 8>, GELU>>>>;  // (planned for 4 rows)
+  auto const refused = [](auto plan, char const* found) {
+    CHECK_THROWS_AS(plan(), argument_error);
+    CHECK_THROWS_WITH(plan(), Catch::Contains(found));
+  };
+  refused([] { return memory_plan<L>(0); }, "expected a batch of at least one, found 0");
+  refused([] { return memory_plan<L, mixed<bfloat16>, OffloadedAdamW>(0); }, "found 0");
+  refused([] { return memory_plan<L>(2, {.sequence = 0}); }, "at least one position, found 0");
+  refused([] { return memory_plan<L>(2, {.features = 9}); }, "the graph's input width of 8 features, found 9");
+  refused([] { return memory_plan<Seq<GELU>>(2); }, "(the graph's input width is not fixed), found none");
+  refused([] { return memory_plan<L>(2, {.ranks = 2, .rank = 2}); }, "found rank 2 of 2");
+  refused([] { return memory_plan<L>(2, {.ranks = 0}); }, "found rank 0 of 0");
+  refused([] { return memory_plan<Gpt, fp32, AdamW, SoftmaxCrossEntropy>(2, {.sequence = 17}); },
+          "at most 16 positions (the model's positional table), found 17");
+  refused([] { return memory_plan<Budgeted>(5); }, "at most 4 x 1 rows");
+  // The other plans refuse the same: the activations', the arena's, inference's (any batch: no
+  // Budget check).
+  refused([] { return activation_plan<L>(0); }, "remat::activation_plan: expected a batch of at least one");
+  refused([] { return activation_plan<Seq<GELU>>(2); }, "remat::activation_plan: expected the number of features");
+  refused([] { return arena_plan<L>(2, 9); }, "remat::arena_plan: expected the graph's input width of 8 features");
+  refused([] { return sequence_plan<Gpt>(2, 17); }, "found 17");
+  refused([] { return inference_plan<Gpt>(1, Gpt::in_width, 17); }, "remat::inference_plan: expected a sequence of at most 16");
+  refused([] { return activation_plan<Budgeted>(5); }, "at most 4 x 1 rows");
+  static_assert(inference_plan<Budgeted>(5).bytes > 0);
+  // What is accepted: the graph's own width named, an open graph's width given, the last rank, the
+  // whole table, the Budget's rows.
+  static_assert(memory_plan<L>(2, {.features = 8}).peak == memory_plan<L>(2).peak);
+  static_assert(memory_plan<Seq<GELU>>(2, {.features = 5}).activations.peak_bytes > 0);
+  static_assert(memory_plan<L>(2, {.ranks = 2, .rank = 1, .shard_optimizer = true}).optimizer_state > 0);
+  static_assert(memory_plan<Gpt, fp32, AdamW, SoftmaxCrossEntropy>(2, {.sequence = 16}).peak > 0);
+  static_assert(memory_plan<Budgeted>(4).peak > 0);
+
+  // The model refuses the same passes.
+  memory::caching_allocator<host> alloc;
+  model<L> m(seed{1}, alloc);
+  AdamW opt(m, {.lr = 1e-3});
+  tensor<float> x9(2, 9), t(2, 4);
+  CHECK_THROWS_WITH(m.train_step<MSE>(x9, t, opt), Catch::Contains("expected 8 features per row, found 9"));
+  model<Gpt> g(seed{1}, alloc);
+  tensor<std::int32_t> ids(2, 17);
+  CHECK_THROWS_WITH(g.forward(ids), Catch::Contains("expected sequences of at most 16 tokens"));
+  model<Budgeted> b(seed{1}, alloc);
+  AdamW bopt(b, {.lr = 1e-3});
+  tensor<float> x5(5, 8), t5(5, 8);
+  CHECK_THROWS_WITH(b.train_step<MSE>(x5, t5, bopt), Catch::Contains("at most 4 x 1 rows"));
+}
+
 TEST_CASE("memory_plan: equals the allocator per tag and in total", "[plan]") {
   SECTION("stored") {
     require_step_plans<Net<Repeat<3, Block>>, fp32, AdamW>();

@@ -19,8 +19,8 @@ namespace {
 
 constexpr std::size_t V = 13, L = 16, W = 16, H = 4, N = 3;
 using Block = GPTBlock<W, H, 0.1>;
-template <class Middle>
-using LM = Seq<Embedding<V, W>, PositionEmbedding<L, W>, Dropout<0.1>, Middle, LayerNorm<W>, Linear<W, V>>;
+template <class Middle, std::size_t Positions = L>
+using LM = Seq<Embedding<V, W>, PositionEmbedding<Positions, W>, Dropout<0.1>, Middle, LayerNorm<W>, Linear<W, V>>;
 
 tensor<std::int32_t> token_batch(std::size_t batch, std::size_t seq, std::size_t salt = 0) {
   return lm_training::token_batch(V, batch, seq, salt);
@@ -193,9 +193,10 @@ TEST_CASE("transformer plan: recomputing the attention core drops exactly the se
   constexpr auto core = sequence_plan<LM<RecomputeAttention<Repeat<N, Block>>>>(batch, seq);
   constexpr std::size_t probs = batch * H * seq * seq * sizeof(float);  // a multiple of 256 bytes
   static_assert(stored.saved_bytes - core.saved_bytes == N * probs);
-  // The probabilities grow with the square of the sequence: at 4x the length, 16x the bytes.
-  constexpr auto stored64 = sequence_plan<LM<Repeat<N, Block>>>(batch, 4 * seq);
-  constexpr auto core64 = sequence_plan<LM<RecomputeAttention<Repeat<N, Block>>>>(batch, 4 * seq);
+  // The probabilities grow with the square of the sequence: at 4x the length, 16x the bytes (a
+  // positional table of 4x the rows, so that the model takes that length).
+  constexpr auto stored64 = sequence_plan<LM<Repeat<N, Block>, 4 * seq>>(batch, 4 * seq);
+  constexpr auto core64 = sequence_plan<LM<RecomputeAttention<Repeat<N, Block>>, 4 * seq>>(batch, 4 * seq);
   static_assert(stored64.saved_bytes - core64.saved_bytes == 16 * N * probs);
   CHECK(core.recomputed == N);
 }

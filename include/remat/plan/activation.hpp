@@ -12,6 +12,7 @@
 //   static_assert(plan.peak_bytes <= (std::size_t(64) << 20), "the model's activations must fit in 64 MiB");
 #pragma once
 
+#include "../error.hpp"
 #include "../graph/walk.hpp"
 #include "../numeric/precision.hpp"
 #include "../graph/training_pass.hpp"
@@ -210,6 +211,36 @@ std::vector<pass_event> forward_events(bool training) {
 
 }  // namespace detail
 
+namespace detail {
+
+// A public plan's shape, refused (argument_error, from `who`) where the model would refuse the
+// pass it describes (runtime/input_checks.hpp): no rows, a sequence of 0 or past the positional
+// table, a width other than the graph's fixed one (or none, any_width, for a graph whose width is
+// open), and for a training pass more rows than a Budget was planned for. A plan never describes
+// a pass that cannot run; in a constant expression the refusal is a compile error at its line.
+template <class Net>
+constexpr void check_plan_shape(char const* who, std::size_t batch, std::size_t features, std::size_t sequence,
+                                bool training) {
+  constexpr bool sequence_model = is_sequence_model_v<Net>;
+  if (batch == 0) raise<argument_error>(who, ": expected a batch of at least one, found 0");
+  if (sequence == 0) raise<argument_error>(who, ": expected a sequence of at least one position, found 0");
+  if (sequence_model && sequence > max_sequence_v<Net>)
+    raise<argument_error>(who, ": expected a sequence of at most ", max_sequence_v<Net>,
+                          " positions (the model's positional table), found ", sequence);
+  if (Net::in_width != any_width && features != Net::in_width)
+    raise<argument_error>(who, ": expected the graph's input width of ", Net::in_width, " features, found ",
+                          features);
+  if (features == 0 || features == any_width)
+    raise<argument_error>(who, ": expected the number of features (the graph's input width is not fixed), found none");
+  if (training && (batch * sequence > planned_rows_v<Net> || (sequence_model && sequence > planned_sequence_v<Net>)))
+    raise<argument_error>(who, ": expected a training pass of at most ", planned_rows_v<Net> / planned_sequence_v<Net>,
+                          " x ", planned_sequence_v<Net>,
+                          " rows (batch x sequence: what this model's remat::Budget was planned for), found ", batch,
+                          " x ", sequence);
+}
+
+}  // namespace detail
+
 // The activation plan of a training step of a model<Net, Device, Precision> on `batch` rows (or
 // sequences) of `features` values; `dx`: whether accumulate computes the input's gradient. The
 // step's measured peak, model.last_pass().activation_peak, equals peak_bytes (the tests check it
@@ -217,6 +248,7 @@ std::vector<pass_event> forward_events(bool training) {
 template <class Net, class Precision = fp32>
 constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width,
                                                  std::size_t sequence = 1, input_gradient dx = input_gradient::none) {
+  detail::check_plan_shape<Net>("remat::activation_plan", batch, features, sequence, true);
   return detail::plan_pass<Net, Precision>(batch, features, sequence, dx, 0).activations;
 }
 

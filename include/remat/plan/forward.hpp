@@ -77,6 +77,7 @@ constexpr arena_layout plan_forward_arena(forward_kind kind, std::size_t batch, 
 template <class Net, class Precision = fp32>
 constexpr arena_size forward_plan(forward_kind kind, std::size_t batch, std::size_t features = Net::in_width,
                                   std::size_t sequence = 1, std::size_t loss_workspace = 0) {
+  detail::check_plan_shape<Net>("remat::forward_plan", batch, features, sequence, false);  // (inference: any batch)
   arena_layout const l = detail::plan_forward_arena<Net, Precision>(kind, batch, features, sequence, loss_workspace);
   return {l.size, l.lower_bound};
 }
@@ -85,6 +86,7 @@ constexpr arena_size forward_plan(forward_kind kind, std::size_t batch, std::siz
 // holds (the inference call that allocates nothing).
 template <class Net, class Precision = fp32>
 constexpr arena_size inference_plan(std::size_t batch, std::size_t features = Net::in_width, std::size_t sequence = 1) {
+  detail::check_plan_shape<Net>("remat::inference_plan", batch, features, sequence, false);
   return forward_plan<Net, Precision>(forward_kind::into_caller, batch, features, sequence);
 }
 

@@ -25,6 +25,10 @@
 // model's, so a model on an allocator of its own measures exactly the plan; on the GPU it is at
 // most 32 MiB per product (kernels/detail/cublaslt.hpp).
 //
+// Arguments the model would refuse of the pass they describe (detail::check_plan_shape), and a
+// rank outside [0, ranks), are an argument_error; in a constant expression, a compile error at the
+// line that says why.
+//
 //   constexpr auto plan = remat::memory_plan<Net, remat::mixed<remat::bfloat16>, remat::AdamW>(256);
 //   static_assert(plan.peak <= (std::size_t(8) << 30), "the training step must fit in 8 GiB");
 #pragma once
@@ -137,6 +141,11 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   constexpr auto rounded = [](std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); };
   // A model holds at least one element (a graph without parameters still has its buffers).
   constexpr std::size_t n = Net::param_count > 0 ? Net::param_count : 1;
+  detail::check_plan_shape<Net>("remat::memory_plan", batch, o.features ? o.features : Net::in_width, o.sequence,
+                                true);
+  if (o.ranks == 0 || o.rank >= o.ranks)
+    detail::raise<argument_error>("remat::memory_plan: expected a rank in [0, ranks) and ranks >= 1, found rank ",
+                                  o.rank, " of ", o.ranks);
   memory_plan_result r;
   r.master_weights = rounded(n * sizeof(T));
   r.compute_copy = is_mixed_v<Precision> ? rounded(n * sizeof(C)) : 0;
