@@ -256,6 +256,16 @@ TEST_CASE("inference: 1,000 calls at batches up to the maximum allocate nothing"
   memory::caching_allocator<host> alloc;
   model<Surrogate> m(seed{1}, alloc);
   CHECK_THROWS_AS(m.reserve_inference(0), argument_error);
+  // A batch that was a negative number converted: the plan refuses to count past 4 EiB (it
+  // wrapped around to a small arena before), and nothing is reserved.
+  CHECK_THROWS_WITH(m.reserve_inference(std::size_t(-1)), Catch::Contains("at most 4 EiB"));
+  CHECK(m.inference_batch() == 0);
+  // A sequence past a GPT's positional table of 16: refused, as its forward would be.
+  model<GPT<11, 16, 16, 2, 2, 0.1>> g(seed{1}, alloc);
+  CHECK_THROWS_WITH(g.reserve_inference(2, 17), Catch::Contains("at most 16 positions (the positional table), found 17"));
+  CHECK(g.inference_batch() == 0);
+  g.reserve_inference(2, 16);
+  CHECK(g.inference_batch() == 2);
   m.use_planned_arena(false);
   CHECK_THROWS_AS(m.reserve_inference(8), argument_error);
   CHECK(m.inference_batch() == 0);

@@ -154,6 +154,18 @@ TEST_CASE("memory_plan: refuses what the model's training pass would refuse", "[
   refused([] { return memory_plan<Gpt, fp32, AdamW, SoftmaxCrossEntropy>(2, {.sequence = 17}); },
           "at most 16 positions (the model's positional table), found 17");
   refused([] { return memory_plan<Budgeted>(5); }, "at most 4 x 1 rows");
+  refused([] { return memory_plan<Gpt, fp32, AdamW, SoftmaxCrossEntropy>(2, {.sequence = 4, .dx = input_gradient::wanted}); },
+          "expected no input gradient for a model reading token ids");
+  // A batch that was a negative number converted to std::size_t planned 4 KiB (its bytes wrapped
+  // around); past 2^48 rows, or 4 EiB of tensors, a plan is refused.
+  refused([] { return memory_plan<L>(std::size_t(-1)); }, "expected at most 2^48 rows (batch x sequence)");
+  refused([] { return memory_plan<Gpt, fp32, AdamW, SoftmaxCrossEntropy>(std::size_t(1) << 45, {.sequence = 16}); },
+          "found 35184372088832 x 16");
+  refused([] { return memory_plan<Seq<GELU>>(2, {.features = std::size_t(1) << 61}); }, "at most 4 EiB of tensors");
+  // At 2^48 rows the count is exact: the peak is at the last Linear's backward, with the first's
+  // output, GELU's, the loss gradient and the gradient it makes alive (16 + 16 + 4 + 16 floats a row).
+  static_assert(memory_plan<L>(std::size_t(1) << 48).activations.peak_bytes ==
+                (std::size_t(1) << 48) * 4 * (16 + 16 + 4 + 16));
   // The other plans refuse the same: the activations', the arena's, inference's (any batch: no
   // Budget check).
   refused([] { return activation_plan<L>(0); }, "remat::activation_plan: expected a batch of at least one");

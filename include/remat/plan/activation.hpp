@@ -213,17 +213,25 @@ std::vector<pass_event> forward_events(bool training) {
 
 namespace detail {
 
+// The most rows (batch x sequence) a plan takes: 2^48, so that no count of rows times a width of
+// bytes wraps around (planning::max_bytes bounds the rest).
+inline constexpr std::size_t max_rows = std::size_t(1) << 48;
+
 // A public plan's shape, refused (argument_error, from `who`) where the model would refuse the
-// pass it describes (runtime/input_checks.hpp): no rows, a sequence of 0 or past the positional
-// table, a width other than the graph's fixed one (or none, any_width, for a graph whose width is
-// open), and for a training pass more rows than a Budget was planned for. A plan never describes
+// pass it describes (runtime/input_checks.hpp): no rows or more than max_rows, a sequence of 0 or
+// past the positional table, a width other than the graph's fixed one (or none, any_width, for a
+// graph whose width is open), an input gradient of token ids, and for a training pass more rows
+// than a Budget was planned for. A plan never describes
 // a pass that cannot run; in a constant expression the refusal is a compile error at its line.
 template <class Net>
 constexpr void check_plan_shape(char const* who, std::size_t batch, std::size_t features, std::size_t sequence,
-                                bool training) {
+                                bool training, input_gradient dx = input_gradient::none) {
   constexpr bool sequence_model = is_sequence_model_v<Net>;
   if (batch == 0) raise<argument_error>(who, ": expected a batch of at least one, found 0");
   if (sequence == 0) raise<argument_error>(who, ": expected a sequence of at least one position, found 0");
+  if (batch > max_rows / sequence)
+    raise<argument_error>(who, ": expected at most 2^48 rows (batch x sequence), found ", batch, " x ", sequence,
+                          " (a negative number converted to std::size_t?)");
   if (sequence_model && sequence > max_sequence_v<Net>)
     raise<argument_error>(who, ": expected a sequence of at most ", max_sequence_v<Net>,
                           " positions (the model's positional table), found ", sequence);
@@ -232,6 +240,9 @@ constexpr void check_plan_shape(char const* who, std::size_t batch, std::size_t 
                           features);
   if (features == 0 || features == any_width)
     raise<argument_error>(who, ": expected the number of features (the graph's input width is not fixed), found none");
+  if (reads_ids_v<Net> && dx == input_gradient::wanted)
+    raise<argument_error>(who, ": expected no input gradient for a model reading token ids (ids have none), found "
+                               "input_gradient::wanted");
   if (training && (batch * sequence > planned_rows_v<Net> || (sequence_model && sequence > planned_sequence_v<Net>)))
     raise<argument_error>(who, ": expected a training pass of at most ", planned_rows_v<Net> / planned_sequence_v<Net>,
                           " x ", planned_sequence_v<Net>,
@@ -248,7 +259,7 @@ constexpr void check_plan_shape(char const* who, std::size_t batch, std::size_t 
 template <class Net, class Precision = fp32>
 constexpr activation_plan_result activation_plan(std::size_t batch, std::size_t features = Net::in_width,
                                                  std::size_t sequence = 1, input_gradient dx = input_gradient::none) {
-  detail::check_plan_shape<Net>("remat::activation_plan", batch, features, sequence, true);
+  detail::check_plan_shape<Net>("remat::activation_plan", batch, features, sequence, true, dx);
   return detail::plan_pass<Net, Precision>(batch, features, sequence, dx, 0).activations;
 }
 

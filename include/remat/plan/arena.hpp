@@ -238,7 +238,7 @@ constexpr arena_layout plan_arena(std::size_t batch, std::size_t features, std::
 template <class Net, class Precision = fp32>
 constexpr arena_size arena_plan(std::size_t batch, std::size_t features = Net::in_width, std::size_t sequence = 1,
                                 input_gradient dx = input_gradient::none, std::size_t loss_workspace = 0) {
-  detail::check_plan_shape<Net>("remat::arena_plan", batch, features, sequence, true);
+  detail::check_plan_shape<Net>("remat::arena_plan", batch, features, sequence, true, dx);
   arena_layout const l = detail::plan_arena<Net, Precision>(batch, features, sequence, dx, loss_workspace);
   return {l.size, l.lower_bound};
 }

@@ -5,6 +5,7 @@
 // request rounded up as the allocator rounds it). That is the activation plan (plan/activation.hpp).
 #pragma once
 
+#include "../error.hpp"
 #include "../memory/allocator.hpp"
 #include "../pass/vocabulary.hpp"
 #include "../pass/gradient_sync.hpp"
@@ -95,6 +96,11 @@ class ref {
   int id_ = -1;
 };
 
+// The most bytes a plan counts, all its tensors together (4 EiB): past it a plan is refused, so
+// that no sum of a plan (live bytes, the peak, an arena's layout, a whole step's total) wraps
+// around to a small number that would pass a static_assert.
+inline constexpr std::size_t max_bytes = std::size_t(1) << 62;
+
 // The live bytes of every planned tensor and their peak.
 class counter {
  public:
@@ -113,11 +119,19 @@ class counter {
   std::size_t workspace_bytes = 0;
   std::size_t workspace_born = 0;  // (see workspace_bytes)
   std::size_t workspace_died = 0;  // (see workspace_bytes)
+  std::size_t made_bytes = 0;  // every make's bytes together (at most max_bytes)
 
-  // A new buffer of rows x cols elements of element_bytes, counted as the allocator rounds it.
+  // A new buffer of rows x cols elements of element_bytes, counted as the allocator rounds it. An
+  // argument_error when the plan's tensors pass max_bytes together (a batch that was a negative
+  // number converted to std::size_t, say), never a count that wrapped around.
   constexpr ref make(std::size_t rows, std::size_t cols, std::size_t element_bytes) {
     if (made++ == watch) live_before_watch = live;
+    std::size_t const room = made_bytes < max_bytes ? max_bytes - made_bytes : 0;  // (elements of <= 8 bytes)
+    if (cols > max_bytes / 8 || (cols && rows > room / (cols * element_bytes)))
+      detail::raise<argument_error>("remat plan: expected at most 4 EiB of tensors in all, found more with one of ",
+                                    rows, " x ", cols, " elements of ", element_bytes, " bytes");
     std::size_t const bytes = memory::caching_allocator<host>::rounded(rows * cols * element_bytes);
+    made_bytes += bytes;
     buffers.push_back(buffer{rows, cols, bytes, 1, false, clock++});
     made_ids.push_back(int(buffers.size()) - 1);
     live += bytes;

@@ -142,7 +142,7 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   // A model holds at least one element (a graph without parameters still has its buffers).
   constexpr std::size_t n = Net::param_count > 0 ? Net::param_count : 1;
   detail::check_plan_shape<Net>("remat::memory_plan", batch, o.features ? o.features : Net::in_width, o.sequence,
-                                true);
+                                true, o.dx);
   if (o.ranks == 0 || o.rank >= o.ranks)
     detail::raise<argument_error>("remat::memory_plan: expected a rank in [0, ranks) and ranks >= 1, found rank ",
                                   o.rank, " of ", o.ranks);

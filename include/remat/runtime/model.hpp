@@ -143,8 +143,9 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   // request of the system for its activations; the products' other scratch (oneDNN's scratchpad,
   // likewise kept) is taken at their first use, so after a first call at max_batch no call asks
   // the system for memory. An argument_error (nothing changed) when the model
-  // has no plan (a layer written for pass_state only), the arena is off (use_planned_arena), or
-  // max_batch is 0; out_of_memory when the arena cannot be had.
+  // has no plan (a layer written for pass_state only), the arena is off (use_planned_arena),
+  // max_batch is 0, the sequence is past the positional table, or the plan would pass 4 EiB;
+  // out_of_memory when the arena cannot be had.
   void reserve_inference(std::size_t max_batch, std::size_t sequence = 0) {
     if (max_batch == 0) detail::raise<argument_error>("model::reserve_inference: expected a positive batch, found 0");
     if (!arenas_.used())
@@ -155,6 +156,9 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     if (sequence == 0)
       detail::raise<argument_error>("model::reserve_inference: a sequence model reading features needs "
                                     "set_sequence_length first");
+    if (sequence_model && sequence > max_sequence)
+      detail::raise<argument_error>("model::reserve_inference: expected a sequence of at most ", max_sequence,
+                                    " positions (the positional table), found ", sequence);
     kernels::hold_product_workspace(Device{});  // (first: if it fails, nothing is reserved)
     if (!arenas_.reserve_inference({max_batch, in_width == any_width ? 0 : in_width, sequence}, *this->alloc_))
       detail::raise<out_of_memory>("model::reserve_inference: the arena for ", max_batch,

@@ -24,7 +24,7 @@ struct warmup_cosine {
       detail::raise<argument_error>("warmup_cosine: expected warmup <= total, found warmup ", warmup, " and total ", total);
     if (step < warmup) return base_lr * double(step + 1) / double(warmup);
     if (step >= total) return min_lr;
-    double const progress = double(step - warmup) / double(total > warmup ? total - warmup : 1);
+    double const progress = double(step - warmup) / double(total - warmup);  // (warmup <= step < total)
     return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(pi * progress));
   }
 };
