@@ -262,7 +262,8 @@ TEST_CASE("inference: 1,000 calls at batches up to the maximum allocate nothing"
   CHECK(m.inference_batch() == 0);
   // A sequence past a GPT's positional table of 16: refused, as its forward would be.
   model<GPT<11, 16, 16, 2, 2, 0.1>> g(seed{1}, alloc);
-  CHECK_THROWS_WITH(g.reserve_inference(2, 17), Catch::Contains("at most 16 positions (the positional table), found 17"));
+  CHECK_THROWS_WITH(g.reserve_inference(2, 17),
+                    Catch::Contains("at most 16 positions (the positional table), found 17"));
   CHECK(g.inference_batch() == 0);
   g.reserve_inference(2, 16);
   CHECK(g.inference_batch() == 2);

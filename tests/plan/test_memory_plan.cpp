@@ -135,7 +135,8 @@ TEST_CASE("memory_plan: hand-computed parts of a step", "[plan]") {
 
 // A plan never describes a step the model would refuse: each argument the model's training pass
 // refuses (batch 0, a width other than the graph's, a sequence past the positional table, more
-// rows than a Budget was planned for) is refused by the plan too, as is a rank outside [0, ranks).
+// rows than a Budget was planned for, an input gradient of token ids) is refused by the plan too,
+// as are a rank outside [0, ranks) and a count that would wrap around (2^48 rows, 4 EiB).
 TEST_CASE("memory_plan: refuses what the model's training pass would refuse", "[plan]") {
   using L = Seq<Linear<8, 16>, GELU, Linear<16, 4>>;
   using Gpt = GPT<11, 16, 16, 2, 2, 0.1>;  // (a positional table of 16)
@@ -154,8 +155,11 @@ TEST_CASE("memory_plan: refuses what the model's training pass would refuse", "[
   refused([] { return memory_plan<Gpt, fp32, AdamW, SoftmaxCrossEntropy>(2, {.sequence = 17}); },
           "at most 16 positions (the model's positional table), found 17");
   refused([] { return memory_plan<Budgeted>(5); }, "at most 4 x 1 rows");
-  refused([] { return memory_plan<Gpt, fp32, AdamW, SoftmaxCrossEntropy>(2, {.sequence = 4, .dx = input_gradient::wanted}); },
-          "expected no input gradient for a model reading token ids");
+  refused(
+      [] {
+        return memory_plan<Gpt, fp32, AdamW, SoftmaxCrossEntropy>(2, {.sequence = 4, .dx = input_gradient::wanted});
+      },
+      "expected no input gradient for a model reading token ids");
   // A batch that was a negative number converted to std::size_t planned 4 KiB (its bytes wrapped
   // around); past 2^48 rows, or 4 EiB of tensors, a plan is refused.
   refused([] { return memory_plan<L>(std::size_t(-1)); }, "expected at most 2^48 rows (batch x sequence)");
@@ -172,7 +176,8 @@ TEST_CASE("memory_plan: refuses what the model's training pass would refuse", "[
   refused([] { return activation_plan<Seq<GELU>>(2); }, "remat::activation_plan: expected the number of features");
   refused([] { return arena_plan<L>(2, 9); }, "remat::arena_plan: expected the graph's input width of 8 features");
   refused([] { return sequence_plan<Gpt>(2, 17); }, "found 17");
-  refused([] { return inference_plan<Gpt>(1, Gpt::in_width, 17); }, "remat::inference_plan: expected a sequence of at most 16");
+  refused([] { return inference_plan<Gpt>(1, Gpt::in_width, 17); },
+          "remat::inference_plan: expected a sequence of at most 16");
   refused([] { return activation_plan<Budgeted>(5); }, "at most 4 x 1 rows");
   static_assert(inference_plan<Budgeted>(5).bytes > 0);
   // What is accepted: the graph's own width named, an open graph's width given, the last rank, the

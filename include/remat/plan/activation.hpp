@@ -209,10 +209,6 @@ std::vector<pass_event> forward_events(bool training) {
   return events;
 }
 
-}  // namespace detail
-
-namespace detail {
-
 // The most rows (batch x sequence) a plan takes: 2^48, so that no count of rows times a width of
 // bytes wraps around (planning::max_bytes bounds the rest).
 inline constexpr std::size_t max_rows = std::size_t(1) << 48;
@@ -221,8 +217,8 @@ inline constexpr std::size_t max_rows = std::size_t(1) << 48;
 // pass it describes (runtime/input_checks.hpp): no rows or more than max_rows, a sequence of 0 or
 // past the positional table, a width other than the graph's fixed one (or none, any_width, for a
 // graph whose width is open), an input gradient of token ids, and for a training pass more rows
-// than a Budget was planned for. A plan never describes
-// a pass that cannot run; in a constant expression the refusal is a compile error at its line.
+// than a Budget was planned for. A plan never describes a pass that cannot run; in a constant
+// expression the refusal is a compile error at its line.
 template <class Net>
 constexpr void check_plan_shape(char const* who, std::size_t batch, std::size_t features, std::size_t sequence,
                                 bool training, input_gradient dx = input_gradient::none) {
