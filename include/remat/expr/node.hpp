@@ -1,7 +1,9 @@
 // Expression nodes: small value types held by value, so a whole expression is one object that can
 // be copied into a kernel. Terminals read tensors (or are constants); inner nodes apply an op.
-// Every node answers size() (elements, or any_size for constants) and eval<V>(i), the i-th element
-// computed in type V (float, or double when any input or the output is double).
+// Every node answers size() (elements, or any_size for constants), cols() (elements per row: a
+// tensor's cols, a broadcast row's width; any_size for constants) and eval<V>(i), the i-th element
+// computed in type V (float, or double when any input or the output is double). Operands must agree
+// in shape (rows and cols), not only in element count: a 4 x 3 and a 3 x 4 are refused.
 #pragma once
 
 #include "../device.hpp"
@@ -35,8 +37,10 @@ struct ref : expr_base {
   static constexpr bool is_double = std::is_same_v<element, double>;  // whether it computes in double
   T const* data;  // the tensor's first element
   std::size_t n;  // its elements
+  std::size_t n_cols;  // its elements per row (its cols)
 
   constexpr std::size_t size() const { return n; }  // the tensor's elements
+  constexpr std::size_t cols() const { return n_cols; }  // the tensor's elements per row
   // Element i, converted to the compute type V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
@@ -56,6 +60,7 @@ struct row_broadcast : expr_base {
   std::size_t n;  // the elements it reads as (rows times width)
 
   constexpr std::size_t size() const { return n; }  // rows times width
+  constexpr std::size_t cols() const { return width; }  // the row's elements
   // Element i: the row's element i % width, converted to the compute type V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
@@ -70,6 +75,7 @@ struct constant : expr_base {
   double value;  // the scalar
 
   constexpr std::size_t size() const { return any_size; }  // any: it takes its operand's size
+  constexpr std::size_t cols() const { return any_size; }  // any: it takes its operand's shape
   // The scalar, converted to the compute type V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t) const {
@@ -82,6 +88,7 @@ struct zero_t : expr_base {
   using device = void;  // (any)
   static constexpr bool is_double = false;  // (does not make an expression double)
   constexpr std::size_t size() const { return any_size; }  // any: it takes its operand's size
+  constexpr std::size_t cols() const { return any_size; }  // any: it takes its operand's shape
   // 0 in the compute type V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t) const {
@@ -93,6 +100,7 @@ struct one_t : expr_base {
   using device = void;  // (any)
   static constexpr bool is_double = false;  // (does not make an expression double)
   constexpr std::size_t size() const { return any_size; }  // any: it takes its operand's size
+  constexpr std::size_t cols() const { return any_size; }  // any: it takes its operand's shape
   // 1 in the compute type V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t) const {
@@ -109,11 +117,17 @@ struct common_device {
   using type = std::conditional_t<std::is_void_v<A>, B, A>;
 };
 
-inline std::size_t common_size(std::size_t a, std::size_t b) {
+// The rows of a node of n elements, cols per row (0 when it has no elements).
+constexpr std::size_t rows_of(std::size_t n, std::size_t cols) { return cols == 0 ? 0 : n / cols; }
+
+// The elements of a node of operands with n elements of cols per row (a) and (b); shape_error when
+// both have a shape (neither is a constant) and the shapes differ, in rows or in cols.
+inline std::size_t common_size(std::size_t a, std::size_t a_cols, std::size_t b, std::size_t b_cols) {
   if (a == any_size) return b;
-  if (b == any_size || a == b) return a;
-  REMAT_NAMESPACE::detail::raise<shape_error>("expression operands differ in size: expected the right operand to have ", a,
-                                              " elements like the left one, found ", b);
+  if (b == any_size || (a == b && a_cols == b_cols)) return a;
+  REMAT_NAMESPACE::detail::raise<shape_error>("expression operands differ in shape: expected the right operand to be ",
+                                              rows_of(a, a_cols), " x ", a_cols, " like the left one, found ",
+                                              rows_of(b, b_cols), " x ", b_cols);
 }
 
 }  // namespace detail
@@ -128,6 +142,7 @@ struct unary : expr_base {
 
   constexpr unary(Op o, A x) : op(o), a(x) {}  // o applied to x
   constexpr std::size_t size() const { return a.size(); }  // the operand's size
+  constexpr std::size_t cols() const { return a.cols(); }  // the operand's elements per row
   // op of the operand's element i, computed in V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
@@ -146,9 +161,11 @@ struct binary : expr_base {
   B b;  // the right operand
   std::size_t n;  // the elements (the operands', which must agree unless one is a constant)
 
-  // x op y; shape_error when the operands' sizes differ.
-  binary(A x, B y) : a(x), b(y), n(detail::common_size(x.size(), y.size())) {}
+  // x op y; shape_error when the operands' shapes differ.
+  binary(A x, B y) : a(x), b(y), n(detail::common_size(x.size(), x.cols(), y.size(), y.cols())) {}
   constexpr std::size_t size() const { return n; }  // the operands' common size
+  // The operands' common elements per row (checked equal when both have a shape).
+  constexpr std::size_t cols() const { return a.size() == any_size ? b.cols() : a.cols(); }
   // Op of the operands' elements i, computed in V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {

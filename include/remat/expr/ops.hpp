@@ -18,6 +18,7 @@ concept tensor_like = !expression<T> && requires(std::remove_cvref_t<T> const& t
   typename std::remove_cvref_t<T>::value_type;
   t.data();
   t.size();
+  t.cols();
 };
 
 template <class T>
@@ -39,7 +40,7 @@ auto to_expr(X const& x) {
   else {
     using T = typename X::value_type;
     using D = typename X::device_type;
-    return ref<T, D, no_id>{{}, x.data(), x.size()};
+    return ref<T, D, no_id>{{}, x.data(), x.size(), x.cols()};
   }
 }
 
@@ -49,7 +50,7 @@ auto leaf(X const& x) {
   static_assert(Id >= 0, "remat::leaf<Id>: variable ids are non-negative");
   using T = typename X::value_type;
   using D = typename X::device_type;
-  return ref<T, D, Id>{{}, x.data(), x.size()};
+  return ref<T, D, Id>{{}, x.data(), x.size(), x.cols()};
 }
 
 // A row vector (width elements) repeated over `rows` rows, e.g. a bias; variable Id or no_id.

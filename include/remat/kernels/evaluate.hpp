@@ -69,9 +69,10 @@ void evaluate(Out&& out, E const& e) {
   static_assert(!std::is_const_v<std::remove_pointer_t<decltype(out.data())>>,
                 "remat::evaluate: the destination is read-only");
   std::size_t const n = out.size();
-  if (x.size() != any_size && x.size() != n)
-    REMAT_NAMESPACE::detail::raise<shape_error>("remat::evaluate: expected an expression of ", n,
-                                                " elements to match the destination, found ", x.size());
+  if (x.size() != any_size && (x.size() != n || x.cols() != out.cols()))
+    REMAT_NAMESPACE::detail::raise<shape_error>("remat::evaluate: expected an expression of ", out.rows(), " x ", out.cols(),
+                                                " like the destination, found ", expr::detail::rows_of(x.size(), x.cols()),
+                                                " x ", x.cols());
   using V = compute_t<X, T>;
   if constexpr (std::is_same_v<D, host>) {
     // A bias (a row broadcast): a pass over rows, each element's column known.

@@ -49,6 +49,7 @@ struct dropout_mask : expr_base {
   float p;                                  // the probability of a zero
   float scale;                              // the value of a kept element: 1 / (1 - p)
   constexpr std::size_t size() const { return any_size; }  // (as long as what it multiplies)
+  constexpr std::size_t cols() const { return any_size; }  // (shaped as what it multiplies)
   // Element i's mask value, as V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
