@@ -193,6 +193,8 @@ TEST_CASE("memory_plan: refuses what the model's training pass would refuse", "[
   model<L> m(seed{1}, alloc);
   AdamW opt(m, {.lr = 1e-3});
   tensor<float> x9(2, 9), t(2, 4);
+  for (std::size_t i = 0; i < x9.size(); ++i) x9[i] = 0.5f;  // (finite: the width is what is wrong)
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = 0.5f;
   CHECK_THROWS_WITH(m.train_step<MSE>(x9, t, opt), Catch::Contains("expected 8 features per row, found 9"));
   model<Gpt> g(seed{1}, alloc);
   tensor<std::int32_t> ids(2, 17);
@@ -200,6 +202,7 @@ TEST_CASE("memory_plan: refuses what the model's training pass would refuse", "[
   model<Budgeted> b(seed{1}, alloc);
   AdamW bopt(b, {.lr = 1e-3});
   tensor<float> x5(5, 8), t5(5, 8);
+  for (std::size_t i = 0; i < x5.size(); ++i) x5[i] = t5[i] = 0.5f;  // (finite: the rows are what is wrong)
   CHECK_THROWS_WITH(b.train_step<MSE>(x5, t5, bopt), Catch::Contains("at most 4 x 1 rows"));
 }
 
