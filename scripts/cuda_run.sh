@@ -29,8 +29,11 @@
 #             the device holds the bf16 weights, two spans of gradients and the activations,
 #             29.3 GiB planned; the host 100.2 GiB); its peaks against the plan, the gradient
 #             granules included, and the time split (not part of `all`).
-# Results go to $OUT (or /tmp/out).
-#   .gpu/run.sh [tests|bench|inference|conv|offload|offload-gradients|all]
+# Several modes may be named; they run in the order above. A 15-minute lease's plan, two calls
+# back to back (the machine stays warm 30 s): `.gpu/run.sh tests offload-gradients`, then
+# `MLP_POLICIES=stored,checkpoint,selective .gpu/run.sh bench` (estimated 7 and 5 minutes; the
+# 7B run has not yet run on a GPU). Results go to $OUT (or /tmp/out).
+#   .gpu/run.sh [tests|bench|inference|conv|offload|offload-gradients|all]...
 set -uo pipefail
 cd "$(dirname "$0")"
 here=$PWD
@@ -41,11 +44,13 @@ libs=$(for n in libcudnn.so.9 libcublasLt.so.13 libnccl.so.2; do
        done | xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH=$here/lib:$libs${LD_LIBRARY_PATH:-}
 ldd bin/test_cuda | grep 'not found' && exit 1
-mode=${1:-all}
+modes=" ${*:-all} "
+# Whether one of these modes was asked for.
+want() { for m in "$@"; do [[ $modes == *" $m "* ]] && return 0; done; return 1; }
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 status=0
-if [[ $mode == tests || $mode == all ]]; then
+if want tests all; then
   bin/test_cuda --list-test-names-only | grep -v -e '^$' -e 'test cases' > /tmp/remat-cases.txt
   pass=0 fail=0
   while IFS= read -r name; do
@@ -85,7 +90,7 @@ if [[ $mode == tests || $mode == all ]]; then
   timeout 300 bin/memory_budget_cuda > "$out/memory_budget_cuda.log" 2>&1 || status=1
   tail -12 "$out/memory_budget_cuda.log"
 fi
-if [[ $mode == inference || $mode == all ]]; then
+if want inference all; then
   for model in mlp conv; do
     for round in 1 2; do
       timeout 120 bin/bench_inference_cuda --model "$model" --rounds 5 --seconds 0.1 >> "$out/inference-cuda.log" 2>&1 \
@@ -96,7 +101,7 @@ if [[ $mode == inference || $mode == all ]]; then
   done
   grep -v '^json' "$out/inference-cuda.log"
 fi
-if [[ $mode == conv ]]; then
+if want conv; then
   [ -x bin/conv_algos_cuda ] && { timeout 150 bin/conv_algos_cuda > "$out/conv-algos.log" 2>&1 || status=1; }
   cat "$out/conv-algos.log"
   REMAT_BENCH_PROFILE=1 timeout 90 bin/bench_inference_cuda --model conv --rounds 3 --seconds 0.1 \
@@ -105,25 +110,26 @@ if [[ $mode == conv ]]; then
     >> "$out/conv-profile.log" 2>&1 || status=1
   grep -v '^json' "$out/conv-profile.log"
 fi
-if [[ $mode == offload ]]; then
+if want offload; then
   free -g | head -2
   timeout 480 bin/bench_offload_gpt_cuda --train 7b --steps 3 --device-gb 80 --host-gib 120 > "$out/offload-7b.log" 2>&1 \
     || status=1
   grep -v '^json' "$out/offload-7b.log"
 fi
-if [[ $mode == offload-gradients ]]; then
+if want offload-gradients; then
   free -g | head -2
   timeout 480 bin/bench_offload_gpt_cuda --train 7b --steps 3 --device-gb 80 --host-gib 120 --gradients-on-host \
     > "$out/offload-7b-gradients.log" 2>&1 || status=1
   grep -v '^json' "$out/offload-7b-gradients.log"
 fi
-if [[ $mode == bench || $mode == all ]]; then
+if want bench all; then
   cd "$here/.."
   for precision in ${PRECISIONS:-bf16}; do
     suffix=$([[ $precision == bf16 ]] && echo -bf16)
     common=(--device cuda --remat .gpu/bin/bench_policies_cuda --steps 5 --warmup 2 --precision "$precision"
             --torch-policies "${TORCH_POLICIES:-plain,checkpoint}")
     PYTHONUNBUFFERED=1 python3 bench/compare_torch.py "${common[@]}" --configs "${CONFIGS:-8192x16}" \
+      ${MLP_POLICIES:+--policies "$MLP_POLICIES"} \
       --out "$out/policies-cuda$suffix" || status=1
     PYTHONUNBUFFERED=1 python3 bench/compare_torch.py "${common[@]}" --workload gpt --configs 64x8 \
       --policies stored,checkpoint,selective,recompute_attention --out "$out/gpt-cuda$suffix" || status=1
