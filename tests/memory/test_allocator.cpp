@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <iterator>
 #include <string>
 
 using namespace remat;
@@ -49,6 +50,39 @@ TEST_CASE("allocator: a freed block is reused for the same tag and size", "[memo
   CHECK(s.total.reserved == 8192);
   a.deallocate(q);
   a.deallocate(r);
+}
+
+TEST_CASE("allocator: a growing_size site asks the system once per new largest need", "[memory]") {
+  memory::growing_size exact;
+  CHECK(exact(1000) == 1000);
+  CHECK(exact(10) == 1000);
+  CHECK(exact(1001) == 1001);
+  CHECK(exact(0) == 1001);
+  memory::growing_size pad(4096, true);  // powers of two from 4 KiB
+  CHECK(pad(1) == 4096);
+  CHECK(pad(4097) == 8192);
+  CHECK(pad(5000) == 8192);
+  CHECK(pad(8193) == 16384);
+  CHECK(pad(100) == 16384);
+  // Needs that vary with the call (larger at a small batch than at the largest, as oneDNN's AMX
+  // scratchpads are): after the largest power of two, one cached block serves every call.
+  alloc_t a;
+  memory::growing_size site(4096, true);
+  std::size_t const needs[] = {9000, 3000, 12000, 16384, 700, 15000, 9000, 1};
+  std::size_t const calls[] = {1, 1, 1, 1, 1, 1, 1, 1};  // 9000 -> 16384 serves them all
+  for (std::size_t i = 0; i < std::size(needs); ++i) {
+    void* p = a.allocate(site(needs[i]), tag::workspace);
+    a.deallocate(p);
+    CHECK(a.stats().system_allocations == calls[i]);
+  }
+  CHECK(a.stats()[tag::workspace].reserved == 16384);
+  std::size_t const more[] = {16385, 20000, 30000, 5};
+  std::size_t const then[] = {2, 2, 2, 2};  // 32768 once
+  for (std::size_t i = 0; i < std::size(more); ++i) {
+    void* p = a.allocate(site(more[i]), tag::workspace);
+    a.deallocate(p);
+    CHECK(a.stats().system_allocations == then[i]);
+  }
 }
 
 TEST_CASE("allocator: the total peak is the peak of the sum, not the sum of peaks", "[memory]") {

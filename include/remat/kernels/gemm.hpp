@@ -304,15 +304,10 @@ void for_rows(index_t rows, [[maybe_unused]] index_t cols, F const& f) {  // (co
 }
 
 // The bytes a converting product takes from the scratch allocator: what it needs, or the most any
-// asked for before when that is more. The allocator keeps freed blocks by their exact size, so
-// one size serves every later product whatever its batch (a steady inference loop asks the system
-// for nothing after a first call at its largest batch), and it caches one block, not one per shape.
+// asked for before (one cached block for every shape and batch: memory::growing_size).
 inline std::size_t convert_scratch_bytes(std::size_t need) {
-  static std::atomic<std::size_t> most{0};
-  std::size_t seen = most.load(std::memory_order_relaxed);
-  while (seen < need && !most.compare_exchange_weak(seen, need, std::memory_order_relaxed)) {
-  }
-  return std::max(seen, need);
+  static memory::growing_size most;
+  return most(need);
 }
 
 // A stored rows x cols matrix with row stride ld, converted to a dense fp32 one.

@@ -20,7 +20,10 @@
 #include "tags.hpp"
 #include "trace.hpp"
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -494,6 +497,29 @@ class scratch_scope {
 
  private:
   caching_allocator<Device>* previous_;
+};
+
+// The size a call site asks scratch_buffer for: the most it has asked for so far, or `need` when
+// more. The allocator keeps freed blocks by their exact (rounded) size, so a site whose need
+// varies with the shape (a product's copies with its batch, oneDNN's scratchpad with its shape and
+// the processor's kernels) reuses one cached block instead of one per size, and a steady loop asks
+// the system for nothing once it has seen its largest need. With `pow2`, sizes are also rounded
+// up to a power of two from `floor`: for needs that are not largest at the largest batch (on an
+// AMX Xeon oneDNN sizes a small batch's scratchpad above a large one's), a little headroom.
+class growing_size {
+ public:
+  constexpr explicit growing_size(std::size_t floor = 0, bool pow2 = false) : most_(floor), pow2_(pow2) {}
+  std::size_t operator()(std::size_t need) {
+    if (pow2_ && need > 1) need = std::bit_ceil(need);
+    std::size_t seen = most_.load(std::memory_order_relaxed);
+    while (seen < need && !most_.compare_exchange_weak(seen, need, std::memory_order_relaxed)) {
+    }
+    return std::max(seen, need);
+  }
+
+ private:
+  std::atomic<std::size_t> most_;
+  bool pow2_;
 };
 
 // Temporary memory for one kernel (a reduction's partial results, a converting product's copies):

@@ -141,8 +141,8 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   // or fewer where the run-time layout search does better, and on the GPU cuBLASLt's workspace
   // block (32 MiB, in the default allocator, which keeps it). Afterwards forward(x, out) makes no
   // request of the system for its activations; the products' other scratch (oneDNN's scratchpad,
-  // likewise kept) is taken at their first use, so after a first call at max_batch no call asks
-  // the system for memory. An argument_error (nothing changed) when the model
+  // one block of the largest size asked so far, at least 256 KiB, likewise kept) is taken at their
+  // first use, so after a first call at max_batch no call asks the system for memory. An argument_error (nothing changed) when the model
   // has no plan (a layer written for pass_state only), the arena is off (use_planned_arena),
   // max_batch is 0, the sequence is past the positional table, or the plan would pass 4 EiB;
   // out_of_memory when the arena cannot be had.

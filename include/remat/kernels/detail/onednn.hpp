@@ -126,11 +126,20 @@ inline bool onednn_bf16_matmul_here() {
   return ok;
 }
 
+// The scratchpad block a primitive that needs `need` bytes takes: one size for every primitive,
+// the largest power of two asked for so far and at least 256 KiB, so the allocator caches one
+// block, and a steady inference loop that began at its largest batch asks the system for nothing
+// even where oneDNN gives a smaller batch a larger scratchpad (its AMX kernels on a Xeon do).
+inline std::size_t onednn_pad_bytes(std::size_t need) {
+  static memory::growing_size most(std::size_t(1) << 18, true);
+  return most(need);
+}
+
 // C = alpha * op(A) op(B) + beta * C for key's shape and layouts, on the calling thread's stream.
 // Throws dnnl::error when oneDNN fails (gemm turns it into a remat::error).
 inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, void* c) {
   onednn_bound& m = onednn_for(key);
-  memory::scratch_buffer<host> pad(m.pad_bytes);
+  memory::scratch_buffer<host> pad(onednn_pad_bytes(m.pad_bytes));
   m.a.set_data_handle(const_cast<void*>(a));
   m.b.set_data_handle(const_cast<void*>(b));
   m.c.set_data_handle(c);

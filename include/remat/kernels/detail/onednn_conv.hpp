@@ -116,7 +116,7 @@ template <class Prim>
 void onednn_run(Prim const& prim, std::size_t pad_bytes, std::initializer_list<onednn_arg> list) {
   dnnl::engine const& eng = onednn_context::get().eng;
   dnnl::stream& stream = onednn_context::stream();
-  memory::scratch_buffer<host> pad(pad_bytes);
+  memory::scratch_buffer<host> pad(onednn_pad_bytes(pad_bytes));
   std::unordered_map<int, dnnl::memory> args;
   args.emplace(DNNL_ARG_SCRATCHPAD,
                dnnl::memory(dnnl::memory::desc({dnnl::memory::dim(pad_bytes)}, dnnl::memory::data_type::u8,
