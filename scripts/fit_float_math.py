@@ -8,6 +8,7 @@
 #   python3 scripts/fit_float_math.py erf_small 5 0.921875  # erf(x) = x + x Q(x^2), |x| < 0.921875
 #   python3 scripts/fit_float_math.py erf_large 7 0.921875 4.0 1.0   # log erfc(a) in a - 1
 #   python3 scripts/fit_float_math.py tanh_small 4 0.625   # tanh(x) = x + x^3 P(x^2), |x| < 0.625
+#   python3 scripts/fit_float_math.py normal_tail 4 14.5    # Phi(-a) e^(a^2/2) = N(a) / D(a), a <= 14.5
 #
 # Needs mpmath (Debian: python3-mpmath). Not part of the build or the tests.
 import sys
@@ -35,6 +36,30 @@ def fit(f, basis, count, lo, hi, scale, n=400, iters=30):
     return c, worst
 
 
+def fit_rational(f, m, lo, hi, n=300, iters=30):
+    """N (degree m) and D (degree m + 1, D(0) = 1) minimising max |N / D - f| / f on [lo, hi]:
+    linearised (N - f D weighted by 1 / (f D) of the last iterate), with Lawson's reweighting."""
+    xs = [lo + (hi - lo) * (1 - mp.cos(mp.pi * (k + 0.5) / n)) / 2 for k in range(n)]
+    fs = [f(x) for x in xs]
+    w, d_prev = [mp.mpf(1)] * n, [mp.mpf(1)] * n
+    ev = lambda p, x: sum(p[j] * x**j for j in range(len(p)))
+    for _ in range(iters):
+        rows, rhs = [], []
+        for i, x in enumerate(xs):
+            s = mp.sqrt(w[i]) / (fs[i] * d_prev[i])
+            rows.append([x**j * s for j in range(m + 1)] + [-fs[i] * x**j * s for j in range(1, m + 2)])
+            rhs.append(fs[i] * s)
+        c = mp.qr_solve(mp.matrix(rows), mp.matrix(rhs))[0]
+        num = [c[j] for j in range(m + 1)]
+        den = [mp.mpf(1)] + [c[m + 1 + j] for j in range(m + 1)]
+        d_prev = [ev(den, x) for x in xs]
+        err = [(ev(num, x) / d_prev[i] - fs[i]) / fs[i] for i, x in enumerate(xs)]
+        worst = max(abs(e) for e in err)
+        total = sum(w[i] * abs(err[i]) for i in range(n))
+        w = [max(w[i] * abs(err[i]) / total, mp.mpf(10) ** -30) for i in range(n)]
+    return num + den, worst
+
+
 def main():
     which, deg = sys.argv[1], int(sys.argv[2])
     power = lambda j, x: x ** j
@@ -57,8 +82,11 @@ def main():
         f = lambda s: (mp.tanh(mp.sqrt(s)) - mp.sqrt(s)) / (mp.sqrt(s) * s) if s != 0 else mp.mpf(-1) / 3
         scale = lambda s: mp.tanh(mp.sqrt(s)) / (mp.sqrt(s) * s) if s != 0 else mp.mpf(10) ** 10
         c, worst = fit(f, power, deg + 1, mp.mpf(0), cut * cut, scale)
+    elif which == "normal_tail":  # relative error of Phi(-a) e^(a^2/2) = N(a) / D(a): N's, then D's
+        hi = mp.mpf(sys.argv[3])
+        c, worst = fit_rational(lambda a: mp.ncdf(-a) * mp.exp(a * a / 2), deg, mp.mpf(0), hi)
     else:
-        sys.exit("which: exp, erf_small, erf_large or tanh_small")
+        sys.exit("which: exp, erf_small, erf_large, tanh_small or normal_tail")
     print("max weighted error", mp.nstr(worst, 5))
     for v in c:
         print(f"  {float(v).hex()}  // {float(v)!r}")

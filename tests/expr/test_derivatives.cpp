@@ -119,6 +119,9 @@ TEST_CASE("derivatives: saturating functions, in and out of saturation", "[expr]
   check_unary("sigmoid", [](auto x) { return sigmoid(x); }, xs);
   check_unary("erf", [](auto x) { return erf(x); }, with(uniform(-3, 3, 200, 7), {-5.0, 5.0}));
   check_unary("gelu", [](auto x) { return gelu(x); }, xs);
+  // GELU's derivative and the density are ops of their own; theirs in turn (a second derivative)
+  check_unary("gelu's derivative", [](auto x) { return expr::make_unary(expr::gelu_grad_op{}, to_expr(x)); }, xs);
+  check_unary("the normal density", [](auto x) { return expr::make_unary(expr::normal_pdf_op{}, to_expr(x)); }, xs);
   check_unary("gelu_tanh", [](auto x) { return gelu_tanh(x); }, xs);
   check_unary("silu", [](auto x) { return silu(x); }, xs);
 }
@@ -192,6 +195,9 @@ TEST_CASE("forward values match the standard library in double", "[expr]") {
     }
   };
   check("gelu", gelu(x), [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); });
+  check("gelu's derivative", expr::make_unary(expr::gelu_grad_op{}, to_expr(x)), [](double v) {
+    return 0.5 * (1 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-v * v / 2) / std::sqrt(2 * M_PI);
+  });
   check("gelu_tanh", gelu_tanh(x), [](double v) {
     return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
   });

@@ -1,4 +1,5 @@
-// remat's float exp, erf and tanh (numeric/float_math.hpp) against double-precision libm, whose
+// remat's float exp, erf, tanh, GELU, GELU's derivative and the normal density
+// (numeric/float_math.hpp) against double-precision libm, whose
 // results are within a fraction of a float ulp of the true values: every float input (the
 // exhaustive cases, labelled long), or a sample of 2^20 of them spread over every exponent (the
 // quick cases, also run under the sanitizers). Also: the vectorised pass (kernels::transform, the
@@ -68,8 +69,11 @@ struct saturation {
   float lo, at_lo, hi, at_hi;
 };
 
+// abs_unit: 0 for errors in ulps; else errors in units of abs_unit (|y - r| / abs_unit), and a
+// saturated result compared by value (so -0 and +0 agree).
 template <class F, class Ref>
-report check(F f, float (*scalar)(float), Ref ref, saturation sat, std::uint64_t stride, std::size_t lane_stride) {
+report check(F f, float (*scalar)(float), Ref ref, saturation sat, std::uint64_t stride, std::size_t lane_stride,
+             double abs_unit = 0) {
   report rep;
   constexpr std::size_t chunk = std::size_t(1) << 22;
   std::vector<float> x(chunk), y(chunk);
@@ -100,7 +104,7 @@ report check(F f, float (*scalar)(float), Ref ref, saturation sat, std::uint64_t
           ++la;
         if (x[i] <= sat.lo || x[i] >= sat.hi) {
           float const want = x[i] <= sat.lo ? sat.at_lo : sat.at_hi;
-          sp += std::bit_cast<std::uint32_t>(yi) != std::bit_cast<std::uint32_t>(want);
+          sp += abs_unit > 0 ? !(yi == want) : std::bit_cast<std::uint32_t>(yi) != std::bit_cast<std::uint32_t>(want);
           continue;
         }
         double const r = ref(double(x[i]));
@@ -109,6 +113,15 @@ report check(F f, float (*scalar)(float), Ref ref, saturation sat, std::uint64_t
           continue;
         }
         float const rf = float(r);
+        if (abs_unit > 0) {
+          if (std::isnan(yi) || std::isinf(yi)) {
+            ++sp;
+            continue;
+          }
+          double const err = std::fabs(double(yi) - r) / abs_unit;
+          if (err > w) w = err, wb = std::bit_cast<std::uint32_t>(x[i]);
+          continue;
+        }
         if (std::isinf(rf) || rf == 0.0f) {  // overflow, an exact zero, or below half the smallest subnormal
           sp += std::bit_cast<std::uint32_t>(yi) != std::bit_cast<std::uint32_t>(rf) &&
                 !(rf == 0.0f && ulp_error(yi, r) <= 1.0);
@@ -147,7 +160,24 @@ struct erf_f {
 struct tanh_f {
   float operator()(float x) const { return float_math::tanh(x); }
 };
+struct gelu_f {
+  float operator()(float x) const { return float_math::gelu(x); }
+};
+struct gelu_grad_f {
+  float operator()(float x) const { return float_math::gelu_grad(x); }
+};
+struct normal_pdf_f {
+  float operator()(float x) const { return float_math::normal_pdf(x); }
+};
 float exp_scalar(float x) { return float_math::exp(x); }
+float gelu_scalar(float x) { return float_math::gelu(x); }
+float gelu_grad_scalar(float x) { return float_math::gelu_grad(x); }
+float normal_pdf_scalar(float x) { return float_math::normal_pdf(x); }
+double gelu_ref(double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }
+double gelu_grad_ref(double x) {
+  return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
+}
+double normal_pdf_ref(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI); }
 float erf_scalar(float x) { return float_math::erf(x); }
 float tanh_scalar(float x) { return float_math::tanh(x); }
 double exp_ref(double x) { return std::exp(x); }
@@ -155,20 +185,33 @@ double erf_ref(double x) { return std::erf(x); }
 double tanh_ref(double x) { return std::tanh(x); }
 
 // The bounds the header documents.
-constexpr double exp_bound = 1.0, erf_bound = 1.5, tanh_bound = 1.5;
+constexpr double exp_bound = 1.0, erf_bound = 1.5, tanh_bound = 1.5, gelu_bound = 9.0, normal_pdf_bound = 3.0;
+// GELU's derivative: within 2^-22 of it (4 units of 2^-24; its values lie in [-0.17, 1.13]).
+constexpr double gelu_grad_unit = 0x1p-24, gelu_grad_bound = 4.0;
 
 // exp: e^-104 is below half the smallest subnormal, e^89 above the largest float; erf(4) and
 // tanh(10) are within half an ulp of 1.
 constexpr saturation exp_sat{-104.0f, 0.0f, 89.0f, INFINITY}, erf_sat{-4.0f, -1.0f, 4.0f, 1.0f},
     tanh_sat{-10.0f, -1.0f, 10.0f, 1.0f};
+// GELU: x Phi(x) at -14.5 is below half the smallest subnormal (-0; every positive float is checked
+// against libm); its derivative is within 2^-22 of 0 and 1 beyond +-14.5, where the density is 0.
+constexpr saturation gelu_sat{-14.5f, -0.0f, INFINITY, INFINITY}, gelu_grad_sat{-14.5f, 0.0f, 14.5f, 1.0f},
+    normal_pdf_sat{-INFINITY, 0.0f, 14.5f, 0.0f};
 
 template <class F>
 void require_within(F f, float (*scalar)(float), double (*ref)(double), saturation sat, double bound,
-                    std::uint64_t stride, char const* name, std::size_t lane_stride = 1) {
+                    std::uint64_t stride, char const* name, std::size_t lane_stride = 1, double abs_unit = 0) {
   INFO(name);
-  CHECK(std::bit_cast<std::uint32_t>(float(ref(double(sat.lo)))) == std::bit_cast<std::uint32_t>(sat.at_lo));
-  CHECK(std::bit_cast<std::uint32_t>(float(ref(double(sat.hi)))) == std::bit_cast<std::uint32_t>(sat.at_hi));
-  report const r = check(f, scalar, ref, sat, stride, lane_stride);
+  if (abs_unit > 0) {
+    CHECK(std::fabs(ref(double(sat.lo)) - double(sat.at_lo)) <= bound * abs_unit);
+    CHECK(std::fabs(ref(double(sat.hi)) - double(sat.at_hi)) <= bound * abs_unit);
+  } else {
+    if (std::isfinite(sat.lo))
+      CHECK(std::bit_cast<std::uint32_t>(float(ref(double(sat.lo)))) == std::bit_cast<std::uint32_t>(sat.at_lo));
+    if (std::isfinite(sat.hi))
+      CHECK(std::bit_cast<std::uint32_t>(float(ref(double(sat.hi)))) == std::bit_cast<std::uint32_t>(sat.at_hi));
+  }
+  report const r = check(f, scalar, ref, sat, stride, lane_stride, abs_unit);
   INFO(r.summary(name));
   CHECK(r.checked == ((std::uint64_t(1) << 32) + stride - 1) / stride);
   CHECK(r.worst < bound);
@@ -178,11 +221,16 @@ void require_within(F f, float (*scalar)(float), double (*ref)(double), saturati
 
 }  // namespace
 
-TEST_CASE("float_math: exp, erf and tanh on 2^20 inputs over every exponent, within their bounds", "[expr][math]") {
+TEST_CASE("float_math: exp, erf, tanh, gelu, its derivative and the density on 2^20 inputs over every exponent, within their bounds", "[expr][math]") {
   std::uint64_t const stride = 4096;  // (odd patterns too: stride + 1 below)
   require_within(exp_f{}, exp_scalar, exp_ref, exp_sat, exp_bound, stride + 1, "exp");
   require_within(erf_f{}, erf_scalar, erf_ref, erf_sat, erf_bound, stride + 1, "erf");
   require_within(tanh_f{}, tanh_scalar, tanh_ref, tanh_sat, tanh_bound, stride + 1, "tanh");
+  require_within(gelu_f{}, gelu_scalar, gelu_ref, gelu_sat, gelu_bound, stride + 1, "gelu");
+  require_within(gelu_grad_f{}, gelu_grad_scalar, gelu_grad_ref, gelu_grad_sat, gelu_grad_bound, stride + 1,
+                 "gelu_grad", 1, gelu_grad_unit);
+  require_within(normal_pdf_f{}, normal_pdf_scalar, normal_pdf_ref, normal_pdf_sat, normal_pdf_bound, stride + 1,
+                 "normal_pdf");
 }
 
 TEST_CASE("float_math: special values", "[expr][math]") {
@@ -197,6 +245,24 @@ TEST_CASE("float_math: special values", "[expr][math]") {
   float const subnormal = float(std::exp(-103.0));
   CHECK(std::bit_cast<std::uint32_t>(fm::exp(-103.0f)) == std::bit_cast<std::uint32_t>(subnormal));
   CHECK(std::isnan(fm::exp(nan)));
+  // GELU: its limits at the infinities (the composite 0.5 x (1 + erf(x / sqrt 2)) is NaN at -inf)
+  CHECK(fm::gelu(inf) == inf);
+  CHECK(fm::gelu(-inf) == 0.0f);
+  CHECK(std::signbit(fm::gelu(-inf)));
+  CHECK(std::signbit(fm::gelu(-0.0f)));
+  CHECK(fm::gelu(0.0f) == 0.0f);
+  // Phi(1) and -Phi(-1), tabulated values to 17 digits: within 2 ulp
+  CHECK(std::fabs(fm::gelu(1.0f) - 0.84134474606854293) < 0x1p-23);
+  CHECK(std::fabs(fm::gelu(-1.0f) + 0.15865525393145707) < 0x1p-25);
+  CHECK(std::isnan(fm::gelu(nan)));
+  CHECK(fm::gelu_grad(inf) == 1.0f);
+  CHECK(fm::gelu_grad(-inf) == 0.0f);
+  CHECK(fm::gelu_grad(0.0f) == 0.5f);
+  CHECK(std::isnan(fm::gelu_grad(nan)));
+  CHECK(fm::normal_pdf(inf) == 0.0f);
+  CHECK(fm::normal_pdf(-inf) == 0.0f);
+  CHECK(fm::normal_pdf(0.0f) == float(0.3989422804014327));
+  CHECK(std::isnan(fm::normal_pdf(nan)));
   CHECK(fm::erf(inf) == 1.0f);
   CHECK(fm::erf(-inf) == -1.0f);
   CHECK(std::signbit(fm::erf(-0.0f)));
@@ -232,7 +298,7 @@ TEST_CASE("float_math: a pass gives the same bits on any number of threads", "[e
   CHECK(std::memcmp(one.data(), two.data(), n * sizeof(float)) == 0);
 }
 
-TEST_CASE("float_math: exp, erf and tanh over all 2^32 floats, within their bounds", "[expr][math][long]") {
+TEST_CASE("float_math: exp, erf, tanh, gelu, its derivative and the density over all 2^32 floats, within their bounds", "[expr][math][long]") {
   // Every float against libm; the vector pass against scalar calls on every 7th (a scalar call
   // through a pointer costs more than the rest of the check together, and far more where the result
   // is subnormal: this keeps the test at about 4 minutes on 2 cores instead of 10). 7 is prime to
@@ -240,6 +306,11 @@ TEST_CASE("float_math: exp, erf and tanh over all 2^32 floats, within their boun
   require_within(exp_f{}, exp_scalar, exp_ref, exp_sat, exp_bound, 1, "exp", 7);
   require_within(erf_f{}, erf_scalar, erf_ref, erf_sat, erf_bound, 1, "erf", 7);
   require_within(tanh_f{}, tanh_scalar, tanh_ref, tanh_sat, tanh_bound, 1, "tanh", 7);
+  require_within(gelu_f{}, gelu_scalar, gelu_ref, gelu_sat, gelu_bound, 1, "gelu", 7);
+  require_within(gelu_grad_f{}, gelu_grad_scalar, gelu_grad_ref, gelu_grad_sat, gelu_grad_bound, 1, "gelu_grad", 7,
+                 gelu_grad_unit);
+  require_within(normal_pdf_f{}, normal_pdf_scalar, normal_pdf_ref, normal_pdf_sat, normal_pdf_bound, 1,
+                 "normal_pdf", 7);
 }
 
 namespace {

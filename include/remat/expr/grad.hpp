@@ -36,6 +36,14 @@ template <class A> auto derivative(sigmoid_op, A const& a) {
 template <class A> auto derivative(erf_op, A const& a) {
   return mul(constant{{}, two_sqrtpi}, make_unary(exp_op{}, neg(mul(a, a))));
 }
+// d gelu a / da = Phi(a) + a phi(a), one op.
+template <class A> auto derivative(gelu_op, A const& a) { return make_unary(gelu_grad_op{}, a); }
+// d (Phi(a) + a phi(a)) / da = phi(a) (2 - a^2).
+template <class A> auto derivative(gelu_grad_op, A const& a) {
+  return mul(make_unary(normal_pdf_op{}, a), sub(constant{{}, 2.0}, mul(a, a)));
+}
+// d phi(a) / da = -a phi(a).
+template <class A> auto derivative(normal_pdf_op, A const& a) { return neg(mul(a, make_unary(normal_pdf_op{}, a))); }
 // d |a| / da = sign a (0 at 0).
 template <class A> auto derivative(abs_op, A const& a) { return make_unary(sign_op{}, a); }
 // d relu a / da = [a > 0].

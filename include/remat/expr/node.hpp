@@ -229,7 +229,7 @@ std::size_t broadcast_width(E const& e) {
 
 // What one element of an op costs beside the loads, stores and adds a pass is made of, in their
 // units: 0 for arithmetic and comparisons, an op's own `cost` where it has one (exp, log, tanh,
-// sigmoid, erf, pow: a polynomial or a libm call, a few dozen instructions).
+// sigmoid, erf, gelu, pow: a polynomial or a libm call, a few dozen instructions).
 template <class Op>
 inline constexpr std::size_t op_cost = [] {
   if constexpr (requires { Op::cost; })
@@ -239,7 +239,7 @@ inline constexpr std::size_t op_cost = [] {
 }();
 
 // What one element of E costs, in the units of op_cost, 1 for the pass itself: a host pass weighs
-// its elements by it in deciding whether to split across threads (a GELU's erf makes 4,096
+// its elements by it in deciding whether to split across threads (a GELU makes 4,096
 // elements worth two threads; a plain add is not worth them below 32,768). It decides nothing
 // about bits: the elements of a point-wise pass are independent.
 template <class E>

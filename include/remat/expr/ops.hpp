@@ -121,6 +121,23 @@ struct erf_op {
   static constexpr std::size_t cost = 32;  // (two polynomials and an exp: see op_cost)
   template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::erf(x); }  // erf x
 };
+// GELU, x Phi(x) with Phi the standard normal distribution (PyTorch's approximate='none'), as one
+// op: its derivative is an op of its own that shares Phi's exp with the density's, where the
+// composite 0.5 x (1 + erf(x / sqrt 2)) would evaluate erf and then exp again.
+struct gelu_op {
+  static constexpr std::size_t cost = 24;  // (a rational function and an exp: see op_cost)
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::gelu(x); }  // x Phi(x)
+};
+// GELU's derivative Phi(x) + x phi(x).
+struct gelu_grad_op {
+  static constexpr std::size_t cost = 24;  // (as gelu_op's)
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::gelu_grad(x); }  // Phi(x) + x phi(x)
+};
+// The standard normal density phi(x) = e^(-x^2/2) / sqrt(2 pi).
+struct normal_pdf_op {
+  static constexpr std::size_t cost = 16;  // (an exp: see op_cost)
+  template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::normal_pdf(x); }  // phi(x)
+};
 // |x|; its derivative is sign(x).
 struct abs_op {
   template <class V> REMAT_HOST_DEVICE V operator()(V x) const { return math::abs(x); }  // |x|
@@ -319,15 +336,13 @@ auto pow(A const& a, double p) {
   return make_unary(pow_op{p}, to_expr(a));
 }
 
-inline constexpr double sqrt1_2 = 0.70710678118654752440;     // 1 / sqrt(2)
 inline constexpr double sqrt2_pi = 0.79788456080286535588;     // sqrt(2 / pi)
 inline constexpr double two_sqrtpi = 1.12837916709551257390;   // 2 / sqrt(pi)
 
-// GELU, exact form: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)).
+// GELU, exact form: x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), one op (gelu_op).
 template <array_operand A>
 auto gelu(A const& a) {
-  auto x = to_expr(a);
-  return constant{{}, 0.5} * x * (one_t{} + erf(x * constant{{}, sqrt1_2}));
+  return make_unary(gelu_op{}, to_expr(a));
 }
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).

@@ -1,7 +1,7 @@
 // Scalar maths for the two compute types, callable on host and device. One definition per
 // function so that fused and op-by-op evaluation call exactly the same code. On the host, float
 // exp, erf and tanh are remat's own (float_math.hpp: vectorisable, bit-identical in every lane);
-// on the GPU, CUDA's.
+// on the GPU, CUDA's. GELU is one function (Phi and its density share an exp).
 #pragma once
 
 #include "../config.hpp"
@@ -43,6 +43,36 @@ REMAT_HOST_DEVICE float erf(float x) {
 #endif
 }
 REMAT_HOST_DEVICE double erf(double x) { return ::erf(x); }  // the error function in double
+// GELU, x Phi(x), in float (on the host, float_math::gelu; on the GPU, CUDA's normcdff).
+REMAT_HOST_DEVICE float gelu(float x) {
+#if REMAT_DEVICE_CODE
+  return x * ::normcdff(x);
+#else
+  return float_math::gelu(x);
+#endif
+}
+REMAT_HOST_DEVICE double gelu(double x) { return 0.5 * x * ::erfc(-x * 0.70710678118654752440); }  // x Phi(x) in double
+// GELU's derivative, Phi(x) + x phi(x), in float (on the host, float_math::gelu_grad).
+REMAT_HOST_DEVICE float gelu_grad(float x) {
+#if REMAT_DEVICE_CODE
+  return ::normcdff(x) + x * (::expf(-0.5f * x * x) * 0.398942280f);
+#else
+  return float_math::gelu_grad(x);
+#endif
+}
+// GELU's derivative in double.
+REMAT_HOST_DEVICE double gelu_grad(double x) {
+  return 0.5 * ::erfc(-x * 0.70710678118654752440) + x * ::exp(-0.5 * x * x) * 0.39894228040143267794;
+}
+// The standard normal density in float (on the host, float_math::normal_pdf).
+REMAT_HOST_DEVICE float normal_pdf(float x) {
+#if REMAT_DEVICE_CODE
+  return ::expf(-0.5f * x * x) * 0.398942280f;
+#else
+  return float_math::normal_pdf(x);
+#endif
+}
+REMAT_HOST_DEVICE double normal_pdf(double x) { return ::exp(-0.5 * x * x) * 0.39894228040143267794; }  // in double
 REMAT_HOST_DEVICE float abs(float x) { return ::fabsf(x); }  // |x| in float
 REMAT_HOST_DEVICE double abs(double x) { return ::fabs(x); }  // |x| in double
 REMAT_HOST_DEVICE float pow(float x, float p) { return ::powf(x, p); }  // x^p in float
