@@ -508,7 +508,9 @@ class scratch_scope {
 // AMX Xeon oneDNN sizes a small batch's scratchpad above a large one's), a little headroom.
 class growing_size {
  public:
+  // A site that asks for at least `floor` bytes, in powers of two when `pow2`.
   constexpr explicit growing_size(std::size_t floor = 0, bool pow2 = false) : most_(floor), pow2_(pow2) {}
+  // The bytes to ask for when this call needs `need`: the most asked so far, or more.
   std::size_t operator()(std::size_t need) {
     if (pow2_ && need > 1) need = std::bit_ceil(need);
     std::size_t seen = most_.load(std::memory_order_relaxed);

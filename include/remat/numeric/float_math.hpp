@@ -47,8 +47,10 @@ struct exp_reduced {
   float t;  // the rounding of x / ln 2, k in its low bits
 };
 constexpr float exp_shifter = 0x1.8p23f;  // adding it rounds to an integer, kept in the low bits
-constexpr float log2e = 0x1.715476p+0f;       // 1 / ln 2
-constexpr float ln2_hi = 0x1.62e4p-1f, ln2_lo = 0x1.7f7d1cp-20f;  // ln 2 in two parts, k ln2_hi exact
+constexpr float log2e = 0x1.715476p+0f;   // 1 / ln 2
+constexpr float ln2_hi = 0x1.62e4p-1f;    // ln 2's leading 16 bits: k ln2_hi is exact
+constexpr float ln2_lo = 0x1.7f7d1cp-20f;  // ln 2 - ln2_hi
+// e^xc reduced: k = round(xc / ln 2), r = (xc - k ln2_hi) - k ln2_lo, e^r by exp_poly.
 REMAT_HOST_DEVICE exp_reduced exp_reduce(float xc) {
   float const t = xc * log2e + exp_shifter;
   float const k = t - exp_shifter;
