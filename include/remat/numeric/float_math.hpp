@@ -37,7 +37,8 @@ REMAT_HOST_DEVICE float with_sign_of(float mag, float sign) {
 // polynomial.
 REMAT_HOST_DEVICE float exp_poly(float r) {
   return 1.0f +
-         (r + r * r * (0x1.fffffcp-2f + r * (0x1.555492p-3f + r * (0x1.5558f2p-5f + r * (0x1.123a0cp-7f + r * 0x1.6a23e2p-10f)))));
+         (r + r * r * (0x1.fffffcp-2f +
+                       r * (0x1.555492p-3f + r * (0x1.5558f2p-5f + r * (0x1.123a0cp-7f + r * 0x1.6a23e2p-10f)))));
 }
 
 // e^r, |r| <= ln 2 / 2, and t = x / ln 2 + 1.5 * 2^23, whose low bits hold k = round(x / ln 2):
@@ -129,9 +130,10 @@ REMAT_HOST_DEVICE float tanh(float x) {
 // The standard normal distribution at x, what GELU (x Phi(x)) and its derivative (Phi(x) + x phi(x))
 // are made of, with one exp for both. For a = |x| <= 14.5, Phi(-a) = e^(-a^2/2) R(a), R(a) =
 // N(a) / D(a) a rational function fitted for its relative error (6e-9; positive coefficients, so
-// Horner's rule is stable; scripts/fit_float_math.py normal_tail 4 14.5), and a^2 / 2 = h + l with h exact (the square of a's 12 leading bits),
-// so that e^(-a^2/2) keeps its relative accuracy in the tail where a^2 / 2 is large. Phi(x) is
-// 1 - Phi(-a) for x >= 0. Beyond 14.5, Phi(-a) (below 7e-48) and phi are 0.
+// Horner's rule is stable; scripts/fit_float_math.py normal_tail 4 14.5), and a^2 / 2 = h + l with
+// h exact (the square of a's 12 leading bits), so that e^(-a^2/2) keeps its relative accuracy in
+// the tail where a^2 / 2 is large. Phi(x) is 1 - Phi(-a) for x >= 0. Beyond 14.5, Phi(-a) (below
+// 7e-48) and phi are 0.
 struct normal_parts {
   float lower;  // Phi(-|x|)
   float e;      // e^(-x^2 / 2)
@@ -142,9 +144,11 @@ REMAT_HOST_DEVICE bool normal_far(float x) { return with_sign_of(x, 1.0f) > 14.5
 REMAT_HOST_DEVICE normal_parts normal(float x) {
   bool const far = normal_far(x);
   float const ac = select(far, 14.5f, with_sign_of(x, 1.0f));  // (NaN stays NaN: the callers select x for it)
-  float const q = (0.5f + ac * (0x1.c0d2b8p-2f + ac * (0x1.774702p-3f + ac * (0x1.4ce19cp-5f + ac * 0x1.0dc726p-8f)))) /
-                  (1.0f + ac * (0x1.acab8cp+0f + ac * (0x1.33d8eep+0f +
-                                                       ac * (0x1.e0c0d6p-2f + ac * (0x1.a13b32p-4f + ac * 0x1.521cd2p-7f)))));
+  float const num = 0.5f + ac * (0x1.c0d2b8p-2f + ac * (0x1.774702p-3f + ac * (0x1.4ce19cp-5f + ac * 0x1.0dc726p-8f)));
+  float const den =
+      1.0f + ac * (0x1.acab8cp+0f +
+                   ac * (0x1.33d8eep+0f + ac * (0x1.e0c0d6p-2f + ac * (0x1.a13b32p-4f + ac * 0x1.521cd2p-7f))));
+  float const q = num / den;
   float const ah = from_bits(to_bits(ac) & 0xfffff000u);
   float const h = 0.5f * (ah * ah);                 // exact
   float const l = 0.5f * ((ac - ah) * (ac + ah));  // the rest of a^2 / 2, below a^2 2^-12
