@@ -8,7 +8,8 @@ remat's mixed<bfloat16> against PyTorch under torch.autocast('cpu', dtype=torch.
 weights and optimizer in both).
 
 For each configuration (batch, N) it runs, alternating between the libraries:
-  remat:   stored, checkpoint (every block), checkpoint_sequential (round(sqrt N) runs),
+  remat:   stored, checkpoint (every block), checkpoint_sequential (round(sqrt N) runs, the last
+           one stored as PyTorch's; --policies checkpoint_sequential_all checkpoints it too),
            revolve (round(sqrt N) slots), selective (keeps products, recomputes point-wise work)
   PyTorch: plain, checkpoint per block (use_reentrant=False), checkpoint_sequential with
            round(sqrt N) segments, selective (its selective activation checkpointing per block,
@@ -73,6 +74,7 @@ POLICIES_REMAT = ["stored", "checkpoint", "checkpoint_sequential", "revolve", "s
 POLICIES_TORCH = ["plain", "checkpoint", "checkpoint_sequential", "selective"]
 # The PyTorch policy each remat policy is compared with.
 PEER = {"stored": "plain", "checkpoint": "checkpoint", "checkpoint_sequential": "checkpoint_sequential",
+        "checkpoint_sequential_all": "checkpoint_sequential",
         "revolve": "checkpoint_sequential", "selective": "selective", "recompute_attention": "checkpoint_attention",
         "offload": "offload"}
 # The GPT workload.
@@ -450,8 +452,8 @@ def main():
         return
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
-    if args.policies:
-        policies_remat = [p for p in policies_remat if p in args.policies.split(",")]
+    if args.policies:  # (checkpoint_sequential_all only when asked for)
+        policies_remat = [p for p in policies_remat + ["checkpoint_sequential_all"] if p in args.policies.split(",")]
     if args.torch_policies:
         policies_torch = [p for p in policies_torch if p in args.torch_policies.split(",")]
     if args.quick:
@@ -622,7 +624,8 @@ def plot(rows, configs, policies_remat, policies_torch, args, gpt, cuda, cpu):
         print("matplotlib not found (Debian: python3-matplotlib): no plot")
         return
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    markers = {"stored": "o", "plain": "o", "checkpoint": "s", "checkpoint_sequential": "^", "revolve": "D",
+    markers = {"stored": "o", "plain": "o", "checkpoint": "s", "checkpoint_sequential": "^",
+               "checkpoint_sequential_all": "<", "revolve": "D",
                "selective": "P", "recompute_attention": "X", "checkpoint_attention": "X", "offload": "v"}
     for ax, batch in zip(axes, sorted({b for b, _ in configs})):
         for lib, color in (("remat", "tab:blue"), ("pytorch", "tab:orange")):

@@ -7,8 +7,10 @@
 //
 //   bench_policies [--workload mlp|gpt] --batch 256 --blocks 16 --policy checkpoint [--precision fp32|bf16]
 //                  [--steps 5] [--warmup 2]
-//     policies: stored, checkpoint, checkpoint_sequential, revolve, selective, offload
-//     (Offloaded<Block> per block), and for gpt recompute_attention
+//     policies: stored, checkpoint, checkpoint_sequential (round(sqrt N) runs, the last stored, as
+//     PyTorch's), checkpoint_sequential_all (every run checkpointed: CheckpointSequential's
+//     default), revolve, selective, offload (Offloaded<Block> per block), and for gpt
+//     recompute_attention
 //   --gemm32 openblas|onednn picks the host's fp32 product (default: oneDNN when remat has it).
 //   --profile: then as many steps again with remat::profile on, and where a step's time goes (per
 //   phase: products, point-wise passes, row passes, reductions, the rest) on stderr and one JSON line.
@@ -73,7 +75,8 @@ template <std::size_t N>
 struct nets {
   using stored = Repeat<N, Block>;
   using checkpoint = Repeat<N, Checkpointed<Block>>;
-  using checkpoint_sequential = CheckpointSequential<root(N), Repeat<N, Block>>;
+  using checkpoint_sequential = CheckpointSequential<root(N), Repeat<N, Block>, last_run::stored>;
+  using checkpoint_sequential_all = CheckpointSequential<root(N), Repeat<N, Block>>;
   using revolve = Revolve<root(N), Repeat<N, Block>>;
   using selective = Repeat<N, Selective<Block>>;
   using offload = Repeat<N, Offloaded<Block>>;
@@ -90,7 +93,8 @@ template <std::size_t N>
 struct gpt_nets {
   using stored = GNet<Repeat<N, GBlock>>;
   using checkpoint = GNet<Repeat<N, Checkpointed<GBlock>>>;
-  using checkpoint_sequential = GNet<CheckpointSequential<root(N), Repeat<N, GBlock>>>;
+  using checkpoint_sequential = GNet<CheckpointSequential<root(N), Repeat<N, GBlock>, last_run::stored>>;
+  using checkpoint_sequential_all = GNet<CheckpointSequential<root(N), Repeat<N, GBlock>>>;
   using revolve = GNet<Revolve<root(N), Repeat<N, GBlock>>>;
   using selective = GNet<Repeat<N, Selective<GBlock>>>;
   using offload = GNet<Repeat<N, Offloaded<GBlock>>>;
@@ -229,10 +233,12 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
   bool const core = std::strcmp(policy, "recompute_attention") == 0;
   double const again = selective || core ? Work::selective_forward_flop_per_block(batch)
                                          : Work::forward_flop_per_block(batch);
-  // Checkpointed segments: one per block (checkpoint) or per run of blocks (checkpoint_sequential).
-  double const segments = std::strcmp(policy, "checkpoint") == 0              ? double(n_blocks)
-                          : std::strcmp(policy, "checkpoint_sequential") == 0 ? double(root(n_blocks))
-                                                                              : 0.0;
+  // Checkpointed segments: one per block (checkpoint) or per run of blocks (checkpoint_sequential:
+  // every run but the last, which it stores).
+  double const segments = std::strcmp(policy, "checkpoint") == 0                  ? double(n_blocks)
+                          : std::strcmp(policy, "checkpoint_sequential") == 0     ? double(root(n_blocks) - 1)
+                          : std::strcmp(policy, "checkpoint_sequential_all") == 0 ? double(root(n_blocks))
+                                                                                  : 0.0;
   double const flop_done =
       flop + double(m.last_pass().recomputed) * again - segments * Work::skipped_flop_per_segment(batch);
   double const step = median(times);
@@ -259,6 +265,8 @@ int dispatch_on(std::string const& policy, std::size_t batch, int steps, int war
   if (policy == "checkpoint") return run<typename n::checkpoint, P, Work>("checkpoint", N, batch, steps, warmup);
   if (policy == "checkpoint_sequential")
     return run<typename n::checkpoint_sequential, P, Work>("checkpoint_sequential", N, batch, steps, warmup);
+  if (policy == "checkpoint_sequential_all")
+    return run<typename n::checkpoint_sequential_all, P, Work>("checkpoint_sequential_all", N, batch, steps, warmup);
   if (policy == "revolve") return run<typename n::revolve, P, Work>("revolve", N, batch, steps, warmup);
   if (policy == "selective") return run<typename n::selective, P, Work>("selective", N, batch, steps, warmup);
   if (policy == "offload") return run<typename n::offload, P, Work>("offload", N, batch, steps, warmup);
@@ -518,7 +526,7 @@ int main(int argc, char** argv) {
       std::printf(on_gpu ? "workloads: mlp (blocks 16 32), d = 4096, gpt (blocks 8), on the GPU\n"
                          : "workloads: mlp (blocks 4 8 16 32 64) gpt (blocks 4 8 16)\n");
       std::printf(
-                  "policies: stored checkpoint checkpoint_sequential revolve selective recompute_attention (gpt)\n"
+                  "policies: stored checkpoint checkpoint_sequential checkpoint_sequential_all revolve selective recompute_attention (gpt)\n"
                   "precisions: fp32 bf16\n");
       return 0;
     } else {

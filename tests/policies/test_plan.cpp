@@ -102,6 +102,7 @@ TEST_CASE("plan: the plan equals the measured peak for every policy, depth and b
   require_plan_matches_for_batches<Net<Repeat<4, Checkpointed<Block>>>>();
   require_plan_matches_for_batches<Net<Checkpointed<Repeat<4, Block>>>>();
   require_plan_matches_for_batches<Net<CheckpointSequential<2, Repeat<5, Block>>>>();
+  require_plan_matches_for_batches<Net<CheckpointSequential<2, Repeat<5, Block>, last_run::stored>>>();
   require_plan_matches_for_batches<Net<Revolve<1, Repeat<5, Block>>>>();
   require_plan_matches_for_batches<Net<Revolve<2, Repeat<7, Block>>>>();
   require_plan_matches_for_batches<Net<Revolve<3, Repeat<12, Block>>>>();
@@ -120,6 +121,10 @@ TEST_CASE("plan: the plan equals the measured peak for every policy, depth and b
   require_plan_matches_for_batches<Net<Revolve<2, Repeat<6, Selective<Block>>>>>();
   require_plan_matches_for_batches<CheckpointSequential<3, Seq<Linear<12, W>, GELU, LayerNorm<W>, Dropout<0.3>,
                                                              Linear<W, W>, Tanh, Linear<W, 5>>>>();
+  require_plan_matches_for_batches<CheckpointSequential<3,
+                                                        Seq<Linear<12, W>, GELU, LayerNorm<W>, Dropout<0.3>,
+                                                            Linear<W, W>, Tanh, Linear<W, 5>>,
+                                                        last_run::stored>>();
   require_plan_matches_for_batches<Seq<Linear<12, W>, Residual<Seq<Dropout<0.5>>>, Residual<Seq<Dropout<0.0>>>, Linear<W, 5>>>();
 }
 

@@ -1,11 +1,15 @@
 // CheckpointSequential<K, S>: S (a Seq or a Repeat) cut into K runs as equal as possible (the
-// first ones one longer), each checkpointed: PyTorch's checkpoint_sequential. Names and layout
-// stay those of S.
+// first ones one longer), each checkpointed. CheckpointSequential<K, S, last_run::stored> keeps
+// the last run's activations instead, as PyTorch's checkpoint_sequential does: the backward starts
+// with that run, so running it again right after the forward only saves memory while the layers
+// after S run forward and back (a language model's head and loss), and costs a run's forward.
+// Names and layout stay those of S.
 #pragma once
 
 #include "checkpointed.hpp"
 
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 
 namespace REMAT_NAMESPACE {
@@ -16,6 +20,13 @@ struct too_many_segments {
   static constexpr bool ok = K >= 1 && K <= Layers;  // (true: the assertion passed)
   static_assert(ok, "remat::CheckpointSequential<K, S>: K must be between 1 and the number of layers (or blocks) "
                     "of S; too_many_segments<K, layers of S> names both");
+};
+
+// What CheckpointSequential does with its last run: checkpoint it as the others (the least
+// memory), or keep its activations (PyTorch's checkpoint_sequential: one run's forward less).
+enum class last_run {
+  checkpointed,  // every run keeps its input only and runs again in the backward
+  stored         // the last run keeps what its backward needs and never runs again
 };
 
 namespace detail {
@@ -34,28 +45,33 @@ struct seq_slice_impl<Begin, Seq<L...>, std::index_sequence<I...>> {
 template <class S, std::size_t Begin, std::size_t End>
 using seq_slice = typename seq_slice_impl<Begin, S, std::make_index_sequence<End - Begin>>::type;
 
-template <std::size_t K, class S, class J>
+// Run J of K over S's layers: checkpointed, or as it is when it is the last and Last says stored.
+template <std::size_t K, last_run Last, class S, std::size_t J, std::size_t n = S::size>
+using sequential_run = std::conditional_t<Last == last_run::stored && J + 1 == K,
+                                          seq_slice<S, segment_begin(n, K, J), segment_begin(n, K, J + 1)>,
+                                          Checkpointed<seq_slice<S, segment_begin(n, K, J), segment_begin(n, K, J + 1)>>>;
+
+template <std::size_t K, last_run Last, class S, class J>
 struct checkpointed_runs_impl;
-template <std::size_t K, class... L, std::size_t... J>
-struct checkpointed_runs_impl<K, Seq<L...>, std::index_sequence<J...>> {
-  static constexpr std::size_t n = sizeof...(L);
-  using type = Seq<Checkpointed<seq_slice<Seq<L...>, segment_begin(n, K, J), segment_begin(n, K, J + 1)>>...>;
+template <std::size_t K, last_run Last, class... L, std::size_t... J>
+struct checkpointed_runs_impl<K, Last, Seq<L...>, std::index_sequence<J...>> {
+  using type = Seq<sequential_run<K, Last, Seq<L...>, J>...>;
 };
 
 }  // namespace detail
 
-template <std::size_t K, class S>
+template <std::size_t K, class S, last_run Last = last_run::checkpointed>
 struct CheckpointSequential {
   static_assert(not_a_segment<CheckpointSequential, S>::ok);
   static_assert(sizeof(S*) == 0, "remat::CheckpointSequential<K, S>: S must be a Seq<...> or a Repeat<N, Block>");
 };
 
-// A Seq cut into K runs of layers, each checkpointed.
-template <std::size_t K, class... L>
-struct CheckpointSequential<K, Seq<L...>> : wraps<Seq<L...>> {
+// A Seq cut into K runs of layers, each checkpointed (the last one stored when Last says so).
+template <std::size_t K, class... L, last_run Last>
+struct CheckpointSequential<K, Seq<L...>, Last> : wraps<Seq<L...>> {
   static_assert(too_many_segments<K, sizeof...(L)>::ok);
   // Seq<Checkpointed<Seq<first run>>, ...>: what runs (its parameters laid out as S's).
-  using runs = typename detail::checkpointed_runs_impl<K, Seq<L...>, std::make_index_sequence<K>>::type;
+  using runs = typename detail::checkpointed_runs_impl<K, Last, Seq<L...>, std::make_index_sequence<K>>::type;
   static_assert(runs::param_count == Seq<L...>::param_count);
 
   // The runs' forwards, each keeping only its input.
@@ -63,7 +79,7 @@ struct CheckpointSequential<K, Seq<L...>> : wraps<Seq<L...>> {
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     return runs::forward(s, p, std::move(x));
   }
-  // The runs' backwards, last first, each recomputing its forward first.
+  // The runs' backwards, last first, each recomputing its forward first (but a stored last one).
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {
@@ -71,27 +87,31 @@ struct CheckpointSequential<K, Seq<L...>> : wraps<Seq<L...>> {
   }
 };
 
-// A Repeat cut into K runs of blocks, each checkpointed; the blocks run in Repeat's own loops.
-template <std::size_t K, std::size_t N, class B>
-struct CheckpointSequential<K, Repeat<N, B>> : wraps<Repeat<N, B>> {
+// A Repeat cut into K runs of blocks, each checkpointed (the last one stored when Last says so);
+// the blocks run in Repeat's own loops.
+template <std::size_t K, std::size_t N, class B, last_run Last>
+struct CheckpointSequential<K, Repeat<N, B>, Last> : wraps<Repeat<N, B>> {
   static_assert(too_many_segments<K, N>::ok);
 
-  // The runs of blocks, each keeping only its input.
+  // The runs of blocks, each keeping only its input (a stored last one what its backward needs).
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     if (!s.keeps()) return Repeat<N, B>::forward(s, p, std::move(x));
-    for (std::size_t j = 0; j < K; ++j)
+    for (std::size_t j = 0; j < checkpointed; ++j)
       x = detail::checkpoint_forward(s, std::move(x), [&](typename St::act_type in) {
         return detail::forward_blocks<B>(s, p, std::move(in), first(j), first(j + 1));
       });
+    if (checkpointed < K) x = detail::forward_blocks<B>(s, p, std::move(x), first(K - 1), N);
     return x;
   }
 
-  // The runs' backwards, last first, each recomputing its blocks' forwards first.
+  // The runs' backwards, last first, each recomputing its blocks' forwards first (but a stored
+  // last one).
   template <class St>
   static constexpr typename St::act_type backward(St& s, typename St::param_ptr p, typename St::grad_ptr g,
                                                   typename St::act_type dy) {
-    for (std::size_t j = K; j-- > 0;) {
+    if (checkpointed < K) dy = detail::backward_blocks<B>(s, p, g, std::move(dy), first(K - 1), N);
+    for (std::size_t j = checkpointed; j-- > 0;) {
       detail::checkpoint_recompute(s, [&](typename St::act_type in) {
         return detail::forward_blocks<B>(s, p, std::move(in), first(j), first(j + 1));
       });
@@ -102,6 +122,7 @@ struct CheckpointSequential<K, Repeat<N, B>> : wraps<Repeat<N, B>> {
   }
 
  private:
+  static constexpr std::size_t checkpointed = Last == last_run::stored ? K - 1 : K;  // runs that run again
   static constexpr std::size_t first(std::size_t j) { return detail::segment_begin(N, K, j); }
 };
 
