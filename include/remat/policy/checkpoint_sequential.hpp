@@ -73,8 +73,11 @@ struct CheckpointSequential<K, Seq<L...>, Last> : wraps<Seq<L...>> {
   // Seq<Checkpointed<Seq<first run>>, ...>: what runs (its parameters laid out as S's).
   using runs = typename detail::checkpointed_runs_impl<K, Last, Seq<L...>, std::make_index_sequence<K>>::type;
   static_assert(runs::param_count == Seq<L...>::param_count);
+  // The same policy around other children (what graph rewrites such as RecomputeAttention use).
+  template <class... C>
+  using rebuild = CheckpointSequential<K, C..., Last>;
 
-  // The runs' forwards, each keeping only its input.
+  // The runs' forwards, each keeping only its input (a stored last one what its backward needs).
   template <class St>
   static constexpr typename St::act_type forward(St& s, typename St::param_ptr p, typename St::act_type x) {
     return runs::forward(s, p, std::move(x));
@@ -92,6 +95,9 @@ struct CheckpointSequential<K, Seq<L...>, Last> : wraps<Seq<L...>> {
 template <std::size_t K, std::size_t N, class B, last_run Last>
 struct CheckpointSequential<K, Repeat<N, B>, Last> : wraps<Repeat<N, B>> {
   static_assert(too_many_segments<K, N>::ok);
+  // The same policy around other children (what graph rewrites such as RecomputeAttention use).
+  template <class... C>
+  using rebuild = CheckpointSequential<K, C..., Last>;
 
   // The runs of blocks, each keeping only its input (a stored last one what its backward needs).
   template <class St>
