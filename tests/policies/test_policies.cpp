@@ -118,9 +118,10 @@ TEST_CASE("policies: every policy trains bit for bit like the stored model, drop
     require_same_training_as<Net<CheckpointSequential<N, Repeat<N, Block>>>>(stored, N);
   }
   SECTION("CheckpointSequential with its last run stored (PyTorch's): that run's blocks never run again") {
-    // (6 blocks: 2 runs of 3; 4 runs of 2, 2, 1, 1; 6 runs of 1; 1 run, stored: no recomputation)
+    // (PyTorch's cut of 6 blocks, 6 / K to each checkpointed run and the rest to the stored last
+    // one: 3 + 3; 1 + 1 + 1 + 3; six runs of 1; one run, stored: no recomputation)
     require_same_training_as<Net<CheckpointSequential<2, Repeat<N, Block>, last_run::stored>>>(stored, 3);
-    require_same_training_as<Net<CheckpointSequential<4, Repeat<N, Block>, last_run::stored>>>(stored, 5);
+    require_same_training_as<Net<CheckpointSequential<4, Repeat<N, Block>, last_run::stored>>>(stored, 3);
     require_same_training_as<Net<CheckpointSequential<N, Repeat<N, Block>, last_run::stored>>>(stored, N - 1);
     require_same_training_as<Net<CheckpointSequential<1, Repeat<N, Block>, last_run::stored>>>(stored, 0);
   }
@@ -158,9 +159,11 @@ TEST_CASE("policies: CheckpointSequential on a Seq, and names that do not change
   require_same_training_as<CheckpointSequential<1, Layers>>(stored, 1, 1);
   require_same_training_as<CheckpointSequential<3, Layers>>(stored, 3, 1);
   require_same_training_as<CheckpointSequential<7, Layers>>(stored, 7, 1);
-  // The last run stored: the runs of 3, 2 and 2 layers (the counted layer, the sixth, in the last),
-  // or of one layer each (the counted one in the sixth of seven), or one run.
+  // The last run stored, PyTorch's cut: runs of 2, 2 and 3 layers (the counted layer, the sixth, in
+  // the stored last one), or 1, 1, 1 and 4 (the even cut, 2, 2, 2 and 1, would run the counted one
+  // again), or of one layer each (the counted one in the sixth of seven), or one run.
   require_same_training_as<CheckpointSequential<3, Layers, last_run::stored>>(stored, 2, 0);
+  require_same_training_as<CheckpointSequential<4, Layers, last_run::stored>>(stored, 3, 0);
   require_same_training_as<CheckpointSequential<7, Layers, last_run::stored>>(stored, 6, 1);
   require_same_training_as<CheckpointSequential<1, Layers, last_run::stored>>(stored, 0, 0);
   require_same_training_as<Selective<Layers>>(stored, 1, 1);

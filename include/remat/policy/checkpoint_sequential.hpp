@@ -1,9 +1,9 @@
 // CheckpointSequential<K, S>: S (a Seq or a Repeat) cut into K runs as equal as possible (the
-// first ones one longer), each checkpointed. CheckpointSequential<K, S, last_run::stored> keeps
-// the last run's activations instead, as PyTorch's checkpoint_sequential does: the backward starts
-// with that run, so running it again right after the forward only saves memory while the layers
-// after S run forward and back (a language model's head and loss), and costs a run's forward.
-// Names and layout stay those of S.
+// first ones one longer), each checkpointed. CheckpointSequential<K, S, last_run::stored> is
+// PyTorch's checkpoint_sequential: K - 1 checkpointed runs of N / K layers (or blocks) each, and
+// the rest in a last run that keeps its activations. The backward starts with that run, so running
+// it again right after the forward would only save memory while the layers after S run forward
+// and back (a language model's head and loss). Names and layout stay those of S.
 #pragma once
 
 #include "checkpointed.hpp"
@@ -31,8 +31,11 @@ enum class last_run {
 
 namespace detail {
 
-// The segment j of n items cut into k runs as equal as possible (the first n % k one longer).
-constexpr std::size_t segment_begin(std::size_t n, std::size_t k, std::size_t j) {
+// Where run j of n items cut into k runs begins (run k: n). Every run checkpointed: as equal as
+// possible, the first n % k one longer. The last one stored: PyTorch's cut, n / k items to each
+// checkpointed run and the rest (n / k + n % k) to the stored one, which never runs again.
+constexpr std::size_t run_begin(last_run last, std::size_t n, std::size_t k, std::size_t j) {
+  if (last == last_run::stored) return j == k ? n : j * (n / k);
   return j * (n / k) + (j < n % k ? j : n % k);
 }
 
@@ -48,8 +51,8 @@ using seq_slice = typename seq_slice_impl<Begin, S, std::make_index_sequence<End
 // Run J of K over S's layers: checkpointed, or as it is when it is the last and Last says stored.
 template <std::size_t K, last_run Last, class S, std::size_t J, std::size_t n = S::size>
 using sequential_run = std::conditional_t<Last == last_run::stored && J + 1 == K,
-                                          seq_slice<S, segment_begin(n, K, J), segment_begin(n, K, J + 1)>,
-                                          Checkpointed<seq_slice<S, segment_begin(n, K, J), segment_begin(n, K, J + 1)>>>;
+                                          seq_slice<S, run_begin(Last, n, K, J), run_begin(Last, n, K, J + 1)>,
+                                          Checkpointed<seq_slice<S, run_begin(Last, n, K, J), run_begin(Last, n, K, J + 1)>>>;
 
 template <std::size_t K, last_run Last, class S, class J>
 struct checkpointed_runs_impl;
@@ -129,7 +132,7 @@ struct CheckpointSequential<K, Repeat<N, B>, Last> : wraps<Repeat<N, B>> {
 
  private:
   static constexpr std::size_t checkpointed = Last == last_run::stored ? K - 1 : K;  // runs that run again
-  static constexpr std::size_t first(std::size_t j) { return detail::segment_begin(N, K, j); }
+  static constexpr std::size_t first(std::size_t j) { return detail::run_begin(Last, N, K, j); }
 };
 
 }  // namespace REMAT_NAMESPACE

@@ -4,8 +4,8 @@
 //
 //   Checkpointed<S>               keeps S's input and RNG offset; backward re-runs S's forward
 //   CheckpointSequential<K, S>    S (a Seq or a Repeat) cut into K equal runs, each checkpointed
-//                                 (with last_run::stored the last run keeps its activations, as
-//                                 PyTorch's checkpoint_sequential does)
+//                                 (with last_run::stored PyTorch's checkpoint_sequential: K - 1
+//                                 runs of N / K checkpointed, the rest kept in a last run)
 //   Revolve<C, Repeat<N, B>>      at most C block inputs kept; the binomial schedule
 //   Selective<S>                  keeps S's input and its matrix products' outputs; backward
 //                                 recomputes only the point-wise work (norms, activations)
