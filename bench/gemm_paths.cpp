@@ -20,6 +20,11 @@
 // A third table times a product with its epilogue (bias + GELU) run after the whole product,
 // against the same in panels of rows, each panel's pass right after its product (while it is in
 // cache): whether the epilogue's cost is memory traffic that a panel saves.
+//
+// A fourth (with oneDNN; bf16 where it has a bf16 matmul) times the forward x W^T with operands
+// that stay in cache (one set) against a cycle of 16 sets, as a step's 16 blocks read theirs, and with the
+// weights prepacked in the layout oneDNN prefers (a reorder made once), beside that reorder's own
+// time: what a weight copy cast straight into oneDNN's layout could gain.
 #include <remat/remat.hpp>
 
 #if defined(REMAT_HAS_ONEDNN)
@@ -129,6 +134,87 @@ void bf16_table(std::vector<shape> const& shapes, int rounds, std::vector<std::s
                   "\"n\":%d,\"k\":%d,\"onednn_gflops\":%.1f,\"written_over_gflops\":%.1f,"
                   "\"dyt_rowmajor_gflops\":%.1f}",
                   s.workload, s.product, s.m, s.n, s.k, g[0], g[1], g[2]);
+    json.push_back(line);
+  }
+  std::printf("\n");
+}
+
+// x W^T through oneDNN (m x 1024 x 1024, fp32 and, where it has them, bf16): one operand set, a
+// cycle of 16, the 16 with W prepacked in oneDNN's own layout, and the reorder into it (each the
+// median of `rounds` interleaved cycles).
+void prepacked_table(int rounds, bool bf16, std::vector<std::string>& json) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  int const n = 1024, k = 1024, sets = 16;
+  std::printf("x W^T with operands in and out of cache, and W prepacked in oneDNN's layout: median of %d "
+              "interleaved rounds\n\n",
+              rounds);
+  std::printf("| type | m x n x k | one operand set (GFLOP/s) | 16 sets | 16 sets, W prepacked | the reorder into that "
+              "layout (us) |\n|---|---|---|---|---|---|\n");
+  for (int row = 0; row < 4; ++row) {
+    dt const type = row < 2 ? dt::f32 : dt::bf16;
+    int const m = row % 2 == 0 ? 256 : 2048;
+    if (type == dt::bf16 && !bf16) continue;
+    char const* name = type == dt::f32 ? "fp32" : "bf16";
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(eng);
+    dnnl::memory::desc const ad({m, k}, type, dims{k, 1}), cd({m, n}, type, dims{n, 1});
+    dnnl::memory::desc const wd({k, n}, type, dims{1, k});  // W^T: W is n x k, row-major
+    dnnl::matmul::primitive_desc const plain(dnnl::matmul::desc(ad, wd, cd), eng);
+    dnnl::matmul::primitive_desc const packed(
+        dnnl::matmul::desc(ad, dnnl::memory::desc({k, n}, type, dnnl::memory::format_tag::any), cd), eng);
+    dnnl::matmul const p_plain(plain), p_packed(packed);
+    std::vector<dnnl::memory> a, w, wp, c;
+    for (int i = 0; i < sets; ++i) {
+      a.emplace_back(ad, eng);
+      w.emplace_back(wd, eng);
+      wp.emplace_back(packed.weights_desc(), eng);
+      c.emplace_back(cd, eng);
+      for (auto* x : {&a.back(), &w.back()}) {
+        std::size_t const count = x->get_desc().get_size() / (type == dt::f32 ? 4 : 2);
+        if (type == dt::f32) {
+          auto* v = static_cast<float*>(x->get_data_handle());
+          std::fill(v, v + count, 0.25f);
+        } else {
+          auto* v = static_cast<REMAT_NAMESPACE::bfloat16*>(x->get_data_handle());
+          std::fill(v, v + count, REMAT_NAMESPACE::bfloat16(0.25f));
+        }
+      }
+    }
+    dnnl::reorder const pack(w[0], wp[0]);
+    for (int i = 0; i < sets; ++i) pack.execute(stream, w[i], wp[i]);
+    stream.wait();
+    auto cycle = [&](dnnl::matmul const& p, std::vector<dnnl::memory>& weights, int count) {
+      return [&, count] {
+        for (int i = 0; i < count; ++i)
+          p.execute(stream, {{DNNL_ARG_SRC, a[i]}, {DNNL_ARG_WEIGHTS, weights[i]}, {DNNL_ARG_DST, c[i]}});
+        stream.wait();
+      };
+    };
+    std::vector<std::function<void()>> const ways = {
+        [&] {  // one set, 16 times
+          for (int i = 0; i < sets; ++i)
+            p_plain.execute(stream, {{DNNL_ARG_SRC, a[0]}, {DNNL_ARG_WEIGHTS, w[0]}, {DNNL_ARG_DST, c[0]}});
+          stream.wait();
+        },
+        cycle(p_plain, w, sets), cycle(p_packed, wp, sets), [&] {
+          for (int i = 0; i < sets; ++i) pack.execute(stream, w[i], wp[i]);
+          stream.wait();
+        }};
+    std::vector<std::vector<double>> t(ways.size());
+    for (auto const& f : ways) f();
+    for (int r = 0; r < rounds; ++r)
+      for (std::size_t i = 0; i < ways.size(); ++i) t[i].push_back(seconds(ways[i]) / sets);
+    double const flop = 2.0 * m * n * k;
+    double const hot = flop / median(t[0]) / 1e9, cold = flop / median(t[1]) / 1e9, pre = flop / median(t[2]) / 1e9,
+                 reorder_us = median(t[3]) * 1e6;
+    std::printf("| %s | %d x %d x %d | %.0f | %.0f | %.0f | %.0f |\n", name, m, n, k, hot, cold, pre, reorder_us);
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "json: {\"bench\":\"gemm_prepacked\",\"type\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,"
+                  "\"one_set_gflops\":%.1f,\"sets16_gflops\":%.1f,\"sets16_prepacked_gflops\":%.1f,"
+                  "\"reorder_us\":%.1f}",
+                  name, m, n, k, hot, cold, pre, reorder_us);
     json.push_back(line);
   }
   std::printf("\n");
@@ -262,6 +348,7 @@ int main(int argc, char** argv) {
   else
     std::printf("bf16 matrix products: oneDNN has no bf16 matmul for this processor (it needs AVX-512); "
                 "remat's bf16 products widen to fp32 here\n\n");
+  prepacked_table(rounds, REMAT_NAMESPACE::kernels::has_onednn_bf16(), json);
 #endif
   std::printf("A product and its epilogue (bias + GELU), the whole product then one pass, against panels of rows each\n"
               "followed by its pass: median ms of %d interleaved rounds\n\n", rounds);
