@@ -22,9 +22,9 @@
 // cache): whether the epilogue's cost is memory traffic that a panel saves.
 //
 // A fourth (with oneDNN; bf16 where it has a bf16 matmul) times the forward x W^T with operands
-// that stay in cache (one set) against a cycle of 16 sets, as a step's 16 blocks read theirs, and with the
-// weights prepacked in the layout oneDNN prefers (a reorder made once), beside that reorder's own
-// time: what a weight copy cast straight into oneDNN's layout could gain.
+// that stay in cache (one set) against a cycle of 16 sets, as a step's 16 blocks read theirs, and
+// with the weights prepacked in the layout oneDNN prefers (a reorder made once), beside that
+// reorder's own time: what a weight copy cast straight into oneDNN's layout could gain.
 #include <remat/remat.hpp>
 
 #if defined(REMAT_HAS_ONEDNN)
