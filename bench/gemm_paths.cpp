@@ -81,7 +81,7 @@ struct dnnl_product {
       po.append_sum(beta);
       attr.set_post_ops(po);
     }
-    prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, eng));
+    prim = dnnl::matmul(remat::kernels::detail::onednn_matmul_desc(eng, ad, bd, cd, attr));
     a.assign(ad.get_size(), 0);
     b.assign(bd.get_size(), 0);
     c.assign(cd.get_size(), 0);
@@ -160,9 +160,9 @@ void prepacked_table(int rounds, bool bf16, std::vector<std::string>& json) {
     dnnl::stream stream(eng);
     dnnl::memory::desc const ad({m, k}, type, dims{k, 1}), cd({m, n}, type, dims{n, 1});
     dnnl::memory::desc const wd({k, n}, type, dims{1, k});  // W^T: W is n x k, row-major
-    dnnl::matmul::primitive_desc const plain(dnnl::matmul::desc(ad, wd, cd), eng);
-    dnnl::matmul::primitive_desc const packed(
-        dnnl::matmul::desc(ad, dnnl::memory::desc({k, n}, type, dnnl::memory::format_tag::any), cd), eng);
+    dnnl::matmul::primitive_desc const plain = remat::kernels::detail::onednn_matmul_desc(eng, ad, wd, cd);
+    dnnl::matmul::primitive_desc const packed = remat::kernels::detail::onednn_matmul_desc(
+        eng, ad, dnnl::memory::desc({k, n}, type, dnnl::memory::format_tag::any), cd);
     dnnl::matmul const p_plain(plain), p_packed(packed);
     std::vector<dnnl::memory> a, w, wp, c;
     for (int i = 0; i < sets; ++i) {
@@ -312,7 +312,7 @@ int main(int argc, char** argv) {
     dnnl::memory::desc const ad({s.m, s.k}, dt::f32, s.ta ? dims{1, lda} : dims{lda, 1});
     dnnl::memory::desc const bd({s.k, s.n}, dt::f32, s.tb ? dims{1, ldb} : dims{ldb, 1});
     dnnl::memory::desc const cd({s.m, s.n}, dt::f32, dims{s.n, 1});
-    dnnl::matmul::primitive_desc const pd(dnnl::matmul::desc(ad, bd, cd), eng);
+    dnnl::matmul::primitive_desc const pd = remat::kernels::detail::onednn_matmul_desc(eng, ad, bd, cd);
     dnnl::matmul const prim(pd);
     dnnl::memory am(ad, eng, a.data()), bm(bd, eng, b.data()), cm(cd, eng, c.data());
     auto dnn = [&] {

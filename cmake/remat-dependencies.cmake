@@ -124,7 +124,12 @@ if(NOT TARGET remat::onednn)
       INTERFACE_LINK_LIBRARIES "${REMAT_ONEDNN_LIBRARY}"
       INTERFACE_COMPILE_DEFINITIONS "REMAT_HAS_ONEDNN=1")
     if(NOT remat_FIND_QUIETLY)
-      message(STATUS "remat: oneDNN ${REMAT_ONEDNN_LIBRARY} for bf16 matrix products")
+      # (remat builds with 2.x and 3.x: kernels/detail/onednn.hpp; the version is only reported)
+      file(STRINGS "${REMAT_ONEDNN_INCLUDE_DIR}/oneapi/dnnl/dnnl_version.h" _remat_onednn_version
+           REGEX "#define DNNL_VERSION_(MAJOR|MINOR|PATCH) ")
+      string(REGEX REPLACE "[^0-9;]" "" _remat_onednn_version "${_remat_onednn_version}")
+      string(REPLACE ";" "." _remat_onednn_version "${_remat_onednn_version}")
+      message(STATUS "remat: oneDNN ${_remat_onednn_version} (${REMAT_ONEDNN_LIBRARY}) for bf16 matrix products")
     endif()
   elseif(NOT remat_FIND_QUIETLY)
     message(STATUS "remat: no oneDNN (libdnnl-dev); bf16 matrix products convert to fp32")

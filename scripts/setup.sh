@@ -8,8 +8,8 @@
 #                             oneDNN, Open MPI, pkg-config, clang 19 with its sanitizer and OpenMP
 #                             runtimes and clang 16 (the compilers CI builds with besides GCC),
 #                             Debian's PyTorch (the peer the tests cross-check against), matplotlib
-#                             (the plot scripts' tests), `fortunes` (charlm's corpus) and Doxygen
-#                             (the API reference's check)
+#                             (the plot scripts' tests), `fortunes` (charlm's corpus), Doxygen
+#                             (the API reference's check) and curl (scripts/onednn3.sh)
 #   scripts/setup.sh bench    the benchmarks (scripts/bench.sh): the tests' minus the extra
 #                             compilers, plus SLEEF (a peer of the float maths), and today's PyTorch
 #                             from PyPI (the speed peer; version pinned below, REMAT_TORCH_VERSION
@@ -37,7 +37,8 @@ peers=(catch2 gcc gfortran libdnnl-dev libopenmpi-dev openmpi-bin python3-torch 
 torch_version="${REMAT_TORCH_VERSION:-2.15.0}"
 venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-bench"
 want_venv=0
-tools=(pkg-config clang-19 libclang-rt-19-dev libomp-19-dev clang-16 doxygen)
+# (curl and ca-certificates: scripts/onednn3.sh fetches oneDNN 3.x from PyPI for a test stage)
+tools=(pkg-config clang-19 libclang-rt-19-dev libomp-19-dev clang-16 doxygen curl ca-certificates)
 
 packages=()
 purposes=0

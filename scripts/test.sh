@@ -21,7 +21,12 @@
 #      every link between them and their lengths (scripts/check_docs.py), and builds the guide and
 #      the API reference as one site (scripts/docs.sh: Doxygen; any warning fails),
 #      and fuzzes the file readers for a minute after replaying tests/fuzz/regressions (scripts/fuzz.sh),
-#   5. when nvcc is here, compiles and links the CUDA backend for sm_90 (every public header, the
+#   5. builds the tests that go through oneDNN (products, convolutions, mixed precision, the plans
+#      and the steady loops' allocations, the GPT with its PyTorch cross-check) against oneDNN 3.x
+#      as well (3.2.0, fetched by scripts/onednn3.sh from PyPI) and runs them: Debian 12's is 2.6,
+#      a newer system's is 3.x, and the two APIs differ (REMAT_SKIP_ONEDNN3=1 leaves the stage
+#      out, for a machine that cannot reach PyPI; a failed fetch fails it, and says so),
+#   6. when nvcc is here, compiles and links the CUDA backend for sm_90 (every public header, the
 #      CUDA test suite, the GPU example and benchmark; the cuda preset itself builds sm_90 and
 #      sm_80, whose code paths are the same as sm_90's: here it would add a second device compile
 #      of every file), and runs `ctest -L cuda` when
@@ -29,7 +34,7 @@
 #      scripts/bench_cuda.sh for the run on a GPU). Without a GPU the host side of that code is
 #      compiled at -O0 (nvcc's host compile is about half of each file's time at -O3; the device
 #      code is optimised as always), in build/cuda-check, so that build/cuda keeps the preset's.
-# The builds of stages 2 and 5 start at once, in the background, one after the other, at the lowest
+# The builds of stages 2, 5 and 6 start at once, in the background, one after the other, at the lowest
 # priority (nice 19): they take the cycles the stages in front leave idle (a test that keeps one
 # core busy, a link, a configure, a serial step) and almost none from them; each stage waits for
 # its build and prints its output.
@@ -71,6 +76,25 @@ nvcc_build() {
       cmake --build build/cuda-check --target remat_cuda_all -j"$jobs"
   fi
 }
+# The test programs stage 5 builds against oneDNN 3.x, and the tests it runs.
+onednn3_targets=(kernels layers layers_write_conv_fixture precision plans heap_steady transformer
+                 transformer_write_fixture)
+onednn3_tests='^(kernels|layers|precision|plans|heap_steady|transformer):'
+onednn3_build() {
+  local args
+  if [ "${REMAT_SKIP_ONEDNN3:-0}" = 1 ]; then
+    echo "left out: REMAT_SKIP_ONEDNN3=1"
+    touch "$prefix/onednn3.skipped"
+    return 0
+  fi
+  if ! args="$(bash scripts/onednn3.sh)"; then
+    echo "scripts/onednn3.sh could not fetch oneDNN 3.2 from PyPI (REMAT_SKIP_ONEDNN3=1 leaves this stage out)"
+    return 1
+  fi
+  # shellcheck disable=SC2086 # (two -D arguments)
+  cmake --preset default -B build/onednn3 $args -DREMAT_REQUIRE_OPTIONAL=ON | grep "remat: oneDNN" &&
+    cmake --build build/onednn3 --target "${onednn3_targets[@]}" -j"$jobs"
+}
 # background NAME FUNCTION: runs it, its output in $prefix/NAME.log, its exit status in NAME.rc.
 background() {
   local rc=0
@@ -101,6 +125,7 @@ set -m  # (the background job gets a process group of its own)
 {
   renice -n 19 -p "$BASHPID" >/dev/null || true
   background sanitize sanitize_build
+  background onednn3 onednn3_build
   if [ "$cuda" = 1 ]; then background nvcc nvcc_build; fi
 } &
 background_pid=$!
@@ -197,6 +222,10 @@ bash scripts/docs.sh
 
 step "fuzz the file readers: the regression corpus, then 60 s from the seed corpus (scripts/fuzz.sh)"
 bash scripts/fuzz.sh 60
+
+step "oneDNN 3.x: the tests that go through oneDNN, built against oneDNN 3.2 (scripts/onednn3.sh)"
+wait_for onednn3
+if [ ! -e "$prefix/onednn3.skipped" ]; then ctest --test-dir build/onednn3 -R "$onednn3_tests" -j"$jobs"; fi
 
 if [ "$cuda" = 1 ]; then
   step "nvcc: compile and link the CUDA backend, its tests, example and benchmark (sm_90)"

@@ -3,8 +3,9 @@
 // microseconds), and per thread the memory objects bound to it, made once and pointed at each
 // call's operands, so a call makes only oneDNN's own execution records on the heap (6 per call,
 // against 32 when the memory objects were made per call). The scratchpad is the caller's (from
-// remat's default allocator, which keeps it). Host C++ only: nvcc's front end fails on oneDNN's
-// headers.
+// remat's default allocator, which keeps it). Builds with oneDNN 2.x (Debian 12's 2.6) or 3.x: the
+// two differ in how a primitive descriptor is made and in how alpha scales the product. Host C++
+// only: nvcc's front end fails on oneDNN's headers.
 #pragma once
 
 #include "../../config.hpp"
@@ -25,6 +26,17 @@
 namespace REMAT_NAMESPACE {
 namespace kernels {
 namespace detail {
+
+// A matmul's primitive descriptor for these operands, in oneDNN 2.x's terms or 3.x's.
+inline dnnl::matmul::primitive_desc onednn_matmul_desc(dnnl::engine const& eng, dnnl::memory::desc const& a,
+                                                       dnnl::memory::desc const& b, dnnl::memory::desc const& c,
+                                                       dnnl::primitive_attr const& attr = dnnl::primitive_attr()) {
+#if DNNL_VERSION_MAJOR >= 3
+  return dnnl::matmul::primitive_desc(eng, a, b, c, attr);
+#else
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, eng);
+#endif
+}
 
 // A product's shape, layouts, scaling and types: what one primitive serves.
 struct onednn_key {
@@ -65,6 +77,10 @@ struct onednn_bound {
   dnnl::matmul prim;
   dnnl::memory a, b, c, pad;
   std::size_t pad_bytes = 0;
+  // oneDNN 3.x takes alpha at execution, as the source's scale (2.x's output scale is in the
+  // primitive): the scale and a memory object over it (made once the entry is in place).
+  float alpha = 1.0f;
+  dnnl::memory scale;
 };
 
 // The primitive of `key` with this thread's memory objects for it, made on first use.
@@ -86,13 +102,17 @@ inline onednn_bound& onednn_for(onednn_key const& key) {
       dnnl::memory::desc const cd({key.m, key.n}, key.out32 ? dt::f32 : dt::bf16, dims{key.ldc, 1});
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+#if DNNL_VERSION_MAJOR >= 3
+      if (key.alpha != 1.0f) attr.set_scales_mask(DNNL_ARG_SRC, 0);
+#else
       if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+#endif
       if (key.beta != 0.0f) {
         dnnl::post_ops po;
         po.append_sum(key.beta);
         attr.set_post_ops(po);
       }
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, ctx.eng);
+      dnnl::matmul::primitive_desc const pd = onednn_matmul_desc(ctx.eng, ad, bd, cd, attr);
       it = ctx.cache.emplace(key, onednn_context::entry{dnnl::matmul(pd), pd.scratchpad_desc().get_size(), ad, bd, cd})
                .first;
     }
@@ -100,8 +120,11 @@ inline onednn_bound& onednn_for(onednn_key const& key) {
   }
   dnnl::memory::desc const pd({index_t(e.pad_bytes)}, dt::u8, dims{1});
   onednn_bound b{e.prim, dnnl::memory(e.a, ctx.eng, DNNL_MEMORY_NONE), dnnl::memory(e.b, ctx.eng, DNNL_MEMORY_NONE),
-                 dnnl::memory(e.c, ctx.eng, DNNL_MEMORY_NONE), dnnl::memory(pd, ctx.eng, DNNL_MEMORY_NONE), e.pad_bytes};
-  return bound.emplace(key, std::move(b)).first->second;
+                 dnnl::memory(e.c, ctx.eng, DNNL_MEMORY_NONE), dnnl::memory(pd, ctx.eng, DNNL_MEMORY_NONE), e.pad_bytes,
+                 key.alpha, dnnl::memory()};
+  onednn_bound& mine = bound.emplace(key, std::move(b)).first->second;
+  if (key.alpha != 1.0f) mine.scale = dnnl::memory(dnnl::memory::desc({1}, dt::f32, dims{1}), ctx.eng, &mine.alpha);
+  return mine;
 }
 
 // Whether oneDNN has a bf16 matmul for this processor, asked once by making one (oneDNN 2.6 has
@@ -116,8 +139,7 @@ inline bool onednn_bf16_matmul_here() {
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       for (dt out : {dt::f32, dt::bf16})
-        dnnl::matmul::primitive_desc(dnnl::matmul::desc(in, in, dnnl::memory::desc({4, 4}, out, tag::ab)), attr,
-                                     onednn_context::get().eng);
+        onednn_matmul_desc(onednn_context::get().eng, in, in, dnnl::memory::desc({4, 4}, out, tag::ab), attr);
       return true;
     } catch (dnnl::error const&) {
       return false;
@@ -146,11 +168,16 @@ inline void onednn_matmul(onednn_key const& key, void const* a, void const* b, v
   m.pad.set_data_handle(pad.get());
   dnnl::stream& stream = onednn_context::stream();
   // (the C call: the C++ one builds a map and a vector of the arguments on the heap every call)
-  dnnl_exec_arg_t const args[4] = {{DNNL_ARG_SRC, m.a.get()},
-                                   {DNNL_ARG_WEIGHTS, m.b.get()},
-                                   {DNNL_ARG_DST, m.c.get()},
-                                   {DNNL_ARG_SCRATCHPAD, m.pad.get()}};
-  dnnl::error::wrap_c_api(dnnl_primitive_execute(m.prim.get(), stream.get(), 4, args),
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, m.a.get()},
+                             {DNNL_ARG_WEIGHTS, m.b.get()},
+                             {DNNL_ARG_DST, m.c.get()},
+                             {DNNL_ARG_SCRATCHPAD, m.pad.get()},
+                             {}};
+  int count = 4;
+#if DNNL_VERSION_MAJOR >= 3
+  if (m.alpha != 1.0f) args[count++] = {DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, m.scale.get()};
+#endif
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(m.prim.get(), stream.get(), count, args),
                           "could not execute a matmul primitive");
   stream.wait();
 }

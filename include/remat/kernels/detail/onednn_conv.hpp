@@ -75,6 +75,14 @@ inline onednn_conv const* onednn_conv_for(conv_shape const& c, bool bias, bool b
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   auto const alg = dnnl::algorithm::convolution_direct;
   try {
+#if DNNL_VERSION_MAJOR >= 3
+    dnnl::convolution_forward::primitive_desc fwd(eng, dnnl::prop_kind::forward_training, alg, any_src, any_wei, bia,
+                                                  any_dst, strides, left, right, attr);
+    dnnl::convolution_backward_data::primitive_desc bwd_data(eng, alg, any_src, any_wei, any_dst, strides, left, right,
+                                                             fwd, attr);
+    dnnl::convolution_backward_weights::primitive_desc bwd_weights(eng, alg, any_src, any_dwei, dbia, any_dst, strides,
+                                                                   left, right, fwd, attr);
+#else
     dnnl::convolution_forward::primitive_desc fwd(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei, bia, any_dst,
                                         strides, left, right),
@@ -84,6 +92,7 @@ inline onednn_conv const* onednn_conv_for(conv_shape const& c, bool bias, bool b
     dnnl::convolution_backward_weights::primitive_desc bwd_weights(
         dnnl::convolution_backward_weights::desc(alg, any_src, any_dwei, dbia, any_dst, strides, left, right), attr,
         eng, fwd);
+#endif
     auto p = std::unique_ptr<onednn_conv>(new onednn_conv{
         dnnl::convolution_forward(fwd), dnnl::convolution_backward_data(bwd_data),
         dnnl::convolution_backward_weights(bwd_weights), fwd.scratchpad_desc().get_size(),
