@@ -3,7 +3,9 @@
 # a minimal root made now by debootstrap (--variant=minbase bookworm), the commit at HEAD cloned
 # into it, and the command run there as root (chroot inside a mount and PID namespace of its own,
 # so its mounts and processes end with it). Nothing installed on this machine reaches the run: the
-# root has Debian's base system only, and scripts/setup.sh installs the rest inside it. Two things
+# root has Debian's base system only, and scripts/setup.sh installs the rest inside it. Besides
+# name resolution and the certificate authorities this machine added to its own
+# (/usr/local/share/ca-certificates: a network's TLS proxy), two things
 # come from outside, read-only or as a cache: the CUDA toolkit (not a Debian package) where this
 # machine has one at /usr/local/cuda, and downloaded .deb files (REMAT_DEB_CACHE, default
 # /var/cache/remat-fresh: linked into the root before the run and back after it, so that runs side
@@ -86,6 +88,14 @@ deb ${REMAT_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security} bookw
 EOF
 printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# The certificate authorities this machine added itself (Debian's place for them): a network whose
+# TLS goes through a proxy of its own needs its authority on every machine in it. The root's
+# ca-certificates, once scripts/setup.sh installs it, takes them in from there (scripts/onednn3.sh
+# fetches from PyPI over TLS).
+if [ -d /usr/local/share/ca-certificates ]; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp -r /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
+fi
 rm -rf "$root/root/remat"
 git clone -q --no-local --no-hardlinks "$repo" "$root/root/remat"
 git -C "$root/root/remat" checkout -q "$(git rev-parse HEAD)"
