@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --keep) keep="$2"; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) break ;;
   esac
 done
