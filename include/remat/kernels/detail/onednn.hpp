@@ -78,7 +78,7 @@ struct onednn_bound {
   dnnl::memory a, b, c, pad;
   std::size_t pad_bytes = 0;
   // oneDNN 3.x takes alpha at execution, as the source's scale (2.x's output scale is in the
-  // primitive): the scale and a memory object over it (made once the entry is in place).
+  // primitive): the scale and, under 3.x, a memory object over it (made once the entry is in place).
   float alpha = 1.0f;
   dnnl::memory scale;
 };
@@ -123,7 +123,9 @@ inline onednn_bound& onednn_for(onednn_key const& key) {
                  dnnl::memory(e.c, ctx.eng, DNNL_MEMORY_NONE), dnnl::memory(pd, ctx.eng, DNNL_MEMORY_NONE), e.pad_bytes,
                  key.alpha, dnnl::memory()};
   onednn_bound& mine = bound.emplace(key, std::move(b)).first->second;
+#if DNNL_VERSION_MAJOR >= 3
   if (key.alpha != 1.0f) mine.scale = dnnl::memory(dnnl::memory::desc({1}, dt::f32, dims{1}), ctx.eng, &mine.alpha);
+#endif
   return mine;
 }
 
