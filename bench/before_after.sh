@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Whether a change moved remat's speed: two builds' bench_policies and bench_dist, run in
 # interleaved rounds (before, after, before, after, ...: these machines are shared and noisy), and
-# for each configuration the median step time of each build and their ratio (after / before).
-# Prints a table and JSON lines; tests never assert on timings, this is for a change's note.
+# for each configuration the median step time of each build and their ratio (after / before). Prints
+# a table and JSON lines; tests never assert on timings, this is for a change's note.
 #
 #   bash bench/before_after.sh BEFORE_BENCH_DIR AFTER_BENCH_DIR [ROUNDS] [SET]
 #
 # (BENCH_DIR: a build's bench/ folder, holding bench_policies and bench_dist; ROUNDS: 5 unless
-# given.) bench_dist runs under mpirun -np 2 when mpirun is here. SET "large" runs issue 49's
-# larger configurations instead (MLP batch 256 and 2048 x 16 blocks, GPT 16 x 4, fp32 and bf16,
-# stored and checkpoint), without bench_dist; SET "gpt" the GPT 16 x 4 alone, fp32 and bf16, stored,
-# checkpoint and selective; SET "examples" the wall time of whole runs of the examples beside the
-# bench folder (BENCH_DIR/../examples: charlm checkpointed, 40 steps, fp32 and bf16; digits, 5
-# epochs, fp32 and half), whose loops are compiled apart from the benchmarks'.
+# given.) bench_dist runs under mpirun -np 2 when mpirun is here. SET "large" runs issue 49's larger
+# configurations instead (MLP batch 256 and 2048 x 16 blocks, GPT 16 x 4, fp32 and bf16, stored and
+# checkpoint), without bench_dist; SET "small" the batch-256 MLP (bf16 16 and 8 blocks, fp32 8,
+# stored; bf16 16 blocks checkpointed) with 20 or 30 steps each, where what a step costs beyond its
+# layers shows (zeroing, the optimizer), and the GPT 16 x 4 bf16 stored; SET "gpt" the GPT 16 x 4
+# alone, fp32 and bf16, stored, checkpoint and selective; SET "examples" the wall time of whole runs
+# of the examples beside the bench folder (BENCH_DIR/../examples: charlm checkpointed, 40 steps,
+# fp32 and bf16; digits, 5 epochs, fp32 and half), whose loops are compiled apart from the
+# benchmarks'.
 set -euo pipefail
 before="$1"
 after="$2"
@@ -38,6 +41,17 @@ if [ "${4:-}" = large ]; then
                 "gpt $p b16x4 $pol|BIN/bench_policies --workload gpt --batch 16 --blocks 4 --policy $pol --precision $p --steps 3 --warmup 1")
     done
   done
+elif [ "${4:-}" = small ]; then
+  configs=()
+  for c in "bf16 16 20" "bf16 8 30" "fp32 8 20"; do
+    read -r p b n <<<"$c"
+    configs+=("mlp $p b256x$b stored|BIN/bench_policies --workload mlp --batch 256 --blocks $b --policy stored --precision $p \
+--steps $n --warmup 3")
+  done
+  configs+=("mlp bf16 b256x16 checkpoint|BIN/bench_policies --workload mlp --batch 256 --blocks 16 --policy checkpoint \
+--precision bf16 --steps 20 --warmup 3"
+            "gpt bf16 b16x4 stored|BIN/bench_policies --workload gpt --batch 16 --blocks 4 --policy stored --precision bf16 \
+--steps 4 --warmup 1")
 elif [ "${4:-}" = gpt ]; then
   configs=()
   for p in fp32 bf16; do

@@ -191,6 +191,56 @@ TEST_CASE("model: a pass on zeroed gradients writes them over, the values of add
   require_written_over_equals_added<mixed<bfloat16>>();
 }
 
+TEST_CASE("model: the gradients a pass adds onto, which train_step zeroes (the rest it writes over)",
+          "[graph][model]") {
+  using R = std::vector<param_range>;
+  // Net: Linear<6, 32> [0, 224), GELU, LayerNorm<32> [224, 288), Linear<32, 32> [288, 1344),
+  // Linear<32, 4> [1344, 1476): the norm's only.
+  CHECK(detail::gradients_added_onto<Net>(1476) == R{{224, 288}});
+  // A block of LayerNorm<8> (16) and Linear<8, 8, false> (64), three times; room past them.
+  using Blocks = Repeat<3, Residual<Seq<LayerNorm<8>, Linear<8, 8, false>>>>;
+  CHECK(detail::gradients_added_onto<Blocks>(240) == R{{0, 16}, {80, 96}, {160, 176}});
+  CHECK(detail::gradients_added_onto<Checkpointed<Blocks>>(250) == R{{0, 16}, {80, 96}, {160, 176}, {240, 250}});
+  // Linears alone (adjacent, merged): nothing; a model without parameters: its one stored element.
+  CHECK(detail::gradients_added_onto<Seq<Linear<3, 4>, Tanh, Linear<4, 2, false>>>(24) == R{});
+  CHECK(detail::gradients_added_onto<Seq<Tanh>>(1) == R{{0, 1}});
+  // An embedding and a norm add onto theirs; the head's Linear writes over its own.
+  using LM = Seq<Embedding<5, 4>, LayerNorm<4>, Linear<4, 5>>;
+  CHECK(detail::gradients_added_onto<LM>(53) == R{{0, 28}});
+}
+
+namespace {
+// Two models alike, one's gradients poisoned with NaN through gradients() before each train_step:
+// whatever train_step leaves unzeroed its pass writes over, so both train on bit for bit.
+template <class NetT, class P>
+void require_train_step_ignores_stale_gradients(std::size_t in, std::size_t out) {
+  model<NetT, host, P> clean{seed{5}}, poisoned{seed{5}};
+  AdamW a(clean, {.lr = 1e-2}), b(poisoned, {.lr = 1e-2});
+  tensor<float> x(12, in), t(12, out);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 0.9f);
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = std::cos(float(i) * 0.3f);
+  for (int step = 0; step < 3; ++step) {
+    auto g = poisoned.gradients();
+    std::fill(g.data(), g.data() + g.size(), std::numeric_limits<float>::quiet_NaN());
+    double const la = clean.template train_step<MSE>(x, t, a), lb = poisoned.template train_step<MSE>(x, t, b);
+    CHECK(std::isfinite(la));
+    CHECK(std::memcmp(&la, &lb, sizeof la) == 0);
+    auto const ga = tensor_to_host(std::as_const(clean).gradients()), gb = tensor_to_host(std::as_const(poisoned).gradients());
+    CHECK(same_bits(ga, gb));
+    CHECK(same_bits(tensor_to_host(clean.parameters()), tensor_to_host(poisoned.parameters())));
+  }
+}
+}  // namespace
+
+TEST_CASE("model: train_step on stale gradients trains as on zeroed ones, bit for bit", "[graph][model]") {
+  require_train_step_ignores_stale_gradients<Net, fp32>(6, 4);
+  require_train_step_ignores_stale_gradients<Net, mixed<bfloat16>>(6, 4);
+  using Blocks = Seq<Linear<5, 8>, Checkpointed<Repeat<3, Residual<Seq<LayerNorm<8>, Linear<8, 8, false>, GELU>>>>,
+                     Linear<8, 3>>;
+  require_train_step_ignores_stale_gradients<Blocks, fp32>(5, 3);
+  require_train_step_ignores_stale_gradients<Blocks, mixed<bfloat16>>(5, 3);
+}
+
 TEST_CASE("model: a training step lowers the loss", "[graph][model]") {
   model<Net> m{seed{3}};
   AdamW opt(m, {.lr = 3e-3});

@@ -220,6 +220,12 @@ constexpr std::size_t own_buffer_count() {
     return 0;
 }
 
+// A visitor of the layers that hold parameters rather than of their tensors: each leaf with
+// parameters is handed to it with its first parameter's offset (f.template layer<L>(offset)); a
+// layer that names its own tensors (L::visit) hands them to it as to any visitor, by name.
+template <class F>
+concept layer_visitor = requires { typename std::remove_cvref_t<F>::visits_layers; };
+
 // A name for each parameter tensor, PyTorch-style: "0.weight", "2.1.0.bias". With a buffer
 // visitor, the same walk names each buffer ("1.running_mean"), offsets counted by the visitor.
 template <class L, class F>
@@ -228,6 +234,8 @@ void visit_params(std::string const& prefix, std::size_t offset, F&& f) {
     L::visit(prefix, offset, f);
   else if constexpr (buffer_visitor<F>) {
     if constexpr (own_buffer_count<L>() > 0) f.template layer<L>(prefix);
+  } else if constexpr (layer_visitor<F>) {
+    if constexpr (L::param_count > 0) f.template layer<L>(offset);
   } else
     for (param_desc const& p : L::params()) f(prefix + p.name, offset + p.offset, p.shape);
 }

@@ -46,6 +46,9 @@
 //   adds_residual_gradient = true   backward_onto(s, p, g, dy, r) writes its input's gradient
 //                              plus r, rounded as the separate add would (a Residual whose branch
 //                              starts with it adds the shortcut's gradient there: the norms)
+//   overwrites_gradients = true   when s.gradients_zero(), backward writes every one of its
+//                              parameter gradients (Linear): a train_step leaves them unzeroed
+//                              before its pass, which writes them before anything reads them
 //   identity = true            forward and backward return their argument (Dropout<0>): a
 //                              Residual looks past it for the layer that ends its branch
 //   sequence_layer = true      its rows are positions of sequences (s.sequence_length())

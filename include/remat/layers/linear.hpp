@@ -22,6 +22,7 @@ struct Linear {
   static constexpr bool handles_hollow = true;  // it needs its input, and says so itself
   static constexpr bool fuses_epilogue = true;  // forward<F>: a following point-wise F in the same pass
   static constexpr bool adds_residual = true;   // forward_onto: a Residual's add in the bias pass
+  static constexpr bool overwrites_gradients = true;  // dW and db written over zeroed gradients
 
   // "weight" (Out x In) and "bias" (Out), PyTorch's names, shapes and layout.
   static std::vector<param_desc> params() {

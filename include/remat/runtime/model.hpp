@@ -98,7 +98,7 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     static_assert(mixed_precision,
                   "remat::model: host_master_weights expects a mixed-precision model (mixed<bfloat16> or "
                   "mixed<half>); an fp32 model's layers read its master weights, which stay on the device");
-    zero_grad();
+    this->zero_grad();
   }
 
   // Inference: nothing is saved for a backward pass. The activations, and the output handed back,
@@ -221,16 +221,6 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     });
   }
 
-  // Sets the gradients to zero (after a data-parallel wrapper's reductions in flight finish):
-  // what a step of gradient accumulation starts with. train_step does it itself.
-  void zero_grad() {
-    [[maybe_unused]] auto const on_stream = this->stream_.scope();
-    detail::gradient_sync* const sync = this->link_.gradient_sync();
-    if (sync) sync->zeroing_gradients();
-    if (!sync || !sync->clear_gradients()) evaluate(this->grads_, expr::to_expr(0.0));
-    this->grads_zero_ = true;
-  }
-
   // zero_grad, accumulate, optimizer step.
   // The loss is read last: on the GPU nothing waits between forward and backward, and the
   // optimizer's skip decision (the norm, the overflow check) is what the host waits for.
@@ -242,16 +232,23 @@ class model : public detail::model_parameters<Net, Device, Precision> {
     [[maybe_unused]] auto const on_stream = this->stream_.scope();
     validate<Loss>(x, target);  // before zero_grad: bad input changes nothing
     if (detail::gradient_sync* sync = this->link_.gradient_sync()) sync->check_pass();
-    zero_grad();
+    bool const left = this->zero_grad_before_pass();
     pass_report const before = report_;
-    auto const l = training_pass<Loss>(x, target, 1.0, nullptr);
+    auto const l = [&] {
+      try {
+        return training_pass<Loss>(x, target, 1.0, nullptr);
+      } catch (...) {  // (failed before its rollback was armed, it leaves what it did not write)
+        if (left) this->zero_grad_quietly();
+        throw;
+      }
+    }();
     try {
       opt.step();  // (an optimizer that throws has changed nothing of its own)
     } catch (...) {
       --passes_;  // the pass is undone: its dropout stream is the next pass's again
       if constexpr (buffer_count > 0) std::swap(this->buffers_, this->staged_buffers_);
       report_ = before;
-      zero_grad();
+      this->zero_grad();
       throw;
     }
     return l.get();
@@ -316,11 +313,12 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   std::size_t sequence_length() const { return seq_len_; }  // (0 until set_sequence_length is called)
 
  private:
+
   model(seed s, allocator_type& alloc, offload_allocator_t<Device>* offload_alloc)
       : base(s, alloc),
         own_offload_(offload_alloc ? nullptr : std::make_unique<offload_allocator_t<Device>>()),
         offload_alloc_(offload_alloc ? offload_alloc : own_offload_.get()) {
-    zero_grad();
+    this->zero_grad();
   }
 
   template <class Loss>

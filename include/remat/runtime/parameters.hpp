@@ -56,6 +56,41 @@ struct buffer_walker {
   }
 };
 
+// The gradients that a training pass begun on zero gradients writes over (the parameters of its
+// layers with overwrites_gradients: Linear's), in order, adjacent ranges merged.
+struct overwritten_gradients {
+  using visits_layers = void;
+  std::vector<param_range> ranges;
+  template <class L>
+  void layer(std::size_t offset) {
+    if constexpr (requires { requires L::overwrites_gradients; }) {
+      if (!ranges.empty() && ranges.back().end == offset)
+        ranges.back().end += L::param_count;
+      else
+        ranges.push_back({offset, offset + L::param_count});
+    }
+  }
+  // (a tensor named by a layer's own visit: not known to be written over)
+  void operator()(std::string const&, std::size_t, std::vector<std::size_t> const&) {}
+};
+
+// The gradients of a graph's `stored` that a training pass begun on zero gradients adds onto:
+// all but those of its layers with overwrites_gradients (and any room past its parameters), in
+// order, adjacent ranges merged.
+template <class Net>
+std::vector<param_range> gradients_added_onto(std::size_t stored) {
+  overwritten_gradients w;
+  visit_params<Net>("", 0, w);
+  std::vector<param_range> out;
+  std::size_t at = 0;
+  for (param_range const r : w.ranges) {
+    if (r.begin > at) out.push_back({at, r.begin});
+    at = std::max(at, r.end);
+  }
+  if (stored > at) out.push_back({at, stored});
+  return out;
+}
+
 // The stream a model's work goes to: none on the host; on the GPU one stream per model, current
 // while the model runs (so a step issues everything without waiting, and two models on two host
 // threads run side by side).
@@ -151,6 +186,16 @@ class model_parameters {
     if (gradient_sync const* s = link_.gradient_sync()) return s->parameters_whole();
     return !link_.partial_parameters();
   }
+  // Sets the gradients to zero (after a data-parallel wrapper's reductions in flight finish):
+  // what a step of gradient accumulation starts with. train_step does it itself.
+  void zero_grad() {
+    [[maybe_unused]] auto const on_stream = this->stream_.scope();
+    detail::gradient_sync* const sync = this->link_.gradient_sync();
+    if (sync) sync->zeroing_gradients();
+    if (!sync || !sync->clear_gradients()) evaluate(this->grads_, expr::to_expr(0.0));
+    this->grads_zero_ = true;
+  }
+
   // (A writable view may be written: the gradients are no longer known to be zero.)
   tensor_view<T, Device> gradients() {
     grads_zero_ = false;
@@ -226,6 +271,34 @@ class model_parameters {
  private:
 
  protected:
+  // zero_grad as train_step's pass begins: on a model trained alone, the gradients that the pass
+  // writes over (gradients_added_onto's complement: Linear's) are left as they are, since the
+  // pass writes them before anything reads them and a pass that fails has them all zeroed
+  // (pass_rollback, or train_step through zero_grad_quietly); this saves a pass over the
+  // gradients each step (PyTorch's zero_grad sets them to None for the same reason). Under a
+  // wrapper (remat::dist, gradient offload): zero_grad. Returns whether it left any.
+  bool zero_grad_before_pass() {
+    if (link_.gradient_sync()) return zero_grad(), false;
+    std::vector<param_range> const& added = gradients_added_onto();
+    for (param_range const r : added) evaluate(grads_.row_range(r.begin, r.size()), expr::to_expr(0.0));
+    grads_zero_ = true;
+    return !(added.size() == 1 && added[0].size() == stored_count());
+  }
+  // All gradients zero after a train_step's pass failed (a device that fails here has failed the
+  // pass's error already).
+  void zero_grad_quietly() noexcept {
+    try {
+      evaluate(grads_, expr::to_expr(0.0));
+    } catch (...) {
+    }
+    grads_zero_ = true;
+  }
+
+  // The gradients a training pass begun on zero gradients adds onto: what train_step zeroes.
+  static std::vector<param_range> const& gradients_added_onto() {
+    static std::vector<param_range> const added = detail::gradients_added_onto<Net>(stored_count());
+    return added;
+  }
   // With `master` (mixed precision only), the master weights live in its host memory.
   model_parameters(seed s, allocator_type& alloc, memory::caching_allocator<host>* master = nullptr)
       : master_host_(master ? memory::held_block<host>(*master, stored_count() * sizeof(T), memory::tag::parameters)
