@@ -278,7 +278,10 @@ class model_parameters {
   // gradients each step (PyTorch's zero_grad sets them to None for the same reason). Under a
   // wrapper (remat::dist, gradient offload): zero_grad. Returns whether it left any.
   bool zero_grad_before_pass() {
-    if (link_.gradient_sync()) return zero_grad(), false;
+    if (link_.gradient_sync()) {
+      zero_grad();
+      return false;
+    }
     std::vector<param_range> const& added = gradients_added_onto();
     for (param_range const r : added) evaluate(grads_.row_range(r.begin, r.size()), expr::to_expr(0.0));
     grads_zero_ = true;
