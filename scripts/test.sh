@@ -22,7 +22,7 @@
 #      the API reference as one site (scripts/docs.sh: Doxygen; any warning fails),
 #      and fuzzes the file readers for a minute after replaying tests/fuzz/regressions (scripts/fuzz.sh),
 #   5. builds the tests that go through oneDNN (products, convolutions, mixed precision, the plans
-#      and the steady loops' allocations, the GPT with its PyTorch cross-check) against oneDNN 3.x
+#      and the steady loops' allocations) against oneDNN 3.x
 #      as well (3.2.0, fetched by scripts/onednn3.sh from PyPI) and runs them: Debian 12's is 2.6,
 #      a newer system's is 3.x, and the two APIs differ (REMAT_SKIP_ONEDNN3=1 leaves the stage
 #      out, for a machine that cannot reach PyPI; a failed fetch fails it, and says so),
@@ -77,9 +77,10 @@ nvcc_build() {
   fi
 }
 # The test programs stage 5 builds against oneDNN 3.x, and the tests it runs.
-onednn3_targets=(kernels layers layers_write_conv_fixture precision plans heap_steady transformer
-                 transformer_write_fixture)
-onednn3_tests='^(kernels|layers|precision|plans|heap_steady|transformer):'
+# (Not the GPT's program: its calls into oneDNN, alpha and beta included, are the kernels tests';
+# it passed against 3.2.0 and 3.7.2 when the stage came, and leaving it out keeps CI under 50 min.)
+onednn3_targets=(kernels layers layers_write_conv_fixture precision plans heap_steady)
+onednn3_tests='^(kernels|layers|precision|plans|heap_steady):'
 onednn3_build() {
   local args
   if [ "${REMAT_SKIP_ONEDNN3:-0}" = 1 ]; then
