@@ -313,7 +313,6 @@ class model : public detail::model_parameters<Net, Device, Precision> {
   std::size_t sequence_length() const { return seq_len_; }  // (0 until set_sequence_length is called)
 
  private:
-
   model(seed s, allocator_type& alloc, offload_allocator_t<Device>* offload_alloc)
       : base(s, alloc),
         own_offload_(offload_alloc ? nullptr : std::make_unique<offload_allocator_t<Device>>()),
