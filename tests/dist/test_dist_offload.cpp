@@ -85,6 +85,15 @@ std::vector<float> zero2_run(dist::gradient_memory* pages = nullptr, int level =
 }
 }  // namespace
 
+// Every storage policy in one model (each over a segment of its own), the budget policy at its
+// leanest included: the full offload (the gradients on the host, and in mixed precision the master
+// weights too) under every policy.
+constexpr std::size_t leanest_budget = Budget<std::size_t(1) << 30, Batch, Repeat<2, Block>>::minimum<float>;
+using EveryPolicyNet =
+    NetWith<Seq<Checkpointed<Block>, Selective<Block>, CheckpointSequential<2, Repeat<3, Block>, last_run::stored>,
+                Revolve<2, Repeat<3, Block>>, Offloaded<Block>, Budget<leanest_budget, Batch, Repeat<2, Block>>>>;
+using EveryPolicyStored = NetWith<Seq<Block, Block, Repeat<3, Block>, Repeat<3, Block>, Block, Repeat<2, Block>>>;
+
 TEST_CASE("each rank's offloaded step measures its plan on the device and on the host", "[dist][memory][plan][offload]") {
   // (master: the master weights on the host too, all of them on every rank, under ZeRO-3 by a
   // model built so (host_master_weights); gradients: the gradients too, the sum of the rank's
@@ -139,6 +148,9 @@ TEST_CASE("each rank's offloaded step measures its plan on the device and on the
   check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, false, true, true);
   check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, true, false, true);
   check(CheckpointedNet{}, mixed<bfloat16, DynamicLossScale>{}, true, true, true, true);
+  check(EveryPolicyNet{}, fp32{}, true, false, true);
+  check(EveryPolicyNet{}, mixed<bfloat16, DynamicLossScale>{}, true, true, true);
+  check(EveryPolicyNet{}, mixed<bfloat16, DynamicLossScale>{}, true, true, true, true);
 }
 
 TEST_CASE("the gradients on the host are refused under a wrapper without ZeRO-2, and a wrapper built after them",
@@ -284,6 +296,40 @@ TEST_CASE("with the gradients on the host under ZeRO-2, an offloaded optimizer t
   CHECK_THROWS_WITH(OffloadedAdamW(m, opts, dp.shard(), nullptr, {.gradients = gradient_place::host}),
                     Catch::Contains("shard_gradients"));
   CHECK_FALSE(m.link().gradient_sync()->gradients_elsewhere());
+}
+
+TEST_CASE("the full offload under every storage policy trains bit for bit as AdamW does, accumulation and clipping "
+          "included, as planned on the device and on the host",
+          "[dist][offload][gradients][master][policies]") {
+  INFO(world_size() << " ranks");
+  using B = mixed<bfloat16, DynamicLossScale>;
+  // (the policies change nothing of the arithmetic: AdamW's run is the stored model's, and it trains)
+  std::vector<float> const stored = zero2_run<fp32, AdamW_of, EveryPolicyStored>();
+  std::vector<float> const stored16 = zero2_run<B, AdamW_of, EveryPolicyStored>();
+  CHECK(std::memcmp(stored.data(), zero2_run<fp32, AdamW_of, EveryPolicyNet>().data(), stored.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(stored16.data(), zero2_run<B, AdamW_of, EveryPolicyNet>().data(), stored.size() * sizeof(float)) == 0);
+  model<EveryPolicyStored> const initial(seed{7});
+  CHECK(max_abs_diff(params_of(initial), std::vector<float>(stored.begin(), stored.begin() + std::ptrdiff_t(
+                                                                               initial.parameter_count))) > 1e-3);
+  for (int level : {2, 3}) {
+    INFO("ZeRO-" << level);
+    dist::gradient_memory kept{}, sent{};
+    std::vector<float> const a = zero2_run<fp32, AdamW_of, EveryPolicyNet>(&kept, level);
+    std::vector<float> const o = zero2_run<fp32, OffloadedGrads, EveryPolicyNet>(&sent, level);
+    CHECK(std::memcmp(a.data(), o.data(), a.size() * sizeof(float)) == 0);
+    CHECK(same_on_every_rank(std::vector<float>(o.begin(), o.begin() + std::ptrdiff_t(model<EveryPolicyNet>::parameter_count))));
+    CHECK(sent.last_peak == sent.planned_peak);
+    CHECK(kept.last_peak == kept.planned_peak);
+    CHECK(sent.planned_peak <= kept.planned_peak);
+    std::vector<float> const ab = zero2_run<B, AdamW_of, EveryPolicyNet>(nullptr, level);
+    if (level == 2) {  // (the master weights moved to the host by the optimizer: ZeRO-3 takes them built there)
+      std::vector<float> const all = zero2_run<B, OffloadedAll, EveryPolicyNet>(nullptr, level);
+      CHECK(std::memcmp(ab.data(), all.data(), ab.size() * sizeof(float)) == 0);
+    }
+    // The model built with its master weights on the host (under ZeRO-3 the rank keeps its shard).
+    std::vector<float> const built = zero2_run<B, OffloadedAll, EveryPolicyNet>(nullptr, level, true);
+    CHECK(std::memcmp(ab.data(), built.data(), ab.size() * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("an offloaded optimizer, whole or sharded, trains bit for bit as AdamW does and saves the same state",
