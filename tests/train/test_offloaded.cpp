@@ -74,9 +74,9 @@ void require_same(M& ma, A const& a, M& mo, O const& o, std::string const& what)
 // after the third both models' weights are written from outside. The offloaded optimizer updates
 // `chunk` parameters at a time (0: all at once), with the placement w. With `micro` above 1 each
 // step sums the gradients of that many micro-batches (accumulate) before the optimizer's step.
-template <class P>
+template <class P, class NetT = Net>
 void run_alike(adamw_options opts, std::size_t chunk = 0, offload_options w = {}, int micro = 1) {
-  model<Net, host, P> ma(seed{7}), mo(seed{7});
+  model<NetT, host, P> ma(seed{7}), mo(seed{7});
   AdamW a(ma, opts);
   OffloadedAdamW o(mo, opts, w);
   REQUIRE(o.chunk() == 0);  // (on the host: all at once)
@@ -186,6 +186,26 @@ TEST_CASE("OffloadedAdamW with the gradients on the host: bit for bit AdamW's, a
   run_alike<mixed<bfloat16, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 1.0}, 0, both);
   run_alike<mixed<half, DynamicLossScale>>({.lr = 1e-2, .clip_norm = 0.5}, 0, both, 3);
   run_alike<mixed<bfloat16>>({.lr = 3e-3, .weight_decay = 0.1}, 13, both, 2);
+}
+
+namespace {
+// Every storage policy, each over a segment of its own (the budget policy at its leanest), between
+// Net's first and last layers.
+using Blk = Residual<Seq<LayerNorm<24>, Linear<24, 32>, GELU, Linear<32, 24>>>;
+constexpr std::size_t leanest = Budget<std::size_t(1) << 30, 16, Repeat<2, Blk>>::minimum<float>;
+using EveryPolicy = Seq<Linear<12, 24>, Checkpointed<Blk>, Selective<Blk>,
+                        CheckpointSequential<2, Repeat<3, Blk>, last_run::stored>, Revolve<2, Repeat<3, Blk>>,
+                        Offloaded<Blk>, Budget<leanest, 16, Repeat<2, Blk>>, LayerNorm<24>, Linear<24, 6>>;
+}  // namespace
+
+TEST_CASE("OffloadedAdamW in full (the gradients and the master weights on the host) under every storage policy: "
+          "bit for bit AdamW's",
+          "[train][optim][offload][gradients][master][policies]") {
+  offload_options const grads{.gradients = gradient_place::host};
+  offload_options const both{.master_weights = true, .gradients = gradient_place::host};
+  run_alike<fp32, EveryPolicy>({.lr = 1e-2, .clip_norm = 0.5}, 0, grads, 3);
+  run_alike<mixed<bfloat16, DynamicLossScale>, EveryPolicy>({.lr = 1e-2, .clip_norm = 0.5}, 0, both, 3);
+  run_alike<mixed<half, DynamicLossScale>, EveryPolicy>({.lr = 1e-2, .clip_norm = 1.0}, 0, both);
 }
 
 namespace {
