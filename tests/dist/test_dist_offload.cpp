@@ -303,32 +303,32 @@ TEST_CASE("the full offload under every storage policy trains bit for bit as Ada
           "[dist][offload][gradients][master][policies]") {
   INFO(world_size() << " ranks");
   using B = mixed<bfloat16, DynamicLossScale>;
+  constexpr std::ptrdiff_t n = model<EveryPolicyNet>::parameter_count;
+  auto same = [](std::vector<float> const& a, std::vector<float> const& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
   // (the policies change nothing of the arithmetic: AdamW's run is the stored model's, and it trains)
   std::vector<float> const stored = zero2_run<fp32, AdamW_of, EveryPolicyStored>();
-  std::vector<float> const stored16 = zero2_run<B, AdamW_of, EveryPolicyStored>();
-  CHECK(std::memcmp(stored.data(), zero2_run<fp32, AdamW_of, EveryPolicyNet>().data(), stored.size() * sizeof(float)) == 0);
-  CHECK(std::memcmp(stored16.data(), zero2_run<B, AdamW_of, EveryPolicyNet>().data(), stored.size() * sizeof(float)) == 0);
+  CHECK(same(stored, zero2_run<fp32, AdamW_of, EveryPolicyNet>()));
+  CHECK(same(zero2_run<B, AdamW_of, EveryPolicyStored>(), zero2_run<B, AdamW_of, EveryPolicyNet>()));
   model<EveryPolicyStored> const initial(seed{7});
-  CHECK(max_abs_diff(params_of(initial), std::vector<float>(stored.begin(), stored.begin() + std::ptrdiff_t(
-                                                                               initial.parameter_count))) > 1e-3);
+  CHECK(max_abs_diff(params_of(initial), std::vector<float>(stored.begin(), stored.begin() + n)) > 1e-3);
   for (int level : {2, 3}) {
     INFO("ZeRO-" << level);
     dist::gradient_memory kept{}, sent{};
     std::vector<float> const a = zero2_run<fp32, AdamW_of, EveryPolicyNet>(&kept, level);
     std::vector<float> const o = zero2_run<fp32, OffloadedGrads, EveryPolicyNet>(&sent, level);
-    CHECK(std::memcmp(a.data(), o.data(), a.size() * sizeof(float)) == 0);
-    CHECK(same_on_every_rank(std::vector<float>(o.begin(), o.begin() + std::ptrdiff_t(model<EveryPolicyNet>::parameter_count))));
+    CHECK(same(a, o));
+    CHECK(same_on_every_rank(std::vector<float>(o.begin(), o.begin() + n)));
     CHECK(sent.last_peak == sent.planned_peak);
     CHECK(kept.last_peak == kept.planned_peak);
     CHECK(sent.planned_peak <= kept.planned_peak);
     std::vector<float> const ab = zero2_run<B, AdamW_of, EveryPolicyNet>(nullptr, level);
     if (level == 2) {  // (the master weights moved to the host by the optimizer: ZeRO-3 takes them built there)
-      std::vector<float> const all = zero2_run<B, OffloadedAll, EveryPolicyNet>(nullptr, level);
-      CHECK(std::memcmp(ab.data(), all.data(), ab.size() * sizeof(float)) == 0);
+      CHECK(same(ab, zero2_run<B, OffloadedAll, EveryPolicyNet>(nullptr, level)));
     }
     // The model built with its master weights on the host (under ZeRO-3 the rank keeps its shard).
-    std::vector<float> const built = zero2_run<B, OffloadedAll, EveryPolicyNet>(nullptr, level, true);
-    CHECK(std::memcmp(ab.data(), built.data(), ab.size() * sizeof(float)) == 0);
+    CHECK(same(ab, zero2_run<B, OffloadedAll, EveryPolicyNet>(nullptr, level, true)));
   }
 }
 
