@@ -6,6 +6,7 @@
 #pragma once
 
 #include "../error.hpp"
+#include "../pass/gradient_sync.hpp"
 
 // The C interface only: the deprecated C++ bindings some MPIs still ship add nothing here.
 #ifndef OMPI_SKIP_MPICXX
@@ -40,6 +41,14 @@ namespace REMAT_NAMESPACE {
 namespace dist {
 
 namespace detail {
+
+// The most elements one bulk message carries, and the largest offset passed to MPI: MPI 3.1
+// counts and places elements in int, so the parameters of a larger model go in parts of this many
+// (a test lowers it to reach those paths with a small model).
+inline std::size_t& mpi_message_limit() {
+  static std::size_t limit = std::size_t(1) << 30;
+  return limit;
+}
 
 inline void check(int rc, char const* call) {
   if (rc == MPI_SUCCESS) return;
@@ -210,6 +219,7 @@ class communicator {
   // `bytes` bytes of root's buffer to every rank's.
   void broadcast(void* data, std::size_t bytes, int root, char const* what) {
     k_->bytes.assign(static_cast<unsigned char const*>(data), static_cast<unsigned char const*>(data) + bytes);
+    std::size_t const chunk = detail::mpi_message_limit();  // (bytes per message, within int)
     for (std::size_t b = 0; b < bytes; b += chunk) {
       MPI_Request r;
       detail::check(MPI_Ibcast(k_->bytes.data() + b, int(std::min(chunk, bytes - b)), MPI_BYTE, root, comm_, &r),
@@ -234,18 +244,53 @@ class communicator {
     return k_->u_all;
   }
   // Rank 0 gets the ranks' parts of a vector of `total` elements in rank order (rank q's part is
-  // counts[q] long, at displs[q]); the other ranks get an empty vector.
+  // parts[q], `mine` on rank q); the other ranks get an empty vector. Past MPI's int offsets
+  // (detail::mpi_message_limit) each rank sends its part to rank 0 in messages of at most that many.
   template <class T>
-  std::vector<T> gather(std::vector<T> const& mine, std::size_t total, std::vector<int> const& counts,
-                        std::vector<int> const& displs, char const* what) {
+  std::vector<T> gather(std::vector<T> const& mine, std::size_t total, std::vector<param_range> const& parts,
+                        char const* what) {
     k_->send.resize(mine.size() * sizeof(T));
     if (!mine.empty()) std::memcpy(k_->send.data(), mine.data(), k_->send.size());
     k_->gathered.assign(rank_ == 0 ? total * sizeof(T) : 0, 0);
-    MPI_Request r;
-    detail::check(MPI_Igatherv(k_->send.data(), int(mine.size()), detail::datatype<T>(), k_->gathered.data(),
-                               counts.data(), displs.data(), detail::datatype<T>(), 0, comm_, &r),
-                  "MPI_Igatherv");
-    wait(r, what);
+    std::size_t const limit = detail::mpi_message_limit();
+    if (std::any_of(parts.begin(), parts.end(), [&](param_range const& s) { return s.end > limit; })) {
+      std::vector<MPI_Request> rs;
+      auto const in_parts = [&](int q, auto&& f) {  // f(where in the vector, where in q's part, count, tag)
+        param_range const s = parts[std::size_t(q)];
+        for (std::size_t b = 0, tag = 0; b < s.size(); b += limit, ++tag)
+          f(s.begin + b, b, int(std::min(limit, s.size() - b)), int(tag));
+      };
+      if (rank_ == 0) {
+        if (!mine.empty())
+          std::memcpy(k_->gathered.data() + parts[0].begin * sizeof(T), k_->send.data(), k_->send.size());
+        for (int q = 1; q < size_; ++q)
+          in_parts(q, [&](std::size_t at, std::size_t, int count, int tag) {
+            rs.emplace_back();
+            detail::check(MPI_Irecv(k_->gathered.data() + at * sizeof(T), count, detail::datatype<T>(), q, tag, comm_,
+                                    &rs.back()),
+                          "MPI_Irecv");
+          });
+      } else {
+        in_parts(rank_, [&](std::size_t, std::size_t b, int count, int tag) {
+          rs.emplace_back();
+          detail::check(MPI_Isend(k_->send.data() + b * sizeof(T), count, detail::datatype<T>(), 0, tag, comm_,
+                                  &rs.back()),
+                        "MPI_Isend");
+        });
+      }
+      wait_all(rs, what);
+    } else {
+      std::vector<int> counts, displs;
+      for (param_range const& s : parts) {
+        counts.push_back(int(s.size()));
+        displs.push_back(int(s.begin));
+      }
+      MPI_Request r;
+      detail::check(MPI_Igatherv(k_->send.data(), int(mine.size()), detail::datatype<T>(), k_->gathered.data(),
+                                 counts.data(), displs.data(), detail::datatype<T>(), 0, comm_, &r),
+                    "MPI_Igatherv");
+      wait(r, what);
+    }
     std::vector<T> out(rank_ == 0 ? total : 0);
     if (!out.empty()) std::memcpy(out.data(), k_->gathered.data(), total * sizeof(T));
     return out;
@@ -277,8 +322,6 @@ class communicator {
   }
 
  private:
-  static constexpr std::size_t chunk = std::size_t(1) << 30;  // elements per message, within int
-
   struct buffers {
     std::pair<int, int> ints{};  // (in, out) of an all-reduce
     std::pair<double, double> doubles{};

@@ -325,12 +325,7 @@ class data_parallel {
   // the optimizer is not sharded; other ranks get an empty vector).
   std::vector<T> gather_shards(std::vector<T> const& mine) {
     if (!s_.opts.shard_optimizer) return rank() == 0 ? mine : std::vector<T>{};
-    std::vector<int> counts, displs;
-    for (param_range const& s : s_.shards.all()) {
-      counts.push_back(int(s.size()));
-      displs.push_back(int(s.begin));
-    }
-    return s_.c.gather(mine, n, counts, displs, "the optimizer state's gather to rank 0");
+    return s_.c.gather(mine, n, s_.shards.all(), "the optimizer state's gather to rank 0");
   }
 
  private:

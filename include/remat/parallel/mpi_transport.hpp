@@ -13,7 +13,6 @@
 
 namespace REMAT_NAMESPACE {
 namespace dist {
-
 // What data_parallel sends its gradients and parameters through on the host: MPI's non-blocking
 // collectives on the wrapper's communicator, for values of type T. Every call starts messages on
 // every rank in the same order; join() waits for them.
@@ -52,9 +51,23 @@ class mpi_transport {
     });
   }
   // Every rank's part of p (rank q's: shards[q]) to every rank. The elements may be of another
-  // type than T (a mixed-precision model's 16-bit compute copy): they are moved, not added.
+  // type than T (a mixed-precision model's 16-bit compute copy): they are moved, not added. Past
+  // MPI's int offsets (detail::mpi_message_limit) each rank broadcasts its part, in messages of
+  // at most that many elements.
   template <class U>
   void all_gather(U* p, std::vector<param_range> const& shards) {
+    std::size_t const limit = detail::mpi_message_limit();
+    if (std::any_of(shards.begin(), shards.end(), [&](param_range const& s) { return s.end > limit; })) {
+      for (std::size_t q = 0; q < shards.size(); ++q)
+        for (std::size_t b = shards[q].begin; b < shards[q].end; b += limit) {
+          MPI_Request r;
+          detail::check(MPI_Ibcast(p + b, int(std::min(limit, shards[q].end - b)), detail::moved_datatype<U>(), int(q),
+                                   c_.get(), &r),
+                        "MPI_Ibcast");
+          requests_.push_back(r);
+        }
+      return;
+    }
     counts_.clear();
     displs_.clear();
     for (param_range const& s : shards) {
@@ -84,10 +97,9 @@ class mpi_transport {
   }
 
  private:
-  static constexpr std::size_t chunk = std::size_t(1) << 30;  // elements per message, within int
-
   template <class Start>
   void for_chunks(std::size_t n, Start&& start) {
+    std::size_t const chunk = detail::mpi_message_limit();  // (elements per message, within int)
     for (std::size_t b = 0; b < n; b += chunk) {
       MPI_Request r;
       start(b, int(std::min(chunk, n - b)), r);
