@@ -13,6 +13,7 @@
 
 namespace REMAT_NAMESPACE {
 namespace dist {
+
 // What data_parallel sends its gradients and parameters through on the host: MPI's non-blocking
 // collectives on the wrapper's communicator, for values of type T. Every call starts messages on
 // every rank in the same order; join() waits for them.
