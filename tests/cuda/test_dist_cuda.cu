@@ -11,7 +11,8 @@
 //     backward is about to write them and given back once reduced) trains as ZeRO-1, and ZeRO-3
 //     (shard_parameters, and keeping what a pass gathers) as ZeRO-2, bit for bit, in fp32 and
 //     bf16; a rank then holds its shard's granules only, the most a step held is the plan's, and
-//     the model's gradients read back whole (the rest zero) once the wrapper is gone.
+//     the model's gradients read back whole (the rest zero) once the wrapper is gone;
+//   - the master weights on the host (OffloadedAdamW) under ZeRO-0, 1 and 2 train as alone.
 // Without a GPU it exits with 77 (skipped). Built by nvcc in CI; run on a GPU by `ctest -L cuda`.
 #include <remat/parallel/mpi.hpp>
 #include <remat/remat.hpp>
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -254,6 +256,88 @@ void check_offloaded_gradients(int level = 2) {
   check(sent.planned_peak < kept.planned_peak, "the gradients on the host: fewer granules than with the shard kept");
 }
 
+// The master weights on the host (OffloadedAdamW's offload_options::master_weights, ZeRO-Offload's
+// placement) under ZeRO-0, 1 and 2: each rank updates its shard on the host and writes its part of
+// the device's compute copy; a sharded wrapper gathers the master weights through MPI (host memory)
+// and the compute copy through NCCL. Trains as the same optimizer alone on the whole batch: bit for
+// bit on one rank, to rounding on more; every rank holds the same master weights and compute copy,
+// bit for bit. Built with host_master_weights (a seed of each rank's own), the wrapper broadcasts
+// rank 0's through MPI. ZeRO-3 with them on the host is refused, the model unchanged.
+void check_master_on_host(int level, bool gradients_on_host, bool built_on_host) {
+  using P = mixed<bfloat16, DynamicLossScale>;
+  using M = model<Net, gpu, P>;
+  auto const gradients = gradients_on_host ? gradient_place::host : gradient_place::device;
+  auto x = on_gpu(inputs(), 0, batch, In);
+  auto y = on_gpu(labels(), 0, batch, 1);
+  std::vector<float> want;
+  std::vector<bfloat16> want_copy;
+  {
+    M m(seed{5});
+    OffloadedAdamW opt(m, {.lr = 1e-2}, {.master_weights = true});
+    for (int s = 0; s < 3; ++s) m.train_step<SoftmaxCrossEntropy>(x, y, opt);
+    want = tensor_to_host(std::as_const(m).parameters());
+    want_copy = tensor_to_host(m.compute_parameters());
+  }
+  std::size_t const rows = std::size_t(batch) / std::size_t(ranks), first = rows * std::size_t(rank);
+  auto xs = on_gpu(inputs(), first, rows, In);
+  auto ys = on_gpu(labels(), first, rows, 1);
+  memory::caching_allocator<host> host_side;  // (outlives the model)
+  std::optional<M> held;
+  if (built_on_host)
+    held.emplace(seed{5 + 11 * std::uint64_t(rank)}, memory::default_allocator<gpu>(), host_master_weights{host_side});
+  else
+    held.emplace(seed{5});
+  M& m = *held;
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level, 4096));
+  OffloadedAdamW opt(m, {.lr = 1e-2}, {.master_weights = true, .gradients = gradients});
+  for (int s = 0; s < 3; ++s) dp.train_step<SoftmaxCrossEntropy>(xs, ys, opt);
+  check(m.master_on_host() && opt.offloads_master_weights(), "the master weights live on the host");
+  std::vector<float> const got = tensor_to_host(std::as_const(m).parameters());
+  std::vector<bfloat16> const copy = tensor_to_host(m.compute_parameters());
+  if (ranks == 1) {
+    check(same_bits(got, want), "the master weights on the host, one rank: as trained alone, bit for bit");
+    check(std::memcmp(copy.data(), want_copy.data(), copy.size() * sizeof(bfloat16)) == 0,
+          "the master weights on the host, one rank: the compute copy as trained alone, bit for bit");
+  } else {
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::fabs(double(got[i]) - double(want[i])) / (1e-3 + std::fabs(double(want[i]))));
+    check(worst < 1e-2, "the master weights on the host, P ranks: as trained alone, to rounding");
+  }
+  std::vector<float> first_rank = got;
+  MPI_Bcast(first_rank.data(), int(first_rank.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  check(same_bits(got, first_rank), "the master weights on the host: every rank holds rank 0's, bit for bit");
+  std::vector<bfloat16> first_copy = copy;
+  MPI_Bcast(first_copy.data(), int(first_copy.size() * sizeof(bfloat16)), MPI_BYTE, 0, MPI_COMM_WORLD);
+  check(std::memcmp(copy.data(), first_copy.data(), copy.size() * sizeof(bfloat16)) == 0,
+        "the master weights on the host: every rank holds rank 0's compute copy, bit for bit");
+  if (rank == 0)
+    std::printf("the master weights on the host under ZeRO-%d (gradients on the %s%s), %d ranks: checked\n", level,
+                gradients_on_host ? "host" : "device", built_on_host ? ", built there" : "", ranks);
+}
+
+void check_master_on_host_refused_under_zero3() {
+  using M = model<Net, gpu, mixed<bfloat16, DynamicLossScale>>;
+  M m(seed{5});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(3, 4096));
+  bool refused = false;
+  try {
+    OffloadedAdamW opt(m, {.lr = 1e-2}, {.master_weights = true});
+  } catch (argument_error const& e) {
+    refused = std::strstr(e.what(), "ZeRO-3") != nullptr;
+  }
+  check(refused && !m.master_on_host(), "ZeRO-3 with the master weights on the host: refused, the model unchanged");
+  memory::caching_allocator<host> host_side;
+  M built(seed{5}, memory::default_allocator<gpu>(), host_master_weights{host_side});
+  refused = false;
+  try {
+    dist::data_parallel refused_dp(built, MPI_COMM_WORLD, sharding(3, 4096));
+  } catch (argument_error const& e) {
+    refused = std::strstr(e.what(), "ZeRO-3") != nullptr;
+  }
+  check(refused, "ZeRO-3 over a model built with its master weights on the host: refused");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -287,6 +371,10 @@ int main(int argc, char** argv) {
       check_offloaded_gradients<fp32>(level);
       check_offloaded_gradients<bf16>(level);
     }
+    for (int level : {0, 1, 2}) check_master_on_host(level, false, false);
+    check_master_on_host(1, false, true);
+    check_master_on_host(2, true, false);
+    check_master_on_host_refused_under_zero3();
   } catch (std::exception const& e) {
     std::printf("rank %d: FAILED with an exception: %s\n", rank, e.what());
     ++failures;

@@ -34,9 +34,10 @@ options checked_options(Model const& m, options o) {
     raise<argument_error>(
         "data_parallel: expected a model with whole parameters, found one rank's shard of them only (a ZeRO-3 "
         "wrapper went without gather_parameters()); load the parameters from a file first");
-  if (m.master_on_host() && !std::is_same_v<typename Model::device, host>)
-    raise<argument_error>("data_parallel: expected a GPU model's master weights on the device, found them in host memory "
-                          "(host_master_weights or OffloadedAdamW's master_weights): not supported yet");
+  if (m.master_on_host() && !std::is_same_v<typename Model::device, host> && o.shard_parameters)
+    raise<argument_error>("data_parallel: shard_parameters (ZeRO-3) expects a GPU model's master weights on the device, "
+                          "found them in host memory (host_master_weights): not supported yet; ZeRO-0, 1 and 2 take "
+                          "them there");
   if (!(o.timeout_seconds > 0)) raise<argument_error>("data_parallel: expected timeout_seconds > 0, found ", o.timeout_seconds);
   if (o.bucket_bytes < sizeof(typename Model::value_type))
     raise<argument_error>("data_parallel: expected bucket_bytes of at least one parameter (",

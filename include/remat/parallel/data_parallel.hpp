@@ -167,7 +167,8 @@ class data_parallel {
     Model& m = s_.model;
     if (s_.gathers_parameters() && !params_.whole()) m.link().set_partial_parameters(true);
     if (m.link().gradient_sync() == &hooks_) m.link().set_gradient_sync(nullptr);
-    bool const abandoned = (s_.transport && s_.transport->busy()) || (s_.gathers && s_.gathers->busy());
+    bool const abandoned = (s_.transport && s_.transport->busy()) || (s_.gathers && s_.gathers->busy()) ||
+                           (s_.host_side && s_.host_side->busy());
     backed_buffer* const buffers[] = {&grads_.buffer(), &params_.master(), &params_.compute()};
     if constexpr (on_gpu) {
       // ZeRO-2 and ZeRO-3 on the GPU: the gradients and parameters move back into memory of the
@@ -219,9 +220,11 @@ class data_parallel {
     {
       [[maybe_unused]] auto const on_stream = m.stream_scope();
       params_.master().commit(0, n);  // (ZeRO-3: the pages given back are written)
-      s_.transport->follow();
-      s_.transport->broadcast(m.parameters().data(), n, 0);
-      s_.transport->join("the parameters' broadcast from rank 0");
+      s_.with_master_transport([&](auto& t) {  // (where the master weights live)
+        t.follow();
+        t.broadcast(m.parameters().data(), n, 0);
+        t.join("the parameters' broadcast from rank 0");
+      });
     }
     m.set_passes(s_.c.broadcast(m.passes(), 0, "the pass count's broadcast from rank 0"));
     m.parameters_changed();

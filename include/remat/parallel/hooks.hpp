@@ -134,10 +134,27 @@ class model_hooks final : public REMAT_NAMESPACE::detail::gradient_sync {
       params_.release();
       return s_.model.parameters_changed();
     }
+    std::size_t const others = s_.n - s_.shard().size();
+    s_.last.gathered = others * sizeof(typename Model::value_type);
+    if constexpr (Model::mixed_precision) {
+      if (s_.model.master_on_host()) {
+        // The master weights where they live (on a GPU: host memory, through MPI) and the compute
+        // copy, which each rank's optimizer wrote for its part as it updated, on the device; the
+        // copy is then current, not cast again from the host.
+        s_.transport->follow();
+        s_.transport->all_gather(const_cast<typename Model::compute_type*>(s_.compute_base()), s_.shards.all());
+        s_.with_master_transport([&](auto& t) {
+          t.all_gather(s_.parameter_base(), s_.shards.all());
+          t.join("the master weights' all-gather");
+        });
+        s_.transport->join("the compute weights' all-gather");
+        s_.last.gathered += others * sizeof(typename Model::compute_type);
+        return s_.model.parameters_changed_with_copy();
+      }
+    }
     s_.transport->follow();
     s_.transport->all_gather(s_.model.parameters().data(), s_.shards.all());
     s_.transport->join("the parameters' all-gather");
-    s_.last.gathered = (s_.n - s_.shard().size()) * sizeof(typename Model::value_type);
     s_.model.parameters_changed();
   }
 

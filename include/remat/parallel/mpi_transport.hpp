@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <deque>
 #include <vector>
 
 namespace REMAT_NAMESPACE {
@@ -69,14 +70,15 @@ class mpi_transport {
         }
       return;
     }
-    counts_.clear();
-    displs_.clear();
+    // (MPI reads the counts and offsets until the gather ends: each gather in flight has its own)
+    std::vector<int>& counts = layouts_.emplace_back();
+    std::vector<int>& displs = layouts_.emplace_back();
     for (param_range const& s : shards) {
-      counts_.push_back(int(s.size()));
-      displs_.push_back(int(s.begin));
+      counts.push_back(int(s.size()));
+      displs.push_back(int(s.begin));
     }
     MPI_Request r;
-    detail::check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts_.data(), displs_.data(),
+    detail::check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, counts.data(), displs.data(),
                                   detail::moved_datatype<U>(), c_.get(), &r),
                   "MPI_Iallgatherv");
     requests_.push_back(r);
@@ -87,7 +89,10 @@ class mpi_transport {
     if (requests_.empty()) return;
     int done = 0;
     detail::check(MPI_Testall(int(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    if (done) requests_.clear();
+    if (done) {
+      requests_.clear();
+      layouts_.clear();
+    }
   }
   // Whether messages started may still be in flight (not joined yet).
   bool busy() const { return !requests_.empty(); }
@@ -95,6 +100,7 @@ class mpi_transport {
   void join(char const* what) {
     c_.wait_all(requests_, what);
     requests_.clear();
+    layouts_.clear();
   }
 
  private:
@@ -110,7 +116,7 @@ class mpi_transport {
 
   communicator& c_;
   std::vector<MPI_Request> requests_;
-  std::vector<int> counts_, displs_;  // (read by a gather in flight)
+  std::deque<std::vector<int>> layouts_;  // the counts and offsets of the gathers in flight (stable)
 };
 
 }  // namespace dist

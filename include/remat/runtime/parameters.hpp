@@ -159,6 +159,17 @@ class model_parameters {
     compute_stale_ = true;
     ++parameter_version_;
   }
+  // After the master weights and every value of their compute copy were written to agree (a
+  // data-parallel wrapper gathers both when the master weights live in host memory: each rank's
+  // optimizer wrote its part of the copy as it updated): the weights have changed, and the copy
+  // is current, not cast again.
+  void parameters_changed_with_copy() {
+    ++parameter_version_;
+    if constexpr (mixed_precision) {
+      compute_stale_ = false;
+      compute_cast_ = {0, stored_count()};
+    }
+  }
   // Counts the writable views of the master weights handed out and the parameters_changed()
   // calls: an optimizer with a copy of the weights elsewhere (OffloadedAdamW) reads it again when
   // this has moved since its own update.

@@ -52,10 +52,12 @@ struct offload_options {
   // into the optimizer's host memory (pageable) for the model's life, and the device keeps their
   // 16-bit compute copy only, 4 bytes per parameter less; each step copies up the compute copy
   // alone. model::master_on_host() tells; parameters() then views host memory. Refused for an
-  // fp32 model (its layers read the master weights), and, not yet, for a GPU model under a
-  // data-parallel wrapper (its all-gather of the updated weights runs in device memory). Under a
+  // fp32 model (its layers read the master weights). Under a data-parallel wrapper each rank
+  // updates its shard; a sharded one (ZeRO-1, 2) then gathers the master weights where they are
+  // (a GPU model's: in host memory, through MPI) and their compute copy on the device. Under a
   // wrapper that shards the parameters (ZeRO-3) the model must be built with them on the host
-  // (host_master_weights), before the wrapper: it then keeps the rank's shard of their pages.
+  // (host_master_weights), before the wrapper: it then keeps the rank's shard of their pages (a
+  // host model only, not yet a GPU model).
   bool master_weights = false;
   // gradient_place::host: also the gradients (ZeRO-Offload's placement of them). The host holds
   // their fp32 sum; the device only the pages of the span backward is writing and of the one
@@ -349,15 +351,16 @@ class OffloadedAdamW
           "read its master weights, which stay on the device");
     } else {
       detail::gradient_sync const* const s = m.link().gradient_sync();
+      if (!std::is_same_v<D, host> && s && s->shards_parameters())
+        detail::raise<argument_error>(
+            "OffloadedAdamW: offload_options::master_weights on a GPU model under a data-parallel wrapper that "
+            "shards the parameters (shard_parameters, ZeRO-3) is not supported yet (the wrapper holds their shard in "
+            "device memory); ZeRO-0, 1 and 2 take them");
       if (s && s->shards_parameters() && !m.master_on_host())
         detail::raise<argument_error>(
             "OffloadedAdamW: offload_options::master_weights under a data-parallel wrapper that shards the "
             "parameters (shard_parameters, ZeRO-3) expects the model built with them on the host "
             "(host_master_weights), found them on its device: the wrapper holds their shard where they are");
-      if (!std::is_same_v<D, host> && s)
-        detail::raise<argument_error>(
-            "OffloadedAdamW: offload_options::master_weights on a GPU model under a data-parallel wrapper is not "
-            "supported yet (the wrapper gathers the updated weights in device memory)");
     }
   }
 
