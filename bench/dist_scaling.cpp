@@ -14,7 +14,9 @@
 // --precision bf16 trains mixed<bfloat16> (fp32 master weights and a bf16 compute copy, which
 // ZeRO-3 shards too).
 // --offload steps with OffloadedAdamW instead of AdamW (the state in its own host allocator; on
-// the host its copies are memcpy: what the offload's bookkeeping and copies cost).
+// the host its copies are memcpy: what the offload's bookkeeping and copies cost); with
+// --precision bf16, its offload_options::master_weights too (the fp32 master weights in its
+// host allocator; ZeRO-1 and 2 gather them and the compute copy after each step).
 // Rank 0 prints one JSON line: ranks, OpenMP threads per rank, the median step time, samples per
 // second, the bytes each rank sent into reductions per step against the model's gradient bytes,
 // the bytes all-gathered (sharded), the buckets and how many started while backward was running,
@@ -57,6 +59,12 @@ double median(std::vector<double> v) {
 // AdamW for a model (a template of the model, as OffloadedAdamW is).
 template <class M>
 using adamw_for = AdamW<typename M::value_type, typename M::device, typename M::compute_type>;
+
+// OffloadedAdamW with the master weights in its host memory (offload_options::master_weights).
+template <class M>
+struct offloaded_master : OffloadedAdamW<M> {
+  offloaded_master(M& m, adamw_options o) : OffloadedAdamW<M>(m, o, {.master_weights = true}) {}
+};
 
 struct config {
   std::size_t batch = 256;
@@ -175,6 +183,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto go = [&] {
+    if (c.precision == "bf16" && c.offload)
+      return c.policy == "stored" ? run<Stored, offloaded_master, mixed<bfloat16>>(c)
+                                  : run<Checkpoint, offloaded_master, mixed<bfloat16>>(c);
     if (c.precision == "bf16")
       return c.policy == "stored" ? run<Stored, adamw_for, mixed<bfloat16>>(c) : run<Checkpoint, adamw_for, mixed<bfloat16>>(c);
     if (c.offload)
