@@ -250,9 +250,11 @@ class data_parallel {
     if (!s_.opts.shard_parameters) return;
     [[maybe_unused]] auto const on_stream = s_.model.stream_scope();
     params_.master().commit(0, n);  // (the pages it gathers into: held before they are written)
-    s_.transport->follow();
-    s_.transport->all_gather(s_.parameter_base(), s_.shards.all());
-    s_.transport->join("the parameters' all-gather");
+    s_.with_master_transport([&](auto& t) {  // (where the master weights live)
+      t.follow();
+      t.all_gather(s_.parameter_base(), s_.shards.all());
+      t.join("the parameters' all-gather");
+    });
     params_.set_whole();
   }
   // ZeRO-3: after the parameters were made whole (gather_parameters, a broadcast), the pages of

@@ -46,8 +46,9 @@ struct dp_state {
   sharding shards;
   std::unique_ptr<Transport> transport;  // the gradients' reductions (and broadcasts, gathers after a step)
   std::unique_ptr<Transport> gathers;    // ZeRO-3 on more than one rank: the layers' parameters' gathers
-  // A GPU model's master weights in host memory (model::master_on_host()): what they are
-  // broadcast and gathered through (MPI; made when first needed).
+  // Master weights in host memory apart from the model's (model::master_on_host()): what they
+  // are broadcast and gathered through (MPI, which reaches them where NCCL does not; on the host
+  // backend too, so that its tests take the GPU's path). Made when first needed.
   std::unique_ptr<mpi_transport<T>> host_side;
   bool pending = false;  // local gradient contributions not reduced yet
   bool reduced = false;  // the gradients hold the ranks' sum (since the last zero_grad)
@@ -66,14 +67,13 @@ struct dp_state {
   T* gradient_base() const { return const_cast<T*>(std::as_const(model).gradients().data()); }
   T* parameter_base() const { return const_cast<T*>(std::as_const(model).parameters().data()); }
   // Runs f(t) with the transport t that reaches the master weights where they are: the wrapper's,
-  // or for a GPU model whose master weights live in host memory, host_side.
+  // or host_side for master weights in host memory (model::master_on_host()).
   template <class F>
   void with_master_transport(F&& f) {
-    if constexpr (on_gpu)
-      if (model.master_on_host()) {
-        if (!host_side) host_side = std::make_unique<mpi_transport<T>>(c);
-        return f(*host_side);
-      }
+    if (model.master_on_host()) {
+      if (!host_side) host_side = std::make_unique<mpi_transport<T>>(c);
+      return f(*host_side);
+    }
     f(*transport);
   }
   // The weights layers read: the master weights, or (mixed precision) their compute copy, of which
