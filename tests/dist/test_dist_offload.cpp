@@ -181,6 +181,40 @@ TEST_CASE("with the master weights on the host, an offloaded optimizer trains bi
   }
 }
 
+TEST_CASE("master weights in host memory: rank 0's are broadcast, and after a sharded step every rank holds them and "
+          "their compute copy, the copy as cast",
+          "[dist][offload][master]") {
+  // (They go through an MPI transport of their own, and the compute copy, which each rank's
+  // optimizer wrote for its shard, is gathered, not cast again: a GPU model's path.)
+  using P = mixed<bfloat16, DynamicLossScale>;
+  using M = model<Net, host, P>;
+  std::vector<float> const first = params_of(M(seed{7}));
+  for (int level : {0, 1, 2}) {
+    INFO("ZeRO-" << level << ", " << world_size() << " ranks");
+    memory::caching_allocator<host> host_side;  // (outlives the model)
+    M m(seed{7 + 13 * std::uint64_t(world_rank())}, memory::default_allocator<host>(), host_master_weights{host_side});
+    dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level));
+    std::vector<float> const broadcast = params_of(m);
+    CHECK(std::memcmp(broadcast.data(), first.data(), first.size() * sizeof(float)) == 0);
+    OffloadedAdamW opt(m, opts);
+    param_range const r = my_rows(dp.rank(), dp.size());
+    for (int t = 0; t < 2; ++t) {
+      batch b = whole_batch(t);
+      dp.train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+    }
+    std::vector<float> const p = params_of(m);
+    CHECK(max_abs_diff(p, broadcast) > 0);  // (trained)
+    CHECK(same_on_every_rank(p));
+    tensor_view<bfloat16, host> const copy = m.compute_parameters();
+    REQUIRE(copy.size() == p.size());
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < p.size(); ++i) wrong += bfloat16(p[i]).bits() != copy.data()[i].bits();
+    CHECK(wrong == 0);
+    CHECK(dp.last_step_traffic().gathered ==
+          (level ? (n_params - dp.shard().size()) * (sizeof(float) + sizeof(bfloat16)) : 0));
+  }
+}
+
 TEST_CASE("ZeRO-3 with the master weights built on the host: each rank keeps its shard of them, and an offloaded "
           "optimizer trains bit for bit as AdamW does",
           "[dist][offload][master][zero3]") {

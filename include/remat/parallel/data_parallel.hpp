@@ -74,8 +74,10 @@
 //
 // The small messages go through the wrapper's communicator (parallel/communicator.hpp); the gradients
 // and parameters through Transport: MPI for a host model (parallel/mpi_transport.hpp), NCCL for a
-// model on remat::cuda (parallel/nccl.hpp; link remat::dist_cuda). Each rank uses the device current
-// when its model was built.
+// model on remat::cuda (parallel/nccl.hpp; link remat::dist_cuda). Master weights in host memory
+// (model::master_on_host(): OffloadedAdamW's master_weights, host_master_weights) go through MPI
+// on either (a GPU model's at ZeRO-0 to 2; after a sharded step their compute copy goes through
+// Transport, not cast again). Each rank uses the device current when its model was built.
 #pragma once
 
 #include "../error.hpp"
