@@ -298,17 +298,28 @@ TEST_CASE("float_math: a pass gives the same bits on any number of threads", "[e
   CHECK(std::memcmp(one.data(), two.data(), n * sizeof(float)) == 0);
 }
 
-TEST_CASE("float_math: exp, erf, tanh, gelu, its derivative and the density over all 2^32 floats, within their bounds", "[expr][math][long]") {
-  // Every float against libm; the vector pass against scalar calls on every 7th (a scalar call
-  // through a pointer costs more than the rest of the check together, and far more where the result
-  // is subnormal: this keeps the test at about 4 minutes on 2 cores instead of 10). 7 is prime to
-  // every vector width, so each lane position is checked in every binade.
+// Every float against libm; the vector pass against scalar calls on every 7th (a scalar call through
+// a pointer costs more than the rest of the check together, and far more where the result is
+// subnormal). 7 is prime to every vector width, so each lane position is checked in every binade.
+// One case a function, each with a tag of its own, so that CI's ctest runs them on both cores
+// (tests/CMakeLists.txt: one test each).
+TEST_CASE("float_math: exp over all 2^32 floats, within its bound", "[expr][math][long][every_exp]") {
   require_within(exp_f{}, exp_scalar, exp_ref, exp_sat, exp_bound, 1, "exp", 7);
+}
+TEST_CASE("float_math: erf over all 2^32 floats, within its bound", "[expr][math][long][every_erf]") {
   require_within(erf_f{}, erf_scalar, erf_ref, erf_sat, erf_bound, 1, "erf", 7);
+}
+TEST_CASE("float_math: tanh over all 2^32 floats, within its bound", "[expr][math][long][every_tanh]") {
   require_within(tanh_f{}, tanh_scalar, tanh_ref, tanh_sat, tanh_bound, 1, "tanh", 7);
+}
+TEST_CASE("float_math: gelu over all 2^32 floats, within its bound", "[expr][math][long][every_gelu]") {
   require_within(gelu_f{}, gelu_scalar, gelu_ref, gelu_sat, gelu_bound, 1, "gelu", 7);
+}
+TEST_CASE("float_math: gelu's derivative over all 2^32 floats, within its bound", "[expr][math][long][every_gelu_grad]") {
   require_within(gelu_grad_f{}, gelu_grad_scalar, gelu_grad_ref, gelu_grad_sat, gelu_grad_bound, 1, "gelu_grad", 7,
                  gelu_grad_unit);
+}
+TEST_CASE("float_math: the normal density over all 2^32 floats, within its bound", "[expr][math][long][every_normal_pdf]") {
   require_within(normal_pdf_f{}, normal_pdf_scalar, normal_pdf_ref, normal_pdf_sat, normal_pdf_bound, 1,
                  "normal_pdf", 7);
 }
@@ -345,6 +356,6 @@ TEST_CASE("float_math: exp_normal gives exp's bits on [-87, 88]", "[expr][math]"
   CHECK(float_math::exp_normal(88.0f) == float_math::exp(88.0f));
 }
 
-TEST_CASE("float_math: exp_normal gives exp's bits on every float in [-87, 88]", "[expr][math][long]") {
+TEST_CASE("float_math: exp_normal gives exp's bits on every float in [-87, 88]", "[expr][math][long][every_exp_normal]") {
   CHECK(exp_normal_mismatches(1) == 0);
 }
