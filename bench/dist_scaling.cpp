@@ -4,7 +4,7 @@
 //   mpirun -np P bench_dist [--blocks 8] [--batch 256] [--policy stored|checkpoint] [--shard]
 //                           [--shard-gradients] [--shard-parameters] [--bucket-mib 4] [--steps 7]
 //                           [--warmup 2] [--alone] [--offload] [--precision fp32|bf16]
-//                           [--no-prefetch] [--keep]
+//                           [--no-prefetch] [--keep] [--shard-master]
 //
 // --alone trains the model without remat::dist (one process, no communicator): the baseline.
 // --shard shards the optimizer state (ZeRO-1); --shard-gradients the gradients too (ZeRO-2);
@@ -17,6 +17,9 @@
 // the host its copies are memcpy: what the offload's bookkeeping and copies cost); with
 // --precision bf16, its offload_options::master_weights too (the fp32 master weights in its
 // host allocator; ZeRO-1 and 2 gather them and the compute copy after each step).
+// --shard-master (with --precision bf16, under ZeRO-1 or 2): options::shard_master_weights, each
+// rank keeps its shard of the fp32 master weights only and the ranks gather the bf16 compute copy
+// after each step (with --offload the model is built with its master weights on the host).
 // Rank 0 prints one JSON line: ranks, OpenMP threads per rank, the median step time, samples per
 // second, the bytes each rank sent into reductions per step against the model's gradient bytes,
 // the bytes all-gathered (sharded), the buckets and how many started while backward was running,
@@ -36,6 +39,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace remat;
@@ -72,6 +76,7 @@ struct config {
   bool shard = false, shard_gradients = false, shard_parameters = false, alone = false, offload = false;
   bool prefetch = true;  // ZeRO-3: the next layer's parameters gathered while one runs
   bool keep = false;     // ZeRO-3: a pass's gathered parameters kept until it ends
+  bool shard_master = false;  // options::shard_master_weights
   std::string precision = "fp32";
   double bucket_mib = 4;
   int steps = 7, warmup = 2;
@@ -80,8 +85,13 @@ struct config {
 template <class Net, template <class> class Opt, class P>
 int run(config const& c) {
   using M = model<Net, host, P>;
-  memory::caching_allocator<host> alloc;
-  M m(seed{1}, alloc);
+  memory::caching_allocator<host> alloc, master_alloc;
+  std::optional<M> held;
+  // (--shard-master --offload: the master weights built where the optimizer keeps them)
+  if constexpr (M::mixed_precision && !std::is_same_v<Opt<M>, adamw_for<M>>)
+    if (c.shard_master) held.emplace(seed{1}, alloc, host_master_weights{master_alloc});
+  if (!held) held.emplace(seed{1}, alloc);
+  M& m = *held;
   int rank = 0, ranks = 1;
   std::optional<dist::data_parallel<M>> dp;
   if (!c.alone) {
@@ -89,6 +99,7 @@ int run(config const& c) {
                dist::options{.bucket_bytes = std::size_t(c.bucket_mib * 1048576.0),
                              .shard_optimizer = c.shard || c.shard_gradients || c.shard_parameters,
                              .shard_gradients = c.shard_gradients || c.shard_parameters,
+                             .shard_master_weights = c.shard_master,
                              .shard_parameters = c.shard_parameters,
                              .prefetch_parameters = c.prefetch,
                              .keep_parameters_for_backward = c.keep});
@@ -139,14 +150,15 @@ int run(config const& c) {
       "\"grad_peak_bytes\": %zu, \"grad_planned_peak_bytes\": %zu, \"grad_pages_bytes\": %zu, "
       "\"param_held_bytes\": %zu, \"param_peak_bytes\": %zu, \"param_planned_peak_bytes\": %zu, "
       "\"param_pages_bytes\": %zu, \"precision\": \"%s\", \"prefetch\": %s, \"prefetched_bytes\": %zu, "
-      "\"keep\": %s, "
+      "\"keep\": %s, \"shard_master\": %s, "
       "\"loss\": %.6f}\n",
       c.alone ? "alone" : "dist", ranks, omp_get_max_threads(), c.policy.c_str(), c.shard ? "true" : "false", c.batch,
       N, D, step, double(c.batch) / step, flop / step * 1e-9, grad_bytes, tr.reduced, tr.gathered, tr.buckets,
       tr.overlapped, alloc.stats()[memory::tag::optimizer_state].in_use, c.offload ? "true" : "false", host_state, zero,
       alloc.stats()[memory::tag::parameters].in_use, g.now, zero >= 2 ? g.last_peak : g.whole, g.planned_peak, g.whole,
-      p.now, zero == 3 ? p.last_peak : p.whole, p.planned_peak, p.whole, c.precision.c_str(),
-      zero == 3 && c.prefetch ? "true" : "false", tr.prefetched, zero == 3 && c.keep ? "true" : "false", loss);
+      p.now, zero == 3 || c.shard_master ? p.last_peak : p.whole, p.planned_peak, p.whole, c.precision.c_str(),
+      zero == 3 && c.prefetch ? "true" : "false", tr.prefetched, zero == 3 && c.keep ? "true" : "false",
+      c.shard_master ? "true" : "false", loss);
   return 0;
 }
 
@@ -166,6 +178,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--shard-parameters")) c.shard_parameters = true;
     else if (!std::strcmp(argv[i], "--no-prefetch")) c.prefetch = false;
     else if (!std::strcmp(argv[i], "--keep")) c.keep = true;
+    else if (!std::strcmp(argv[i], "--shard-master")) c.shard_master = true;
     else if (!std::strcmp(argv[i], "--alone")) c.alone = true;
     else if (!std::strcmp(argv[i], "--offload")) c.offload = true;
     else if (v && !std::strcmp(argv[i], "--precision")) c.precision = argv[++i];

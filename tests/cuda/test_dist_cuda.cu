@@ -316,6 +316,45 @@ void check_master_on_host(int level, bool gradients_on_host, bool built_on_host)
                 gradients_on_host ? "host" : "device", built_on_host ? ", built there" : "", ranks);
 }
 
+// dist::options::shard_master_weights on the GPU (ZeRO-1 and 2, bf16 with a dynamic scale): the
+// master weights move into granules of the wrapper's and a rank keeps its shard's; the compute
+// copy stays whole, gathered through NCCL after each step. Trains as with the master weights
+// whole, bit for bit; the compute copy is the cast of the gathered master weights, every value;
+// what a rank holds is the plan's, and on more than one rank less than the whole.
+void check_master_shard(int level) {
+  using Wide = Seq<Linear<In, 1024>, Repeat<6, Checkpointed<Residual<Linear<1024, 1024>>>>, Linear<1024, Classes>>;
+  using M = model<Wide, gpu, mixed<bfloat16, DynamicLossScale>>;
+  std::size_t const rows = std::size_t(batch) / std::size_t(ranks), first = rows * std::size_t(rank);
+  auto x = on_gpu(inputs(), first, rows, In);
+  auto y = on_gpu(labels(), first, rows, 1);
+  auto run = [&](bool shard_master, dist::gradient_memory& p, std::size_t& wrong) {
+    M m(seed{9});
+    dist::options o = sharding(level, std::size_t(4) << 20);
+    o.shard_master_weights = shard_master;
+    dist::data_parallel dp(m, MPI_COMM_WORLD, o);
+    AdamW opt(m, {.lr = 1e-3, .clip_norm = 1.0});
+    for (int step = 0; step < 3; ++step) dp.template train_step<SoftmaxCrossEntropy>(x, y, opt);
+    p = dp.parameter_pages();
+    std::vector<float> const w = parameters_of(dp);
+    std::vector<bfloat16> const copy = tensor_to_host(m.compute_parameters());
+    wrong = 0;
+    for (std::size_t i = 0; i < w.size(); ++i) wrong += bfloat16(w[i]).bits() != copy[i].bits();
+    return w;
+  };
+  dist::gradient_memory whole_pages{}, shard_pages{};
+  std::size_t wrong_whole = 0, wrong_shard = 0;
+  std::vector<float> const whole = run(false, whole_pages, wrong_whole);
+  std::vector<float> const shard = run(true, shard_pages, wrong_shard);
+  if (rank == 0)
+    std::printf("shard_master_weights under ZeRO-%d on the GPU, %d ranks: master weights' granules %zu of %zu bytes "
+                "held (plan %zu)\n",
+                level, ranks, shard_pages.now, shard_pages.whole, shard_pages.planned_peak);
+  check(same_bits(whole, shard), "shard_master_weights trains as with the master weights whole, bit for bit");
+  check(wrong_shard == 0 && wrong_whole == 0, "shard_master_weights: the compute copy is the master weights' cast");
+  check(shard_pages.now == shard_pages.planned_peak, "shard_master_weights: the granules held are the plan's");
+  if (ranks > 1) check(shard_pages.now < shard_pages.whole, "shard_master_weights: some granules are given back");
+}
+
 void check_master_on_host_refused_under_zero3() {
   using M = model<Net, gpu, mixed<bfloat16, DynamicLossScale>>;
   M m(seed{5});
@@ -375,6 +414,7 @@ int main(int argc, char** argv) {
     check_master_on_host(1, false, true);
     check_master_on_host(2, true, false);
     check_master_on_host_refused_under_zero3();
+    for (int level : {1, 2}) check_master_shard(level);
   } catch (std::exception const& e) {
     std::printf("rank %d: FAILED with an exception: %s\n", rank, e.what());
     ++failures;

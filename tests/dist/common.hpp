@@ -9,9 +9,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 namespace dist_test {
 
@@ -131,5 +135,47 @@ inline dist::options sharding(int level, std::size_t bucket_bytes = 512) {
           .shard_parameters = level >= 3, .keep_parameters_for_backward = level >= 4, .timeout_seconds = 60};
 }
 constexpr std::size_t n_params = model<Net>::parameter_count;
+
+// The pages of a model's master weights that a rank keeping its shard of them gives back (ZeRO-3,
+// shard_master_weights: those wholly inside the buffer and wholly outside the rank's shard), from their addresses, and those the kernel's page
+// tables (mincore) find not held.
+struct given_back {
+  std::size_t expected = 0, found = 0;
+  bool two_pages_a_rank = false;  // the buffer spans 2 pages a rank: some rank gives back a whole page
+};
+template <class M>
+given_back master_pages_given_back(M const& m, param_range s) {
+  auto const page = std::size_t(sysconf(_SC_PAGESIZE));
+  auto const begin = reinterpret_cast<std::uintptr_t>(m.parameters().data());
+  auto const end = begin + M::parameter_count * sizeof(float);
+  auto const first = begin / page * page, last = (end + page - 1) / page * page;
+  std::vector<unsigned char> in((last - first) / page);
+  REQUIRE(mincore(reinterpret_cast<void*>(first), last - first, in.data()) == 0);
+  given_back g;
+  g.two_pages_a_rank = end - begin >= 2 * page * std::size_t(world_size());
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    std::uintptr_t const p = first + k * page;
+    bool const inside = p >= begin && p + page <= end;
+    bool const outside_shard = p + page <= begin + s.begin * sizeof(float) || p >= begin + s.end * sizeof(float);
+    g.expected += inside && outside_shard ? 1 : 0;
+    g.found += (in[k] & 1) ? 0 : 1;
+  }
+  return g;
+}
+
+// Three steps of three micro-batches each (this rank's rows, weight 1/3 each; with `later`, the
+// first two reduce::later, which ZeRO-2 takes as reduce::now), each rank's losses appended.
+template <class DP, class M, class Opt>
+void three_accumulated_steps(DP& dp, M& m, Opt& opt, std::vector<double>& losses, bool later = false) {
+  param_range const r = my_rows(dp.rank(), dp.size());
+  for (int t = 0; t < 3; ++t) {
+    batch b = whole_batch(t);
+    m.zero_grad();
+    for (int k = 0; k < 3; ++k)
+      losses.push_back(dp.template accumulate<SoftmaxCrossEntropy>(
+          rows(b.x, r), rows(b.y, r), 1.0 / 3, later && k < 2 ? dist::reduce::later : dist::reduce::now));
+    opt.step();
+  }
+}
 
 }  // namespace dist_test

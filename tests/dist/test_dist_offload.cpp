@@ -13,40 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 using namespace remat;
 using namespace dist_test;
 
 namespace {
-// The pages of a model's master weights that a ZeRO-3 rank gives back (those wholly inside the
-// buffer and wholly outside the rank's shard), from their addresses, and those the kernel's page
-// tables (mincore) find not held.
-struct given_back {
-  std::size_t expected = 0, found = 0;
-  bool two_pages_a_rank = false;  // the buffer spans 2 pages a rank: some rank gives back a whole page
-};
-template <class M>
-given_back master_pages_given_back(M const& m, param_range s) {
-  auto const page = std::size_t(sysconf(_SC_PAGESIZE));
-  auto const begin = reinterpret_cast<std::uintptr_t>(m.parameters().data());
-  auto const end = begin + M::parameter_count * sizeof(float);
-  auto const first = begin / page * page, last = (end + page - 1) / page * page;
-  std::vector<unsigned char> in((last - first) / page);
-  REQUIRE(mincore(reinterpret_cast<void*>(first), last - first, in.data()) == 0);
-  given_back g;
-  g.two_pages_a_rank = end - begin >= 2 * page * std::size_t(world_size());
-  for (std::size_t k = 0; k < in.size(); ++k) {
-    std::uintptr_t const p = first + k * page;
-    bool const inside = p >= begin && p + page <= end;
-    bool const outside_shard = p + page <= begin + s.begin * sizeof(float) || p >= begin + s.end * sizeof(float);
-    g.expected += inside && outside_shard ? 1 : 0;
-    g.found += (in[k] & 1) ? 0 : 1;
-  }
-  return g;
-}
-
 // Three ZeRO-2 (or `level`) steps of three micro-batches each (every pass reduced), clipping on:
 // the weights (ZeRO-3: gathered whole), the last norm and the losses; the wrapper's gradient pages
 // in `pages`, its parameter pages in `params` and the master weights' pages given back in
@@ -65,15 +35,8 @@ std::vector<float> zero2_run(dist::gradient_memory* pages = nullptr, int level =
   REQUIRE(m.master_on_host() == built_on_host);
   dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level));
   Opt<M> opt(m, {.lr = 1e-2, .weight_decay = 1e-2, .clip_norm = 0.5});
-  param_range const r = my_rows(dp.rank(), dp.size());
   std::vector<double> losses;
-  for (int t = 0; t < 3; ++t) {
-    batch b = whole_batch(t);
-    m.zero_grad();
-    for (int k = 0; k < 3; ++k)
-      losses.push_back(dp.template accumulate<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), 1.0 / 3));
-    opt.step();
-  }
+  three_accumulated_steps(dp, m, opt, losses);
   if (pages) *pages = dp.gradient_pages();
   if (params) *params = dp.parameter_pages();
   if (master) *master = master_pages_given_back(std::as_const(m), dp.shard());

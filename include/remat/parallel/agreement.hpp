@@ -38,6 +38,14 @@ options checked_options(Model const& m, options o) {
     raise<argument_error>("data_parallel: shard_parameters (ZeRO-3) expects a GPU model's master weights on the device, "
                           "found them in host memory (host_master_weights): not supported yet; ZeRO-0, 1 and 2 take "
                           "them there");
+  if (o.shard_master_weights && !o.shard_parameters && !Model::mixed_precision)
+    raise<argument_error>("data_parallel: shard_master_weights expects a mixed-precision model, found an fp32 one, whose "
+                          "layers read its master weights; shard_parameters (ZeRO-3) keeps a shard of those");
+  if (o.shard_master_weights && !o.shard_parameters && m.master_on_host() &&
+      !std::is_same_v<typename Model::device, host>)
+    raise<argument_error>("data_parallel: shard_master_weights expects a GPU model's master weights on the device, "
+                          "found them in host memory (host_master_weights): not supported yet; without it each rank "
+                          "keeps them whole there");
   if (!(o.timeout_seconds > 0)) raise<argument_error>("data_parallel: expected timeout_seconds > 0, found ", o.timeout_seconds);
   if (o.bucket_bytes < sizeof(typename Model::value_type))
     raise<argument_error>("data_parallel: expected bucket_bytes of at least one parameter (",
@@ -68,7 +76,8 @@ void check_signatures(dp_state<Model, Transport>& s) {
       {s.n, fnv1a(table), fnv1a(type_name<typename Model::net>()),
        sizeof(typename Model::value_type) * 256 + sizeof(typename Model::compute_type), o.bucket_bytes,
        (o.shard_optimizer ? 1u : 0u) + (o.shard_gradients ? 2u : 0u) + (o.shard_parameters ? 4u : 0u) +
-           (o.prefetch_parameters ? 8u : 0u) + (o.keep_parameters_for_backward ? 16u : 0u),
+           (o.prefetch_parameters ? 8u : 0u) + (o.keep_parameters_for_backward ? 16u : 0u) +
+           (o.shard_master_weights ? 32u : 0u),
        std::uint64_t(Model::mixed_precision)},
       "the model signatures' exchange");
   for (int q = 1; q < s.size(); ++q) {
@@ -88,10 +97,12 @@ void check_signatures(dp_state<Model, Transport>& s) {
       raise<dist_error>("data_parallel: expected the same options on every rank, found rank 0 with bucket_bytes ", a[4],
                         ", shard_optimizer ", yes_no(a[5] & 1), ", shard_gradients ", yes_no(a[5] & 2),
                         ", shard_parameters ", yes_no(a[5] & 4), ", prefetch_parameters ", yes_no(a[5] & 8),
-                        " and keep_parameters_for_backward ", yes_no(a[5] & 16), ", rank ", q, " with bucket_bytes ",
-                        b[4], ", shard_optimizer ", yes_no(b[5] & 1), ", shard_gradients ", yes_no(b[5] & 2),
-                        ", shard_parameters ", yes_no(b[5] & 4), ", prefetch_parameters ", yes_no(b[5] & 8),
-                        " and keep_parameters_for_backward ", yes_no(b[5] & 16));
+                        ", keep_parameters_for_backward ", yes_no(a[5] & 16), " and shard_master_weights ",
+                        yes_no(a[5] & 32), ", rank ", q, " with bucket_bytes ", b[4], ", shard_optimizer ",
+                        yes_no(b[5] & 1), ", shard_gradients ", yes_no(b[5] & 2), ", shard_parameters ",
+                        yes_no(b[5] & 4), ", prefetch_parameters ", yes_no(b[5] & 8),
+                        ", keep_parameters_for_backward ", yes_no(b[5] & 16), " and shard_master_weights ",
+                        yes_no(b[5] & 32));
   }
 }
 

@@ -20,7 +20,10 @@
 // With options::shard_optimizer (ZeRO stage 1) each rank's optimizer keeps the moments of 1/P of
 // the parameters: buckets are reduced to the rank that owns each part, each rank updates its part
 // and the parameters are all-gathered. The fp32 master weights stay whole on every rank (the model
-// keeps them for its passes, saving and loading); the optimizer state drops by P.
+// keeps them for its passes, saving and loading); the optimizer state drops by P. With
+// options::shard_master_weights (a mixed-precision model) each rank keeps its shard of the master
+// weights only (the pages of the rest are given back, as ZeRO-3's are), and after a step the
+// ranks all-gather the 16-bit compute copy, which each rank's optimizer wrote for its shard.
 //
 // With options::shard_gradients as well (ZeRO stage 2) each rank keeps the gradients of its shard
 // only. The buckets go to their owners as in stage 1; at each of backward's reports the rank
@@ -163,11 +166,12 @@ class data_parallel {
   }
   data_parallel(data_parallel const&) = delete;
   data_parallel& operator=(data_parallel const&) = delete;
-  // With ZeRO-3 on more than one rank, the model is left with this rank's shard of its parameters
-  // (its passes refuse to run alone) unless gather_parameters() was called last.
+  // With ZeRO-3 or shard_master_weights on more than one rank, the model is left with this rank's
+  // shard of its parameters (its passes refuse to run alone) unless gather_parameters() was called
+  // last.
   ~data_parallel() {
     Model& m = s_.model;
-    if (s_.gathers_parameters() && !params_.whole()) m.link().set_partial_parameters(true);
+    if (params_.partial() && !params_.whole()) m.link().set_partial_parameters(true);
     if (m.link().gradient_sync() == &hooks_) m.link().set_gradient_sync(nullptr);
     bool const abandoned = (s_.transport && s_.transport->busy()) || (s_.gathers && s_.gathers->busy()) ||
                            (s_.host_side && s_.host_side->busy());
@@ -245,11 +249,12 @@ class data_parallel {
     release_parameters();  // (ZeRO-3: this rank keeps its shard)
   }
 
-  // ZeRO-3 (options::shard_parameters): every rank's shard of the parameters to every rank, so the
-  // model holds them whole until its next pass or release_parameters() (dist::save does this).
-  // Every rank calls it. Without ZeRO-3 the parameters are always whole and nothing is sent.
+  // ZeRO-3 (options::shard_parameters) or options::shard_master_weights: every rank's shard of the
+  // parameters (master weights) to every rank, so the model holds them whole until its next pass
+  // or release_parameters() (dist::save does this). Every rank calls it. Without either the
+  // parameters are always whole and nothing is sent.
   void gather_parameters() {
-    if (!s_.opts.shard_parameters) return;
+    if (!s_.shards_master()) return;
     [[maybe_unused]] auto const on_stream = s_.model.stream_scope();
     params_.master().commit(0, n);  // (the pages it gathers into: held before they are written)
     s_.with_master_transport([&](auto& t) {  // (where the master weights live)
@@ -259,8 +264,8 @@ class data_parallel {
     });
     params_.set_whole();
   }
-  // ZeRO-3: after the parameters were made whole (gather_parameters, a broadcast), the pages of
-  // those this rank does not own are given back.
+  // ZeRO-3 or shard_master_weights: after the parameters were made whole (gather_parameters, a
+  // broadcast), the pages of those this rank does not own are given back.
   void release_parameters() noexcept { params_.release(); }
   // The parameters' memory, in bytes of whole pages of the system: the pages the model's buffer
   // spans, the plan's peak during a training pass, the last training pass's measured peak
@@ -268,9 +273,10 @@ class data_parallel {
   // With ZeRO-3 on more than one rank, what is held is the pages of the model's buffer that hold
   // this rank's shard (and the two it shares at its ends) plus the gather buffers layers'
   // parameters are gathered into (two with options::prefetch_parameters, one without), each as
-  // large as the largest layer's, held from the wrapper's construction; without ZeRO-3, every
-  // page. In mixed precision the compute copy's pages count too, and the gather buffers hold
-  // compute values.
+  // large as the largest layer's, held from the wrapper's construction; with shard_master_weights
+  // alone, the master weights' pages that hold this rank's shard and every page of the compute
+  // copy; without either, every page. In mixed precision the compute copy's pages count too, and
+  // the gather buffers hold compute values.
   gradient_memory parameter_pages() const { return params_.memory(); }
 
   // A training pass on this rank's part of the batch; its gradients, weighted weight / P, are

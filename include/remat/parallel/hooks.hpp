@@ -135,23 +135,28 @@ class model_hooks final : public REMAT_NAMESPACE::detail::gradient_sync {
       return s_.model.parameters_changed();
     }
     std::size_t const others = s_.n - s_.shard().size();
-    s_.last.gathered = others * sizeof(typename Model::value_type);
+    s_.last.gathered = 0;
     if constexpr (Model::mixed_precision) {
-      if (s_.model.master_on_host()) {
-        // The master weights where they live (on a GPU: host memory, through MPI) and the compute
-        // copy, which each rank's optimizer wrote for its part as it updated, on the device; the
-        // copy is then current, not cast again from the host.
+      if (s_.model.master_on_host() || s_.shards_master_only()) {
+        // The compute copy, which each rank's optimizer wrote for its part as it updated, on the
+        // device; the copy is then current, not cast again (from the host, or from master
+        // weights this rank holds the shard of only). Beside it the master weights where they
+        // live (on a GPU: host memory, through MPI), unless each rank keeps its shard only.
         s_.transport->follow();
         s_.transport->all_gather(const_cast<typename Model::compute_type*>(s_.compute_base()), s_.shards.all());
-        s_.with_master_transport([&](auto& t) {
-          t.all_gather(s_.parameter_base(), s_.shards.all());
-          t.join("the master weights' all-gather");
-        });
+        if (!s_.shards_master_only()) {
+          s_.with_master_transport([&](auto& t) {
+            t.all_gather(s_.parameter_base(), s_.shards.all());
+            t.join("the master weights' all-gather");
+          });
+          s_.last.gathered += others * sizeof(typename Model::value_type);
+        }
         s_.transport->join("the compute weights' all-gather");
         s_.last.gathered += others * sizeof(typename Model::compute_type);
         return s_.model.parameters_changed_with_copy();
       }
     }
+    s_.last.gathered = others * sizeof(typename Model::value_type);
     s_.transport->follow();
     s_.transport->all_gather(s_.model.parameters().data(), s_.shards.all());
     s_.transport->join("the parameters' all-gather");
@@ -159,15 +164,16 @@ class model_hooks final : public REMAT_NAMESPACE::detail::gradient_sync {
   }
 
   // ---- ZeRO-3
-  bool shards_parameters() const override { return s_.opts.shard_parameters; }
+  bool shards_parameters() const override { return s_.shards_master(); }
   bool gathers_parameters() const override { return s_.gathers_parameters(); }
-  bool parameters_whole() const override { return !s_.gathers_parameters() || params_.whole(); }
+  bool parameters_whole() const override { return !params_.partial() || params_.whole(); }
   void const* parameters_needed(std::size_t offset, std::size_t count) override { return params_.needed(offset, count); }
   void parameters_done() noexcept override { params_.layer_done(); }
-  // In mixed precision a pass casts this rank's shard of the compute copy only (each layer's is
-  // gathered from the shards of all ranks).
+  // In mixed precision a pass casts this rank's shard of the compute copy only: under ZeRO-3 each
+  // layer's is gathered from the shards of all ranks; with the master weights' shard only, the
+  // rest of the copy is current (gathered after each step, cast while they were whole).
   param_range kept_parameters(std::size_t count) const override {
-    return s_.gathers_parameters() ? s_.shard() : param_range{0, count};
+    return s_.gathers_parameters() || (params_.partial() && !params_.whole()) ? s_.shard() : param_range{0, count};
   }
   void release_parameters() noexcept override { params_.release(); }
   // A pass outside training starts; its gathers are counted (see collective_pass_ended).

@@ -22,7 +22,17 @@ struct options {
   // every pass is reduced, so a step of gradient accumulation reduces each micro-batch
   // (reduce::later is taken as reduce::now).
   bool shard_gradients = false;
-  // ZeRO stage 3 (implies shard_gradients): each rank keeps 1/P of the parameters too (the
+  // A mixed-precision model under ZeRO-1 or 2 (implies shard_optimizer; ZeRO-3 does it anyway):
+  // each rank keeps the fp32 master weights of its shard only (the memory of the rest is given
+  // back, as ZeRO-3's is), 4 bytes a parameter down to 4/P, as DeepSpeed partitions them. The
+  // 16-bit compute copy stays whole: after each step the ranks all-gather it (2 bytes a parameter
+  // instead of the master weights' 4), as each rank's optimizer wrote its part while it updated.
+  // model.parameters() then holds this rank's shard only (the rest read as zero) unless
+  // dp.gather_parameters() made them whole (dist::save does; until the next pass or
+  // dp.release_parameters()). Refused for an fp32 model, whose layers read the master weights
+  // (shard_parameters keeps a shard of those).
+  bool shard_master_weights = false;
+  // ZeRO stage 3 (implies shard_gradients and shard_master_weights): each rank keeps 1/P of the parameters too (the
   // memory of the rest is given back: host pages, or on the GPU granules of virtual memory the
   // parameters move into; in mixed precision, 1/P of the master weights and 1/P of their compute
   // copy, which is what is gathered). Every layer's parameters are all-gathered into a buffer

@@ -60,11 +60,16 @@ class parameter_shard {
   // shard or lie partly outside the buffer, and the gather buffers'.
   void plan() {
     bool const sharded = s_.opts.shard_parameters;
-    params_.place(s_.parameter_base(), n, sharded);
+    params_.place(s_.parameter_base(), n, s_.shards_master());
     if constexpr (Model::mixed_precision) compute_.place(s_.compute_base(), n, sharded);
-    // (the GPU: the master weights and the compute copy move into the granules)
+    // (the GPU: the master weights and, under ZeRO-3, the compute copy move into the granules)
     if constexpr (dp_state<Model, Transport>::on_gpu)
-      if (sharded) s_.model.relocate_parameters(static_cast<T*>(params_.device_data()), static_cast<C*>(compute_.device_data()));
+      if (s_.shards_master())
+        s_.model.relocate_parameters(static_cast<T*>(params_.device_data()), static_cast<C*>(compute_.device_data()));
+    if (partial() && !s_.gathers_parameters()) {  // (the master weights' shard and the whole compute copy)
+      planned_peak_ = held_of(params_.span) + compute_.span.whole;
+      return;
+    }
     if (!s_.gathers_parameters() || n == 0 || !params_.span.page) return;
     using net = typename Model::net;
     using precision = typename Model::precision;
@@ -83,7 +88,6 @@ class parameter_shard {
     for (int b = 0; b < buffers; ++b)
       slots_[b].buffer.allocate(largest * sizeof(C), params_.span.page,
                                 "data_parallel: the gather buffer (the largest layer's parameters)");
-    param_range const s = s_.shard();
     // A training pass that keeps what it gathers (keep_parameters_for_backward) holds, at its end,
     // the pages of every frame's parameters too, in the copy layers read.
     page_span const& read = read_copy().span;
@@ -93,19 +97,14 @@ class parameter_shard {
         if (e.what == pass_event::kind::gather && e.range.size())
           std::fill(gathered.begin() + std::ptrdiff_t(read.page_of(read.at(e.range.begin))),
                     gathered.begin() + std::ptrdiff_t(read.page_of(read.at(e.range.end) - 1) + 1), 1);
-    auto const held = [&](page_span const& sp) {
-      std::size_t pages = 0;
-      for (std::size_t k = 0; k < sp.count(); ++k)
-        pages += !sp.inside(k) || sp.touches(k, s.begin, s.end) || (&sp == &read && gathered[k]);
-      return pages * sp.page;
-    };
+    auto const held = [&](page_span const& sp) { return held_of(sp, &sp == &read ? &gathered : nullptr); };
     planned_peak_ = held(params_.span) + held(compute_.span) + slots_[0].buffer.bytes + slots_[1].buffer.bytes;
   }
 
   // What dist::data_parallel::parameter_pages() reports.
   gradient_memory memory() const {
     gradient_memory g{params_.span.whole + compute_.span.whole, planned_peak_, last_peak_, held_bytes()};
-    if (!s_.gathers_parameters()) g.planned_peak = g.whole;
+    if (!partial()) g.planned_peak = g.whole;
     return g;
   }
   backed_buffer<device>& master() { return params_; }
@@ -113,6 +112,8 @@ class parameter_shard {
   gather_slot* slots() { return slots_; }
   // The model's buffer holds every parameter (after a broadcast or a gather, until released).
   bool whole() const { return whole_; }
+  // Between passes this rank holds its shard of the master weights only (more than one rank).
+  bool partial() const { return s_.shards_master() && s_.size() > 1; }
   void set_whole() { whole_ = true; }
   // A training pass's gathers and reports by the plan, and a pass outside training's (inference,
   // training mode).
@@ -162,12 +163,19 @@ class parameter_shard {
     }
   }
   // After the parameters were made whole (a gather, a broadcast), the pages of those this rank
-  // does not own are given back.
+  // does not own are given back. With the master weights' shard only (ZeRO-1 or 2), the whole
+  // compute copy is cast first, while they are whole, unless it is current: the next passes cast
+  // nothing but the shard (if a cast fails they stay whole).
   void release() noexcept {
-    if (!s_.opts.shard_parameters || !whole_) return;
+    if (!s_.shards_master() || !whole_) return;
+    if (s_.shards_master_only()) try {
+        s_.model.refresh_compute_copy();
+      } catch (...) {
+        return;
+      }
     whole_ = false;
     give_back_outside_shard(params_);
-    give_back_outside_shard(compute_);  // (mixed precision: the 16-bit copy's)
+    if (s_.opts.shard_parameters) give_back_outside_shard(compute_);  // (mixed precision: the 16-bit copy's)
   }
   // The parameters a pass kept (keep_parameters_for_backward) are let go: the pages of those this
   // rank does not own are given back.
@@ -202,6 +210,17 @@ class parameter_shard {
  private:
   using T = typename Model::value_type;
   static constexpr std::size_t n = Model::parameter_count;
+
+  // The bytes of the pages of span sp that this rank holds between passes: those that touch its
+  // shard or lie partly outside the buffer, and (ZeRO-3 keeping a pass's parameters) the pages
+  // marked in `gathered`.
+  std::size_t held_of(page_span const& sp, std::vector<char> const* gathered = nullptr) const {
+    param_range const s = s_.shard();
+    std::size_t pages = 0;
+    for (std::size_t k = 0; k < sp.count(); ++k)
+      pages += !sp.inside(k) || sp.touches(k, s.begin, s.end) || (gathered && (*gathered)[k]);
+    return pages * sp.page;
+  }
 
   void note_peak() {
     if (s_.inside) pass_peak_ = std::max(pass_peak_, held_bytes());

@@ -26,8 +26,8 @@ class sharding {
  public:
   // The options with what each stage implies set (parameters → gradients → optimizer).
   static options implied(options o) {
-    if (o.shard_parameters) o.shard_gradients = true;
-    if (o.shard_gradients) o.shard_optimizer = true;
+    if (o.shard_parameters) o.shard_gradients = o.shard_master_weights = true;
+    if (o.shard_gradients || o.shard_master_weights) o.shard_optimizer = true;
     return o;
   }
   // The stage of `o` (as implied) over `n` parameters and `ranks` ranks.

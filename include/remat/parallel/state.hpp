@@ -63,6 +63,11 @@ struct dp_state {
   param_range shard() const { return shards.of(c.rank()); }  // this rank's
   // ZeRO-3 on more than one rank: every pass gathers each layer's parameters.
   bool gathers_parameters() const { return opts.shard_parameters && size() > 1; }
+  // The master weights' pages outside this rank's shard are given back (shard_master_weights, or
+  // ZeRO-3, which implies it): the wrapper holds their pages.
+  bool shards_master() const { return opts.shard_master_weights; }
+  // ... and only the master weights: the compute copy stays whole (ZeRO-1 or 2, mixed precision).
+  bool shards_master_only() const { return opts.shard_master_weights && !opts.shard_parameters; }
 
   T* gradient_base() const { return const_cast<T*>(std::as_const(model).gradients().data()); }
   T* parameter_base() const { return const_cast<T*>(std::as_const(model).parameters().data()); }

@@ -103,15 +103,15 @@ class gradient_sync {
   // After an optimizer step (stepped: not skipped): gather the shards' updated parameters.
   virtual void after_update(bool stepped) = 0;
 
-  // ---- a wrapper that keeps a shard of the parameters (ZeRO-3)
-  // Whether it holds the pages of the model's parameter buffers (on any number of ranks): they
-  // must stay where they are while it lives.
+  // ---- a wrapper that keeps a shard of the parameters (ZeRO-3), or of the master weights only
+  // Whether it holds the pages of the model's parameter buffers (the master weights' at least; on
+  // any number of ranks): they must stay where they are while it lives.
   virtual bool shards_parameters() const { return false; }
   // Whether every pass (training or not) must tell parameters_needed which parameters each layer
   // reads before it runs; such passes are collective (every rank runs them).
   virtual bool gathers_parameters() const { return false; }
-  // Whether the model's buffer holds every parameter's value now (a ZeRO-3 wrapper: only after it
-  // made them whole, until its next pass or step).
+  // Whether the model's buffer holds every parameter's value now (a wrapper that keeps a shard of
+  // them: only after it made them whole, until its next pass or step).
   virtual bool parameters_whole() const { return true; }
   // A layer is about to read parameters [offset, offset + count): their values are brought in;
   // returns where the layer reads them until parameters_done (null: where they are).
@@ -123,8 +123,9 @@ class gradient_sync {
   // The layer of the last parameters_needed not yet done has run (or left by an exception).
   virtual void parameters_done() noexcept {}
   // The part of the model's `count` parameters whose compute copy (mixed precision) a pass casts
-  // from the master weights: all of them, unless the wrapper keeps a shard of the parameters and
-  // gathers each layer's compute copy from the other ranks (ZeRO-3), when it is the shard.
+  // from the master weights: all of them, unless the wrapper keeps a shard of them and gathers
+  // each layer's compute copy from the other ranks (ZeRO-3) or the rest of the copy after each
+  // step (the master weights' shard only), when it is the shard.
   virtual param_range kept_parameters(std::size_t count) const { return {0, count}; }
   // A pass outside training (model.forward, model.loss, model.training_loss) has ended, or the
   // parameters were made whole for a while (dist::save): what is not this rank's is let go.

@@ -167,8 +167,15 @@ class model_parameters {
     ++parameter_version_;
     if constexpr (mixed_precision) {
       compute_stale_ = false;
-      compute_cast_ = {0, stored_count()};
+      gradient_sync const* const sync = link_.gradient_sync();
+      compute_cast_ = sync ? sync->kept_parameters(stored_count()) : param_range{0, stored_count()};
     }
+  }
+  // Casts the compute copy (mixed precision) where it is stale, as the next pass would: a
+  // data-parallel wrapper that keeps the master weights' shard only does it while they are whole.
+  void refresh_compute_copy() const {
+    [[maybe_unused]] auto const on_stream = stream_.scope();
+    (void)weights();
   }
   // Counts the writable views of the master weights handed out and the parameters_changed()
   // calls: an optimizer with a copy of the weights elsewhere (OffloadedAdamW) reads it again when

@@ -354,13 +354,14 @@ class OffloadedAdamW
       if (!std::is_same_v<D, host> && s && s->shards_parameters())
         detail::raise<argument_error>(
             "OffloadedAdamW: offload_options::master_weights on a GPU model under a data-parallel wrapper that "
-            "shards the parameters (shard_parameters, ZeRO-3) is not supported yet (the wrapper holds their shard in "
-            "device memory); ZeRO-0, 1 and 2 take them");
+            "shards the parameters or the master weights (shard_parameters, ZeRO-3, or shard_master_weights) is not "
+            "supported yet (the wrapper holds their shard in device memory); ZeRO-0, 1 and 2 take them");
       if (s && s->shards_parameters() && !m.master_on_host())
         detail::raise<argument_error>(
             "OffloadedAdamW: offload_options::master_weights under a data-parallel wrapper that shards the "
-            "parameters (shard_parameters, ZeRO-3) expects the model built with them on the host "
-            "(host_master_weights), found them on its device: the wrapper holds their shard where they are");
+            "parameters or the master weights (shard_parameters, ZeRO-3, or shard_master_weights) expects the model "
+            "built with them on the host (host_master_weights), found them on its device: the wrapper holds their "
+            "shard where they are");
     }
   }
 
