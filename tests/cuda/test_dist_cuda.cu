@@ -262,8 +262,10 @@ void check_offloaded_gradients(int level = 2) {
 // and the compute copy through NCCL. Trains as the same optimizer alone on the whole batch: bit for
 // bit on one rank, to rounding on more; every rank holds the same master weights and compute copy,
 // bit for bit. Built with host_master_weights (a seed of each rank's own), the wrapper broadcasts
-// rank 0's through MPI. ZeRO-3 with them on the host is refused, the model unchanged.
-void check_master_on_host(int level, bool gradients_on_host, bool built_on_host) {
+// rank 0's through MPI; with shard_master_weights each rank keeps the pages of its shard of them
+// only, and the ranks gather the compute copy alone. ZeRO-3 with them on the host is refused, the
+// model unchanged.
+void check_master_on_host(int level, bool gradients_on_host, bool built_on_host, bool shard_master = false) {
   using P = mixed<bfloat16, DynamicLossScale>;
   using M = model<Net, gpu, P>;
   auto const gradients = gradients_on_host ? gradient_place::host : gradient_place::device;
@@ -288,10 +290,20 @@ void check_master_on_host(int level, bool gradients_on_host, bool built_on_host)
   else
     held.emplace(seed{5});
   M& m = *held;
-  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level, 4096));
+  dist::options o = sharding(level, 4096);
+  o.shard_master_weights = shard_master;
+  dist::data_parallel dp(m, MPI_COMM_WORLD, o);
   OffloadedAdamW opt(m, {.lr = 1e-2}, {.master_weights = true, .gradients = gradients});
   for (int s = 0; s < 3; ++s) dp.train_step<SoftmaxCrossEntropy>(xs, ys, opt);
   check(m.master_on_host() && opt.offloads_master_weights(), "the master weights live on the host");
+  if (shard_master) {
+    dist::gradient_memory const p = dp.parameter_pages();
+    check(p.now == p.planned_peak, "shard_master_weights on the host: the pages held are the plan's");
+    if (ranks > 1) check(p.now < p.whole, "shard_master_weights on the host: some pages are given back");
+    check(dp.last_step_traffic().gathered == (std::size_t(m.parameter_count) - dp.shard().size()) * sizeof(bfloat16),
+          "shard_master_weights on the host: a step gathers the compute copy alone");
+    dp.gather_parameters();
+  }
   std::vector<float> const got = tensor_to_host(std::as_const(m).parameters());
   std::vector<bfloat16> const copy = tensor_to_host(m.compute_parameters());
   if (ranks == 1) {
@@ -312,8 +324,9 @@ void check_master_on_host(int level, bool gradients_on_host, bool built_on_host)
   check(std::memcmp(copy.data(), first_copy.data(), copy.size() * sizeof(bfloat16)) == 0,
         "the master weights on the host: every rank holds rank 0's compute copy, bit for bit");
   if (rank == 0)
-    std::printf("the master weights on the host under ZeRO-%d (gradients on the %s%s), %d ranks: checked\n", level,
-                gradients_on_host ? "host" : "device", built_on_host ? ", built there" : "", ranks);
+    std::printf("the master weights on the host under ZeRO-%d (gradients on the %s%s%s), %d ranks: checked\n", level,
+                gradients_on_host ? "host" : "device", built_on_host ? ", built there" : "",
+                shard_master ? ", each rank its shard" : "", ranks);
 }
 
 // dist::options::shard_master_weights on the GPU (ZeRO-1 and 2, bf16 with a dynamic scale): the
@@ -413,6 +426,8 @@ int main(int argc, char** argv) {
     for (int level : {0, 1, 2}) check_master_on_host(level, false, false);
     check_master_on_host(1, false, true);
     check_master_on_host(2, true, false);
+    check_master_on_host(1, false, true, true);
+    check_master_on_host(2, true, true, true);
     check_master_on_host_refused_under_zero3();
     for (int level : {1, 2}) check_master_shard(level);
   } catch (std::exception const& e) {

@@ -41,11 +41,6 @@ options checked_options(Model const& m, options o) {
   if (o.shard_master_weights && !o.shard_parameters && !Model::mixed_precision)
     raise<argument_error>("data_parallel: shard_master_weights expects a mixed-precision model, found an fp32 one, whose "
                           "layers read its master weights; shard_parameters (ZeRO-3) keeps a shard of those");
-  if (o.shard_master_weights && !o.shard_parameters && m.master_on_host() &&
-      !std::is_same_v<typename Model::device, host>)
-    raise<argument_error>("data_parallel: shard_master_weights expects a GPU model's master weights on the device, "
-                          "found them in host memory (host_master_weights): not supported yet; without it each rank "
-                          "keeps them whole there");
   if (!(o.timeout_seconds > 0)) raise<argument_error>("data_parallel: expected timeout_seconds > 0, found ", o.timeout_seconds);
   if (o.bucket_bytes < sizeof(typename Model::value_type))
     raise<argument_error>("data_parallel: expected bucket_bytes of at least one parameter (",

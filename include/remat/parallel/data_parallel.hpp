@@ -189,6 +189,7 @@ class data_parallel {
         }
       if (!moved)
         for (backed_buffer* b : buffers) b->abandon_granules();
+      if (!abandoned) params_.restore_host_master();  // (master weights in host memory)
     } else if (!abandoned) {
       try {  // (REMAT_DIST_STRICT_PAGES: the pages are writable again, for whatever the memory serves next)
         for (backed_buffer* b : buffers) b->commit(0, n);
@@ -225,7 +226,7 @@ class data_parallel {
     Model& m = s_.model;
     {
       [[maybe_unused]] auto const on_stream = m.stream_scope();
-      params_.master().commit(0, n);  // (ZeRO-3: the pages given back are written)
+      params_.commit_master(0, n);  // (ZeRO-3, shard_master_weights: the pages given back are written)
       s_.with_master_transport([&](auto& t) {  // (where the master weights live)
         t.follow();
         t.broadcast(m.parameters().data(), n, 0);
@@ -256,7 +257,7 @@ class data_parallel {
   void gather_parameters() {
     if (!s_.shards_master()) return;
     [[maybe_unused]] auto const on_stream = s_.model.stream_scope();
-    params_.master().commit(0, n);  // (the pages it gathers into: held before they are written)
+    params_.commit_master(0, n);  // (the pages it gathers into: held before they are written)
     s_.with_master_transport([&](auto& t) {  // (where the master weights live)
       t.follow();
       t.all_gather(s_.parameter_base(), s_.shards.all());

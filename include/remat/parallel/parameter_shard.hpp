@@ -60,14 +60,19 @@ class parameter_shard {
   // shard or lie partly outside the buffer, and the gather buffers'.
   void plan() {
     bool const sharded = s_.opts.shard_parameters;
-    params_.place(s_.parameter_base(), n, s_.shards_master());
+    if constexpr (dp_state<Model, Transport>::on_gpu) host_master_ = s_.model.master_on_host();
+    if (host_master_)
+      host_params_.place(s_.parameter_base(), n, s_.shards_master());
+    else
+      params_.place(s_.parameter_base(), n, s_.shards_master());
     if constexpr (Model::mixed_precision) compute_.place(s_.compute_base(), n, sharded);
-    // (the GPU: the master weights and, under ZeRO-3, the compute copy move into the granules)
+    // (the GPU: the master weights, unless in host memory, and under ZeRO-3 the compute copy move
+    // into the granules)
     if constexpr (dp_state<Model, Transport>::on_gpu)
-      if (s_.shards_master())
+      if (s_.shards_master() && !host_master_)
         s_.model.relocate_parameters(static_cast<T*>(params_.device_data()), static_cast<C*>(compute_.device_data()));
     if (partial() && !s_.gathers_parameters()) {  // (the master weights' shard and the whole compute copy)
-      planned_peak_ = held_of(params_.span) + compute_.span.whole;
+      planned_peak_ = held_of(master_span()) + compute_.span.whole;
       return;
     }
     if (!s_.gathers_parameters() || n == 0 || !params_.span.page) return;
@@ -103,11 +108,27 @@ class parameter_shard {
 
   // What dist::data_parallel::parameter_pages() reports.
   gradient_memory memory() const {
-    gradient_memory g{params_.span.whole + compute_.span.whole, planned_peak_, last_peak_, held_bytes()};
+    gradient_memory g{master_span().whole + compute_.span.whole, planned_peak_, last_peak_, held_bytes()};
     if (!partial()) g.planned_peak = g.whole;
     return g;
   }
-  backed_buffer<device>& master() { return params_; }
+  backed_buffer<device>& master() { return params_; }  // (a GPU model's master weights on the device)
+  // As the wrapper goes: a GPU model's master weights in host memory have every page writable
+  // again (the pages given back read as zero; REMAT_DIST_STRICT_PAGES made them read-only).
+  void restore_host_master() noexcept {
+    if (!host_master_) return;
+    try {
+      host_params_.commit(0, n);
+    } catch (...) {
+    }
+  }
+  // The master weights' pages [lo, hi) are taken again (before something writes them).
+  void commit_master(std::size_t lo, std::size_t hi) const {
+    if (host_master_)
+      host_params_.commit(lo, hi);
+    else
+      params_.commit(lo, hi);
+  }
   backed_buffer<device>& compute() { return compute_; }
   gather_slot* slots() { return slots_; }
   // The model's buffer holds every parameter (after a broadcast or a gather, until released).
@@ -174,7 +195,10 @@ class parameter_shard {
         return;
       }
     whole_ = false;
-    give_back_outside_shard(params_);
+    if (host_master_)
+      give_back_outside_shard(host_params_);
+    else
+      give_back_outside_shard(params_);
     if (s_.opts.shard_parameters) give_back_outside_shard(compute_);  // (mixed precision: the 16-bit copy's)
   }
   // The parameters a pass kept (keep_parameters_for_backward) are let go: the pages of those this
@@ -227,15 +251,20 @@ class parameter_shard {
   }
   // The pages of the parameters held now: the model's buffers' and the gather buffers'.
   std::size_t held_bytes() const {
-    return params_.resident() + compute_.resident() + slots_[0].buffer.resident(buffer_residency_) +
+    return (host_master_ ? host_params_.resident() : params_.resident()) + compute_.resident() +
+           slots_[0].buffer.resident(buffer_residency_) +
            slots_[1].buffer.resident(buffer_residency_);
   }
   // The memory of the copy of the parameters layers read (and ZeRO-3 gathers): the compute copy
   // in mixed precision, the master weights otherwise.
   backed_buffer<device> const& read_copy() const { return Model::mixed_precision ? compute_ : params_; }
 
+  // The master weights' pages: a GPU model's in host memory, or where the model's buffer is.
+  page_span const& master_span() const { return host_master_ ? host_params_.span : params_.span; }
+
   // The pages of a buffer wholly inside it that hold nothing of this rank's shard are given back.
-  void give_back_outside_shard(backed_buffer<device> const& b) const noexcept {
+  template <class D>
+  void give_back_outside_shard(backed_buffer<D> const& b) const noexcept {
     param_range const s = s_.shard();
 #if REMAT_HAS_CUDA
     // (the GPU: layers issued before may still read them; the zero granule is zeroed on this stream)
@@ -313,6 +342,10 @@ class parameter_shard {
 
   dp_state<Model, Transport>& s_;
   backed_buffer<device> params_;   // the parameter buffer's memory
+  // A GPU model's master weights in host memory (model::master_on_host() as the wrapper was
+  // built: shard_master_weights keeps the shard of their pages).
+  backed_buffer<host> host_params_;
+  bool host_master_ = false;
   backed_buffer<device> compute_;  // the compute copy's (mixed precision; none otherwise)
   gather_slot slots_[2];           // what layers' parameters are gathered into (the second: prefetch)
   int reading_ = 0;                // the slot the last frame read

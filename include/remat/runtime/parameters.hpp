@@ -395,7 +395,7 @@ class model_parameters {
       param_range const want = sync ? sync->kept_parameters(stored_count()) : param_range{0, stored_count()};
       if (compute_stale_ || compute_cast_ != want) {
         if (!std::is_same_v<Device, host> && master_on_host())
-          cast_on_host();
+          cast_on_host(want);
         else if (want.size() == stored_count())
           evaluate(compute_params_, to_expr(params_));
         else if (want.size())
@@ -410,13 +410,14 @@ class model_parameters {
     }
   }
 
-  // The compute copy cast from master weights in host memory (master_on_host() on a GPU): a
-  // chunk at a time on the host, the same rounding as the device's cast, and copied up.
-  void cast_on_host() const {
-    std::size_t const n = stored_count(), chunk = std::size_t(1) << 20;
-    tensor<C, host> part(index_t(std::min(n, chunk)), 1, memory::tag::workspace, memory::default_allocator<host>());
+  // The compute copy of parameters r cast from master weights in host memory (master_on_host()
+  // on a GPU): a chunk at a time on the host, the same rounding as the device's cast, and copied
+  // up.
+  void cast_on_host(param_range r) const {
+    std::size_t const n = r.end, chunk = std::size_t(1) << 20;
+    tensor<C, host> part(index_t(std::min(r.size(), chunk)), 1, memory::tag::workspace, memory::default_allocator<host>());
     [[maybe_unused]] auto const on_stream = stream_.scope();
-    for (std::size_t at = 0; at < n; at += chunk) {
+    for (std::size_t at = r.begin; at < n; at += chunk) {
       std::size_t const len = std::min(chunk, n - at);
       tensor_view<C, host> const to(part.data(), index_t(len), 1);
       evaluate(to, to_expr(tensor_view<T const, host>(params_.data() + at, index_t(len), 1)));

@@ -350,12 +350,9 @@ class OffloadedAdamW
           "OffloadedAdamW: offload_options::master_weights expects a mixed-precision model; an fp32 model's layers "
           "read its master weights, which stay on the device");
     } else {
+      // (A GPU model built with them on the host is refused by a ZeRO-3 wrapper, which holds a GPU
+      // model's shard in device memory.)
       detail::gradient_sync const* const s = m.link().gradient_sync();
-      if (!std::is_same_v<D, host> && s && s->shards_parameters())
-        detail::raise<argument_error>(
-            "OffloadedAdamW: offload_options::master_weights on a GPU model under a data-parallel wrapper that "
-            "shards the parameters or the master weights (shard_parameters, ZeRO-3, or shard_master_weights) is not "
-            "supported yet (the wrapper holds their shard in device memory); ZeRO-0, 1 and 2 take them");
       if (s && s->shards_parameters() && !m.master_on_host())
         detail::raise<argument_error>(
             "OffloadedAdamW: offload_options::master_weights under a data-parallel wrapper that shards the "
