@@ -270,7 +270,8 @@ class data_parallel {
   void release_parameters() noexcept { params_.release(); }
   // The parameters' memory, in bytes of whole pages of the system: the pages the model's buffer
   // spans, the plan's peak during a training pass, the last training pass's measured peak
-  // (options::shard_parameters) and what is held now (a host model's; all 0 for a GPU model's).
+  // (options::shard_parameters) and what is held now (a GPU model's: its granules, and under
+  // shard_master_weights its master weights' host pages).
   // With ZeRO-3 on more than one rank, what is held is the pages of the model's buffer that hold
   // this rank's shard (and the two it shares at its ends) plus the gather buffers layers'
   // parameters are gathered into (two with options::prefetch_parameters, one without), each as

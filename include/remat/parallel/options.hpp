@@ -32,13 +32,14 @@ struct options {
   // dp.release_parameters()). Refused for an fp32 model, whose layers read the master weights
   // (shard_parameters keeps a shard of those).
   bool shard_master_weights = false;
-  // ZeRO stage 3 (implies shard_gradients and shard_master_weights): each rank keeps 1/P of the parameters too (the
-  // memory of the rest is given back: host pages, or on the GPU granules of virtual memory the
-  // parameters move into; in mixed precision, 1/P of the master weights and 1/P of their compute
-  // copy, which is what is gathered). Every layer's parameters are all-gathered into a buffer
-  // of the wrapper's just before it runs (forward, a storage policy's recomputation, backward: the
-  // frames of graph/walk.hpp's gather_frame), and the layer reads them there. Every pass of the model is then collective: training through the wrapper, and
-  // model.forward, loss and training_loss, which every rank must call together.
+  // ZeRO stage 3 (implies shard_gradients and shard_master_weights): each rank keeps 1/P of the
+  // parameters too (the memory of the rest is given back: host pages, or on the GPU granules of
+  // virtual memory the parameters move into; in mixed precision, 1/P of the master weights and 1/P
+  // of their compute copy, which is what is gathered). Every layer's parameters are all-gathered
+  // into a buffer of the wrapper's just before it runs (forward, a storage policy's recomputation,
+  // backward: the frames of graph/walk.hpp's gather_frame), and the layer reads them there. Every
+  // pass of the model is then collective: training through the wrapper, and model.forward, loss
+  // and training_loss, which every rank must call together.
   bool shard_parameters = false;
   // ZeRO-3: as a layer starts, the parameters of the next frame that gathers (the model's plan
   // walk lists them) start their all-gather into a second buffer, so they move while the layer

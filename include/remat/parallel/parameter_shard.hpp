@@ -60,7 +60,7 @@ class parameter_shard {
   // shard or lie partly outside the buffer, and the gather buffers'.
   void plan() {
     bool const sharded = s_.opts.shard_parameters;
-    if constexpr (dp_state<Model, Transport>::on_gpu) host_master_ = s_.model.master_on_host();
+    if constexpr (dp_state<Model, Transport>::on_gpu) host_master_ = s_.model.master_on_host() && s_.shards_master();
     if (host_master_)
       host_params_.place(s_.parameter_base(), n, s_.shards_master());
     else
@@ -342,8 +342,8 @@ class parameter_shard {
 
   dp_state<Model, Transport>& s_;
   backed_buffer<device> params_;   // the parameter buffer's memory
-  // A GPU model's master weights in host memory (model::master_on_host() as the wrapper was
-  // built: shard_master_weights keeps the shard of their pages).
+  // A GPU model's master weights in host memory under shard_master_weights (model::master_on_host()
+  // as the wrapper was built): the pages of this rank's shard of them are kept.
   backed_buffer<host> host_params_;
   bool host_master_ = false;
   backed_buffer<device> compute_;  // the compute copy's (mixed precision; none otherwise)
