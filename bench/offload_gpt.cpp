@@ -157,6 +157,17 @@ std::vector<way_result> ways() {
   auto const offloaded = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, o);
   auto const full = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, master);
   auto const both = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, all);
+  // A node of 8 GPUs, rank 0's plan (the ranks' shards differ by a parameter at most): ZeRO-3 on
+  // the devices; ZeRO-2 with the master weights (each rank's shard of them) and the gradients on
+  // the host. The host's column is the node's: 8 ranks' host plans.
+  step_options const zero3{.sequence = sequence, .ranks = 8, .rank = 0, .shard_parameters = true};
+  step_options const zero2{.sequence = sequence, .ranks = 8, .rank = 0, .shard_optimizer = true,
+                           .offload_master_weights = true, .offload_gradients = true, .shard_master_weights = true};
+  step_options whole_master = zero2;
+  whole_master.shard_master_weights = false;
+  auto const node3 = memory_plan<Each, P, AdamW, SoftmaxCrossEntropy, remat::cuda>(1, zero3);
+  auto const node2 = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, zero2);
+  auto const node2_whole = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, whole_master);
   double const n = double(Each::param_count), act = double(each.arena);
   return {
       {"remat stored, AdamW", {double(stored.reserved), 0}},
@@ -166,6 +177,13 @@ std::vector<way_result> ways() {
        {double(full.reserved), double(full.host_bytes())}},
       {"remat blocks checkpointed, OffloadedAdamW + master weights and gradients on the host",
        {double(both.device_bytes()), double(both.host_bytes())}},
+      {"8 GPUs a node (per GPU / the node's host): remat ZeRO-3, blocks checkpointed, AdamW",
+       {double(node3.device_bytes()), double(node3.host_bytes()) * 8}},
+      {"8 GPUs a node (per GPU / the node's host): remat ZeRO-2, OffloadedAdamW, each rank's shard of the master "
+       "weights and its gradients on the host",
+       {double(node2.device_bytes()), double(node2.host_bytes()) * 8}},
+      {"8 GPUs a node (per GPU / the node's host): the same with each rank's master weights whole",
+       {double(node2_whole.device_bytes()), double(node2_whole.host_bytes()) * 8}},
       // torch.autocast + checkpoint: fp32 weights, gradients and Adam's two moments on the device.
       {"PyTorch autocast + checkpoint (16 B/param)", {16 * n + act, 0}},
       // estimate_zero2_model_states_mem_needs(cpu_offload=True), one GPU: 2 bytes a parameter on

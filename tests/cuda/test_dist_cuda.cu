@@ -177,6 +177,20 @@ std::vector<float> check_granules(int level, std::vector<float> const* zero2) {
     AdamW opt(m, {.lr = 1e-3});
     s = dp.shard();
     std::size_t const granule = 2u << 20, shard_bytes = s.size() * sizeof(float);
+    // The plan made before the wrapper (memory_plan with the wrapper's options): the granules
+    // start on a granule, so it is the wrapper's, granule for granule; the allocator's block the
+    // gradients left went back to the device (not into its cache).
+    auto const plan = memory_plan<Wide, Precision, AdamW, SoftmaxCrossEntropy, gpu>(
+        rows, {.ranks = std::size_t(ranks), .rank = std::size_t(rank), .shard_gradients = true,
+               .shard_parameters = level > 2, .keep_parameters_for_backward = level > 3,
+               .bucket_bytes = std::size_t(4) << 20});
+    check(plan.gradient_pages == dp.gradient_pages().planned_peak,
+          "memory_plan's gradient granules of a ZeRO-2 rank are the wrapper's plan");
+    if (level > 2)
+      check(plan.master_pages + plan.compute_pages + plan.gather_pages == dp.parameter_pages().planned_peak,
+            "memory_plan's parameter granules and gather buffers of a ZeRO-3 rank are the wrapper's plan");
+    check(m.allocator().stats()[memory::tag::gradients].reserved == 0,
+          "the gradients' block goes back to the device as they move into granules");
     for (int step = 0; step < 3; ++step) {
       m.zero_grad();
       dp.template accumulate<SoftmaxCrossEntropy>(x, y);
@@ -345,6 +359,13 @@ void check_master_shard(int level) {
     dist::options o = sharding(level, std::size_t(4) << 20);
     o.shard_master_weights = shard_master;
     dist::data_parallel dp(m, MPI_COMM_WORLD, o);
+    if (shard_master) {  // (the plan made before the wrapper: its granules, exactly)
+      auto const plan = memory_plan<Wide, mixed<bfloat16, DynamicLossScale>, AdamW, SoftmaxCrossEntropy, gpu>(
+          rows, {.ranks = std::size_t(ranks), .rank = std::size_t(rank), .shard_gradients = level >= 2,
+                 .shard_master_weights = true, .bucket_bytes = std::size_t(4) << 20});
+      check(plan.master_pages == dp.parameter_pages().planned_peak,
+            "memory_plan's master-weight granules under shard_master_weights are the wrapper's plan");
+    }
     AdamW opt(m, {.lr = 1e-3, .clip_norm = 1.0});
     for (int step = 0; step < 3; ++step) dp.template train_step<SoftmaxCrossEntropy>(x, y, opt);
     p = dp.parameter_pages();

@@ -133,6 +133,86 @@ TEST_CASE("memory_plan: hand-computed parts of a step", "[plan]") {
   static_assert(big.optimizer_state == 2 * ((4160 / 3 * 4 + 255) / 256 * 256));
 }
 
+TEST_CASE("memory_plan: a sharded data-parallel rank's pages, hand-computed", "[plan][dist]") {
+  // The rules (plan/rank_pages.hpp). 10,000 floats from a page's start, pages of 4 KiB: 40,000
+  // bytes touch 10 pages, the last in part. A rank keeping [2500, 5000) (bytes [10,000, 20,000))
+  // holds pages 2, 3 and 4, and the last page (shared with whatever follows): 4 pages.
+  constexpr auto span = detail::page_span::aligned(10000, 4, 4096);
+  static_assert(span.whole == 10 * 4096 && span.count() == 10);
+  static_assert(detail::held_pages(span, 2500, 5000) == 4 * 4096);
+  static_assert(detail::held_pages(span, 0, 0) == 4096);  // (nothing of its own: the last page only)
+  // At any start, 10,000 bytes touch at most 4 pages (3 filled, one more where they straddle).
+  static_assert(detail::page_bound(10000, 4096) == 4 * 4096 && detail::page_bound(8192, 4096) == 3 * 4096);
+  // Buckets of at most 4 from the end of 10.
+  static_assert(detail::gradient_bucket_ranges(10, 4) ==
+                std::vector<param_range>{{6, 10}, {2, 6}, {0, 2}});
+  // The replay of backward's reports 8, 4, 0 and the model's own 0 over those buckets: the bucket
+  // [6, 10) starts at report 4 and is given back at the next, where [2, 6) and [0, 2) start.
+  std::vector<std::pair<std::size_t, std::size_t>> seen;
+  std::size_t const peak = detail::sharded_gradient_peak(
+      {8, 4, 0, 0}, detail::gradient_bucket_ranges(10, 4), 10, [&](std::size_t touched, std::size_t released) {
+        seen.emplace_back(touched, released);
+        return touched == 0 ? std::size_t(7) : std::size_t(3);
+      });
+  CHECK(seen == std::vector<std::pair<std::size_t, std::size_t>>{{8, 10}, {4, 10}, {0, 10}, {0, 6}});
+  CHECK(peak == 7);
+
+  // shard_master_weights over 2 ranks, Linear<1024, 1024> in bf16: 1,049,600 master weights,
+  // 4,198,400 bytes; rank 1's shard is bytes [2,099,200, 4,198,400). On the GPU (granules of 2
+  // MiB from a granule's start) it holds granules 1 and 2 (the last, in part): 4 MiB, rank 0
+  // granules 0 to 2. On the host (4 KiB pages, the start unknown) at most 2,099,200 bytes' 513
+  // pages and one more, and the two end pages: 516.
+  using L = Seq<Linear<1024, 1024>>;
+  constexpr step_options rank1{.ranks = 2, .rank = 1, .shard_master_weights = true};
+  constexpr auto gpu = memory_plan<L, mixed<bfloat16>, AdamW, MSE, cuda>(2, rank1);
+  static_assert(gpu.master_pages == std::size_t(4) << 20 && !gpu.master_pages_on_host);
+  static_assert(gpu.device_paged == gpu.master_weights && gpu.master_weights == 4198400);
+  static_assert(gpu.device_bytes() == gpu.reserved - 4198400 + (std::size_t(4) << 20));
+  static_assert(gpu.optimizer_state == 2 * 2099200);  // (it implies shard_optimizer)
+  constexpr auto gpu0 = memory_plan<L, mixed<bfloat16>, AdamW, MSE, cuda>(2, {.ranks = 2, .rank = 0,
+                                                                              .shard_master_weights = true});
+  static_assert(gpu0.master_pages == std::size_t(6) << 20);
+  constexpr auto cpu = memory_plan<L, mixed<bfloat16>, AdamW>(2, rank1);
+  static_assert(cpu.master_pages == 516 * 4096);
+  static_assert(cpu.device_bytes() == cpu.reserved - 4198400 + 516 * 4096);
+  // On one rank the wrapper keeps them whole: every page 4,198,400 bytes can touch (1,025 + 1).
+  static_assert(memory_plan<L, mixed<bfloat16>, AdamW>(2, {.shard_master_weights = true}).master_pages ==
+                1026 * 4096);
+  // With OffloadedAdamW's master weights on the host, the host's side counts the pages instead.
+  constexpr auto off = memory_plan<L, mixed<bfloat16>, OffloadedAdamW, MSE, cuda>(
+      2, {.ranks = 2, .rank = 1, .offload_master_weights = true, .shard_master_weights = true});
+  static_assert(off.master_pages_on_host && off.master_pages == 516 * 4096);
+  static_assert(off.host_paged == off.host_pageable.parameters && off.host_pageable.parameters == 4198400);
+  static_assert(off.device_bytes() == off.reserved);
+  // ZeRO-3 over 2 ranks on the GPU: rank 1 holds the same master granules, and of the compute
+  // copy (2,099,200 bytes: 2 granules, the last in part) both: its shard's bytes [1,049,600,
+  // 2,099,200) lie in granule 0 and the last granule is never given back. The gather buffers
+  // hold the largest frame, the Linear's 2,099,200 bytes: 2 granules each, two of them with
+  // prefetch_parameters, one without, none when a pass keeps what it gathers (whose compute copy
+  // then holds every frame's). The gradients: one layer reports only when backward is done, so
+  // the pass holds all 3 granules of them before any is reduced.
+  constexpr step_options zero3{.ranks = 2, .rank = 1, .shard_parameters = true};
+  constexpr auto z3 = memory_plan<L, mixed<bfloat16>, AdamW, MSE, cuda>(2, zero3);
+  static_assert(z3.master_pages == std::size_t(4) << 20 && z3.compute_pages == std::size_t(4) << 20);
+  static_assert(z3.gather_pages == std::size_t(8) << 20 && z3.gradient_pages == std::size_t(6) << 20);
+  static_assert(z3.device_paged == 4198400 + 2099200 + 4198400);
+  static_assert(z3.device_bytes() == z3.reserved - z3.device_paged + (std::size_t(22) << 20));
+  static_assert(memory_plan<L, mixed<bfloat16>, AdamW, MSE, cuda>(
+                    2, {.ranks = 2, .rank = 1, .shard_parameters = true, .prefetch_parameters = false})
+                    .gather_pages == std::size_t(4) << 20);
+  static_assert(memory_plan<L, mixed<bfloat16>, AdamW, MSE, cuda>(
+                    2, {.ranks = 2, .rank = 1, .shard_parameters = true, .keep_parameters_for_backward = true})
+                    .gather_pages == 0);
+  // fp32 under ZeRO-3: the master weights are what is gathered (4,198,400 bytes: 3 granules a
+  // buffer; of the master weights' 3 rank 1 holds granules 1 and 2).
+  constexpr auto z3f = memory_plan<L, fp32, AdamW, MSE, cuda>(2, zero3);
+  static_assert(z3f.master_pages == std::size_t(4) << 20 && z3f.compute_pages == 0);
+  static_assert(z3f.gather_pages == 2 * (std::size_t(6) << 20));
+  // Without sharding nothing changes.
+  constexpr auto plain = memory_plan<L, mixed<bfloat16>, AdamW, MSE, cuda>(2);
+  static_assert(plain.master_pages == 0 && plain.device_paged == 0 && plain.device_bytes() == plain.reserved);
+}
+
 // A plan never describes a step the model would refuse: each argument the model's training pass
 // refuses (batch 0, a width other than the graph's, a sequence past the positional table, more
 // rows than a Budget was planned for, an input gradient of token ids) is refused by the plan too,
@@ -298,11 +378,14 @@ TEST_CASE("memory_plan: OffloadedAdamW's step, on the device and on the host apa
   static_assert(spans.gradient_pages == 19 * 1024);
   static_assert(spans.host_pageable.gradients == memory::caching_allocator<host>::rounded(R::param_count * 4));
   // Under data parallelism, a rank of a ZeRO-2 wrapper: the sum of its shard on the host (the last
-  // of 3 ranks: 14 parameters, one block); the buffer's pages are the wrapper's plan. Without the
-  // sharded optimizer, refused.
+  // of 3 ranks: 14 parameters, one block); on the device the buffer's pages in place of its block
+  // (shard_gradients, implied): the 160 bytes touch at most 2 pages of 4 KiB. Without the sharded
+  // optimizer, refused.
   constexpr auto rank2 = memory_plan<L, fp32, OffloadedAdamW>(
       2, {.ranks = 3, .rank = 2, .shard_optimizer = true, .offload_gradients = true});
-  static_assert(rank2.host_pageable.gradients == 256 && rank2.gradient_pages == 0 && rank2.gradients == 256);
+  static_assert(rank2.host_pageable.gradients == 256 && rank2.gradients == 256);
+  static_assert(rank2.gradient_pages == 2 * 4096 && rank2.device_paged == 256);
+  static_assert(rank2.device_bytes() == rank2.reserved - 256 + 2 * 4096);
   CHECK_THROWS_AS((memory_plan<L, fp32, OffloadedAdamW>(2, {.ranks = 2, .offload_gradients = true})), argument_error);
   // Offloaded<S>'s activations count on the host too.
   constexpr auto offloaded = memory_plan<Net<Repeat<3, Offloaded<Block>>>, fp32, OffloadedAdamW>(16);

@@ -55,16 +55,24 @@ struct page_span {
   std::uintptr_t first = 0;           // the first page it touches
   std::size_t whole = 0;              // the bytes of the pages it touches
   std::size_t element = 1;            // the bytes of one of its elements
-  std::size_t count() const { return page ? whole / page : 0; }           // the pages it touches
-  std::uintptr_t at(std::size_t i) const { return begin + i * element; }  // where element i is
+  constexpr std::size_t count() const { return page ? whole / page : 0; }           // the pages it touches
+  constexpr std::uintptr_t at(std::size_t i) const { return begin + i * element; }  // where element i is
   // Whether page k lies wholly in the buffer (pages shared with other memory are never given back).
-  bool inside(std::size_t k) const { return first + k * page >= begin && first + (k + 1) * page <= end; }
+  constexpr bool inside(std::size_t k) const {
+    return first + k * page >= begin && first + (k + 1) * page <= end;
+  }
   // Whether page k holds any of elements [lo, hi).
-  bool touches(std::size_t k, std::size_t lo, std::size_t hi) const {
+  constexpr bool touches(std::size_t k, std::size_t lo, std::size_t hi) const {
     return lo < hi && first + k * page < at(hi) && at(lo) < first + (k + 1) * page;
   }
   // The page that holds byte address a.
-  std::size_t page_of(std::uintptr_t a) const { return std::size_t((a - first) / page); }
+  constexpr std::size_t page_of(std::uintptr_t a) const { return std::size_t((a - first) / page); }
+  // The span of `count` elements of `element` bytes that start on a page boundary (a GPU buffer's
+  // granules, or what a plan made before any address is known takes).
+  static constexpr page_span aligned(std::size_t count, std::size_t element, std::size_t page) {
+    std::size_t const bytes = count * element;
+    return page_span{page, 0, bytes, 0, page ? (bytes + page - 1) / page * page : 0, element};
+  }
 };
 
 // The pages of `count` elements at `data` (host memory), kept from huge pages when `split` (pages

@@ -4,6 +4,7 @@
 // all-reduced, or (sharded optimizer) each part of it reduced to the rank that owns it.
 #pragma once
 
+#include "../plan/rank_pages.hpp"
 #include "state.hpp"
 
 #include <algorithm>
@@ -17,17 +18,14 @@ namespace detail {
 template <class Model, class Transport>
 class gradient_buckets {
  public:
-  struct bucket {
-    std::size_t begin, end;
-  };
+  using bucket = param_range;
 
-  explicit gradient_buckets(dp_state<Model, Transport>& s) : s_(s) {
-    std::size_t const per = std::max<std::size_t>(1, std::min(s.opts.bucket_bytes / sizeof(T), chunk));
-    for (std::size_t e = n; e > 0;) {
-      std::size_t const b = e > per ? e - per : 0;
-      buckets_.push_back({b, e});
-      e = b;
-    }
+  explicit gradient_buckets(dp_state<Model, Transport>& s)
+      : s_(s), buckets_(REMAT_NAMESPACE::detail::gradient_bucket_ranges(n, per_bucket(s.opts.bucket_bytes))) {}
+
+  // The parameters a bucket holds at most, for options::bucket_bytes: within one message's count.
+  static constexpr std::size_t per_bucket(std::size_t bucket_bytes) {
+    return std::max<std::size_t>(1, std::min(bucket_bytes / sizeof(T), chunk));
   }
 
   std::vector<bucket> const& all() const { return buckets_; }  // from the buffer's end

@@ -60,34 +60,11 @@ class gradient_shard {
     reports_.reports = REMAT_NAMESPACE::detail::gradient_reports<typename Model::net, typename Model::precision>();
     reports_.reports.push_back(0);  // (the model's own, after backward)
     bool const sunk = sink_ != nullptr;  // (then the shard's pages go as the others' do)
-    auto const page = std::uintptr_t(span.page);
-    std::uintptr_t const last = span.first + span.whole;
     param_range const s = s_.shard();
-    // A page is given back when it lies wholly in the buffer, holds nothing of this rank's
-    // shard, and lies wholly below `touched` (not written yet in this pass) or wholly at or above
-    // `released` (reduced).
-    auto const held = [&](std::size_t touched, std::size_t released) {
-      std::size_t count = 0;
-      for (std::uintptr_t p = span.first; p < last; p += page) {
-        bool const inside = p >= span.begin && p + page <= span.end;
-        bool const shard_free = sunk || s.size() == 0 || p + page <= span.at(s.begin) || p >= span.at(s.end);
-        bool const given = inside && shard_free && (p + page <= span.at(touched) || p >= span.at(released));
-        count += !given;
-      }
-      return count * span.page;
-    };
-    std::size_t released = n, low = n, next = 0, peak = 0;
-    bool in_flight = false;
-    for (std::size_t r : reports_.reports) {
-      peak = std::max(peak, held(r, released));
-      if (in_flight) released = low;
-      in_flight = false;
-      while (next < buckets.all().size() && buckets.all()[next].begin >= r) {
-        low = buckets.all()[next++].begin;
-        in_flight = true;
-      }
-    }
-    planned_peak_ = peak;
+    planned_peak_ = REMAT_NAMESPACE::detail::sharded_gradient_peak(
+        reports_.reports, buckets.all(), n, [&](std::size_t touched, std::size_t released) {
+          return REMAT_NAMESPACE::detail::held_gradient_pages(span, s, sunk, touched, released);
+        });
   }
 
   // What dist::data_parallel::gradient_pages() reports.

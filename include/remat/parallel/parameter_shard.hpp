@@ -12,6 +12,7 @@
 
 #include "../memory/backed_buffer.hpp"
 #include "../plan/activation.hpp"
+#include "../plan/rank_pages.hpp"
 #include "state.hpp"
 
 #include <algorithm>
@@ -84,9 +85,7 @@ class parameter_shard {
       forward_[training] = REMAT_NAMESPACE::detail::forward_events<net, precision>(training);
       forward_ahead_[training] = gathers_ahead(forward_[training]);
     }
-    std::size_t largest = 0;
-    for (pass_event const& e : events_)
-      if (e.what == pass_event::kind::gather) largest = std::max(largest, e.range.size());
+    std::size_t const largest = REMAT_NAMESPACE::detail::largest_gather(events_);
     // (a prefetch's buffer too; both are touched now, so that what they hold is taken as the
     // wrapper is built, not in the middle of a pass; none when passes gather into the model's pages)
     int const buffers = s_.opts.keep_parameters_for_backward ? 0 : s_.opts.prefetch_parameters ? 2 : 1;
@@ -96,12 +95,9 @@ class parameter_shard {
     // A training pass that keeps what it gathers (keep_parameters_for_backward) holds, at its end,
     // the pages of every frame's parameters too, in the copy layers read.
     page_span const& read = read_copy().span;
-    std::vector<char> gathered(read.count(), 0);  // (by page)
-    if (s_.opts.keep_parameters_for_backward)
-      for (pass_event const& e : events_)
-        if (e.what == pass_event::kind::gather && e.range.size())
-          std::fill(gathered.begin() + std::ptrdiff_t(read.page_of(read.at(e.range.begin))),
-                    gathered.begin() + std::ptrdiff_t(read.page_of(read.at(e.range.end) - 1) + 1), 1);
+    std::vector<char> const gathered = s_.opts.keep_parameters_for_backward
+                                           ? REMAT_NAMESPACE::detail::gathered_pages(read, events_)
+                                           : std::vector<char>(read.count(), 0);  // (by page)
     auto const held = [&](page_span const& sp) { return held_of(sp, &sp == &read ? &gathered : nullptr); };
     planned_peak_ = held(params_.span) + held(compute_.span) + slots_[0].buffer.bytes + slots_[1].buffer.bytes;
   }
@@ -240,10 +236,7 @@ class parameter_shard {
   // marked in `gathered`.
   std::size_t held_of(page_span const& sp, std::vector<char> const* gathered = nullptr) const {
     param_range const s = s_.shard();
-    std::size_t pages = 0;
-    for (std::size_t k = 0; k < sp.count(); ++k)
-      pages += !sp.inside(k) || sp.touches(k, s.begin, s.end) || (gathered && (*gathered)[k]);
-    return pages * sp.page;
+    return REMAT_NAMESPACE::detail::held_pages(sp, s.begin, s.end, gathered);
   }
 
   void note_peak() {

@@ -33,11 +33,27 @@ struct step_options {
   // 4 KiB on the host and a granule of 2 MiB on the GPU). Under a ZeRO-2 wrapper (shard_optimizer
   // set) the host holds the rank's shard, and the wrapper plans the pages.
   bool offload_gradients = false;
-  std::size_t gradient_page = 0;  // the page size of offload_gradients' plan (0: the device's)
+  std::size_t gradient_page = 0;  // the page size of the plan's pages (0: the device's; see offload_gradients)
   // With offload_gradients, a program that adds passes onto a sum (accumulation over micro-batches)
   // with the model's failure backup on (model::set_failure_backup, the default): the host keeps a
   // second copy of the gradients to restore when a pass fails.
   bool offload_gradients_backup = false;
+  // Data parallelism whose ranks give pages back (remat::dist::options names them alike):
+  // shard_gradients, ZeRO-2 (implies shard_optimizer; offload_gradients under shard_optimizer
+  // implies it), and for a mixed-precision model under ZeRO-1 or 2 shard_master_weights (implies
+  // shard_optimizer). The plan counts the pages the rank holds of the gradient buffer
+  // (memory_plan_result::gradient_pages, the wrapper's gradient_pages().planned_peak, its buckets
+  // of bucket_bytes as options::bucket_bytes) and of the master weights (master_pages) in place of
+  // the allocator's blocks for them (see memory_plan_result::device_bytes).
+  bool shard_gradients = false;
+  bool shard_master_weights = false;  // (see shard_gradients)
+  // ZeRO-3 (implies shard_gradients and shard_master_weights), with the options of its gathers:
+  // the plan counts the rank's pages of the compute copy and the gather buffers too
+  // (memory_plan_result::compute_pages, gather_pages).
+  bool shard_parameters = false;
+  bool prefetch_parameters = true;            // (see shard_parameters)
+  bool keep_parameters_for_backward = false;  // (see shard_parameters)
+  std::size_t bucket_bytes = std::size_t(4) << 20;  // (see shard_gradients)
   // Also lay out the step's arena (fills `arena` and `reserved`). A constant expression over a
   // model of hundreds of activations can pass a compiler's evaluation limits with it (nvcc's
   // front end first): there, leave it out and plan the arena at run time.
@@ -45,10 +61,11 @@ struct step_options {
 };
 
 // The parameters of `count` whose optimizer state this rank keeps: all, or with o.shard_optimizer
-// its shard (remat::dist::data_parallel::shard's size).
+// (or an option that implies it) its shard (remat::dist::data_parallel::shard's size).
 constexpr std::size_t optimizer_shard(std::size_t count, step_options const& o) {
   std::size_t const p = o.ranks > 0 ? o.ranks : 1;
-  return o.shard_optimizer ? count * (o.rank + 1) / p - count * o.rank / p : count;
+  bool const sharded = o.shard_optimizer || o.shard_gradients || o.shard_master_weights;
+  return sharded ? count * (o.rank + 1) / p - count * o.rank / p : count;
 }
 
 // How many parameter-sized buffers of state an optimizer keeps. A user's optimizer specialises it.

@@ -38,6 +38,7 @@
 #include "activation.hpp"
 #include "arena.hpp"
 #include "optimizer_state.hpp"
+#include "rank_pages.hpp"
 
 #include <cstddef>
 #include <string>
@@ -81,7 +82,30 @@ struct memory_plan_result {
   // Device memory beside the model's allocator: the pages of the gradient buffer held at most
   // when the gradients live on the host (OffloadedAdamW's offload_options::gradients; tag
   // gradients is then 0), what OffloadedAdamW::gradient_pages() measures.
+  // Under ZeRO-2 (step_options::shard_gradients) the pages of the gradient buffer a rank holds
+  // during a pass at most (its shard and the buckets in flight; the wrapper's
+  // gradient_pages().planned_peak) in place of the allocator's block (tag gradients), whose
+  // pages the wrapper gives back (on the GPU it moves into granules of the wrapper's).
   std::size_t gradient_pages = 0;
+  // Under step_options::shard_master_weights the pages of the master weights a rank holds (its
+  // shard's; the wrapper's parameter_pages() but for a host model's compute copy) in place of
+  // their block: on the device, or with the master weights on the host (master_pages_on_host:
+  // OffloadedAdamW's offload_master_weights) in place of host_pageable.parameters.
+  std::size_t master_pages = 0;
+  bool master_pages_on_host = false;  // (see master_pages)
+  // Under ZeRO-3 (step_options::shard_parameters) the pages of the compute copy a rank holds (its
+  // shard's; with keep_parameters_for_backward every frame's at a pass's end) in place of its
+  // block, and the wrapper's gather buffers (two of the largest layer's parameters with
+  // prefetch_parameters, one without, none when a pass keeps what it gathers).
+  std::size_t compute_pages = 0;
+  std::size_t gather_pages = 0;  // (see compute_pages)
+  // The allocators' blocks whose pages the fields above count instead: on the device and on the
+  // host. A GPU's pages are counted exactly (the wrapper's granules start on a granule); where a
+  // host buffer starts in its 4 KiB page is known at run time only, and the plan counts what any
+  // start would hold: at most 5 pages more than the wrapper's plan for the gradients and 3 for
+  // each buffer of weights (the master weights, ZeRO-3's compute copy).
+  std::size_t device_paged = 0;
+  std::size_t host_paged = 0;  // (see device_paged)
   // On the host, beside the device (OffloadedAdamW): in the optimizer's host_allocator(), pageable
   // memory (for a model on the host, the buffers that cross too)...
   host_place_plan host_pageable{};
@@ -90,12 +114,18 @@ struct memory_plan_result {
 
   // All of the step's host memory: the optimizer's (host_pageable, host_page_locked) and the
   // activations Offloaded<S> keeps there at its peak (activations.offloaded_bytes).
+  // A sharded data-parallel rank's master weights there count as the pages it holds.
   constexpr std::size_t host_bytes() const {
-    return host_pageable.total() + host_page_locked.total() + activations.offloaded_bytes;
+    return host_pageable.total() + host_page_locked.total() + activations.offloaded_bytes - host_paged +
+           (master_pages_on_host ? master_pages : 0);
   }
   // All of the step's device memory: what the model's allocator reserves (the arena's plan, or
-  // the peak without one) and the gradient pages held beside it.
-  constexpr std::size_t device_bytes() const { return (arena ? reserved : peak) + gradient_pages; }
+  // the peak without one) and the gradient pages held beside it; a sharded data-parallel rank's
+  // gradients and master weights count as the pages it holds.
+  constexpr std::size_t device_bytes() const {
+    return (arena ? reserved : peak) + gradient_pages + (master_pages_on_host ? 0 : master_pages) + compute_pages +
+           gather_pages - device_paged;
+  }
   // Whether the step fits a device of `device_bytes` (device_bytes()) and a host of `host_bytes`
   // (host_bytes()).
   constexpr bool fits(std::size_t device_bytes_available, std::size_t host_bytes_available) const {
@@ -134,8 +164,97 @@ struct memory_plan_result {
   }
 };
 
-template <class Net, class Precision = fp32, template <class, class, class> class Optimizer = AdamW, class Loss = MSE>
-constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {}) {
+namespace detail {
+
+// The pages a sharded data-parallel rank holds (plan/rank_pages.hpp), into r: of the gradient
+// buffer under ZeRO-2 (`sunk`: its shard's sum lives on the host, OffloadedAdamW's gradients), of
+// the master weights under shard_master_weights (`master_on_host`: in the host's memory), and
+// under ZeRO-3 of the compute copy and the gather buffers. A GPU's buffers are granules of the
+// wrapper's from a granule's start: the wrapper's own count; a host's may start anywhere in a
+// page: the most any start holds.
+template <class Net, class Precision, class Device>
+constexpr void plan_rank_pages(memory_plan_result& r, step_options const& o, bool master_on_host, bool sunk) {
+  using T = typename Precision::master;
+  using C = typename Precision::compute;
+  constexpr std::size_t n = Net::param_count;
+  constexpr bool gpu = !std::is_same_v<Device, host>;
+  std::size_t const page = o.gradient_page ? o.gradient_page : gpu ? std::size_t(2) << 20 : 4096;
+  param_range const shard{n * o.rank / o.ranks, n * (o.rank + 1) / o.ranks};
+  if (!o.shard_gradients && !o.shard_master_weights) return;
+  if (o.shard_master_weights && !o.shard_parameters && !is_mixed_v<Precision>)
+    throw argument_error("remat::memory_plan: shard_master_weights expects a mixed-precision model (an fp32 "
+                         "model's layers read its master weights: ZeRO-3, shard_parameters, shards them)");
+  if (o.shard_parameters && gpu && master_on_host)
+    throw argument_error("remat::memory_plan: shard_parameters (ZeRO-3) expects a GPU model's master weights on the "
+                         "device, as the wrapper does");
+  std::vector<std::size_t> reports;
+  std::vector<pass_event> events;
+  planning::counter mem;
+  plan_pass_into<Net, Precision>(mem, 1, o.features ? o.features : Net::in_width, 1, input_gradient::none, 0, &reports,
+                                 &events);
+  if (o.shard_gradients && n > 0) {
+    reports.push_back(0);  // (the model's own, after backward)
+    std::size_t const per = o.bucket_bytes / sizeof(T) < (std::size_t(1) << 30) ? o.bucket_bytes / sizeof(T)
+                                                                                 : std::size_t(1) << 30;
+    page_span const span = page_span::aligned(n, sizeof(T), page);
+    r.gradient_pages = sharded_gradient_peak(
+        reports, gradient_bucket_ranges(n, per > 0 ? per : 1), n, [&](std::size_t touched, std::size_t released) {
+          if (gpu) return held_gradient_pages(span, shard, sunk, touched, released);
+          // (the span written and not yet reduced, and the shard unless it goes to the host)
+          param_range const written{touched < released ? touched : released, released};
+          if (sunk) return pages_bound({written}, n, sizeof(T), page);
+          return pages_bound({written, shard}, n, sizeof(T), page);
+        });
+    r.device_paged += r.gradients;
+  }
+  if (!o.shard_master_weights) return;
+  // What the rank holds of one of the model's buffers of weights (values of `element` bytes), in
+  // pages of `p` (`granules`: from a granule's start): its shard's, and where the layers `read`
+  // it with keep_parameters_for_backward every frame's; on one rank all of it.
+  bool const gathers = o.shard_parameters && o.ranks > 1;
+  bool const keeps = gathers && o.keep_parameters_for_backward;
+  std::vector<param_range> kept{shard};
+  if (keeps)
+    for (pass_event const& e : events)
+      if (e.what == pass_event::kind::gather && e.range.size()) kept.push_back(e.range);
+  auto const held = [&](std::size_t element, std::size_t p, bool granules, bool read) {
+    std::size_t const count = n > 0 ? n : 1;
+    if (o.ranks == 1) return granules ? page_span::aligned(count, element, p).whole : page_bound(count * element, p);
+    if (!granules) {
+      if (read) return pages_bound(kept, count, element, p);
+      return pages_bound({shard}, count, element, p);
+    }
+    page_span const span = page_span::aligned(count, element, p);
+    if (!read || !keeps) return held_pages(span, shard.begin, shard.end);
+    std::vector<char> const gathered = gathered_pages(span, events);
+    return held_pages(span, shard.begin, shard.end, &gathered);
+  };
+  constexpr bool mixed = is_mixed_v<Precision>;
+  std::size_t const master_page = gpu && master_on_host ? 4096 : page;
+  r.master_pages = held(sizeof(T), master_page, gpu && !master_on_host, !mixed);
+  r.master_pages_on_host = master_on_host;
+  (master_on_host ? r.host_paged : r.device_paged) += master_on_host ? r.host_pageable.parameters : r.master_weights;
+  if (!o.shard_parameters) return;
+  if (mixed) {  // (ZeRO-3: the compute copy's shard, which is what layers' frames gather)
+    r.compute_pages = held(sizeof(C), page, gpu, true);
+    r.device_paged += r.compute_copy;
+  }
+  std::size_t const largest = largest_gather(events) * sizeof(C);
+  std::size_t const buffers = !gathers || o.keep_parameters_for_backward ? 0 : o.prefetch_parameters ? 2 : 1;
+  r.gather_pages = buffers * ((largest + page - 1) / page * page);
+}
+
+// Whatever a step option implies of another (as remat::dist::options does).
+constexpr step_options implied(step_options o) {
+  if (o.shard_parameters) o.shard_master_weights = o.shard_gradients = true;
+  if (o.offload_gradients && o.shard_optimizer) o.shard_gradients = true;
+  if (o.shard_gradients || o.shard_master_weights) o.shard_optimizer = true;
+  return o;
+}
+
+// The step's memory without a data-parallel rank's pages (memory_plan).
+template <class Net, class Precision, template <class, class, class> class Optimizer, class Loss>
+constexpr memory_plan_result plan_step(std::size_t batch, step_options o) {
   using T = typename Precision::master;
   using C = typename Precision::compute;
   constexpr auto rounded = [](std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); };
@@ -173,6 +292,17 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   return r;
 }
 
+}  // namespace detail
+
+template <class Net, class Precision = fp32, template <class, class, class> class Optimizer = AdamW, class Loss = MSE,
+          class Device = host>
+constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {}) {
+  o = detail::implied(o);
+  memory_plan_result r = detail::plan_step<Net, Precision, Optimizer, Loss>(batch, o);
+  detail::plan_rank_pages<Net, Precision, Device>(r, o, false, false);
+  return r;
+}
+
 template <class Model>
 class OffloadedAdamW;
 
@@ -197,7 +327,11 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   constexpr auto rounded = [](std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); };
   if (o.offload_master_weights && !is_mixed_v<Precision>)
     throw argument_error("remat::memory_plan: offload_master_weights expects a mixed-precision model");
-  memory_plan_result r = memory_plan<Net, Precision, AdamW, Loss>(batch, o);
+  if (o.offload_gradients && o.ranks > 1 && !o.shard_optimizer && !o.shard_gradients)
+    throw argument_error("remat::memory_plan: offload_gradients under data parallelism expects shard_gradients "
+                         "(a ZeRO-2 or ZeRO-3 wrapper, which shards the gradients and the optimizer)");
+  o = detail::implied(o);
+  memory_plan_result r = detail::plan_step<Net, Precision, AdamW, Loss>(batch, o);
   std::size_t moved = r.optimizer_state;  // (AdamW's two moments, over the shard)
   r.persistent -= moved;
   r.peak -= moved;
@@ -221,13 +355,9 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
     r.peak -= moved;
     if (o.arena) r.reserved -= moved;
   }
-  if (o.offload_gradients && (o.ranks > 1 || o.shard_optimizer)) {
+  if (o.offload_gradients && o.shard_gradients) {
     // A rank of a ZeRO-2 or ZeRO-3 wrapper (which shards the optimizer, on any number of ranks):
-    // the sum of its shard on the host; the buffer's pages are the wrapper's
-    // (data_parallel::gradient_pages() plans them).
-    if (!o.shard_optimizer)
-      throw argument_error("remat::memory_plan: offload_gradients under data parallelism expects shard_optimizer "
-                           "(a ZeRO-2 or ZeRO-3 wrapper, which shards the gradients and the optimizer)");
+    // the sum of its shard on the host; the buffer's pages are the wrapper's (gradient_pages).
     r.host_pageable.gradients += (o.offload_gradients_backup ? 2 : 1) * rounded(shard * sizeof(T));
   } else if (o.offload_gradients) {  // (the buffer's pages leave the allocator; the sum lives on the host)
     moved = r.gradients;
@@ -244,6 +374,7 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
     r.gradient_pages = detail::offloaded_gradient_peak(reports, Net::param_count > 0 ? Net::param_count : 1,
                                                        sizeof(T), page);
   }
+  detail::plan_rank_pages<Net, Precision, Device>(r, o, o.offload_master_weights, o.offload_gradients);
   return r;
 }
 

@@ -224,7 +224,8 @@ class model_parameters {
   // gradient buffer moves to `storage` (room for max(parameter_count, 1) values, owned by the wrapper and
   // alive until it moves the buffer back), its values copied there; with null it moves back into
   // memory from the model's allocator. The allocator's gradients tag no longer counts memory
-  // the wrapper holds.
+  // the wrapper holds, and the block the gradients leave goes back to the device (every cached
+  // block of the model's allocator does).
   void relocate_gradients(T* storage) { relocate(grads_, storage, memory::tag::gradients); }
   // The same for the parameters of a wrapper that keeps a shard of them (ZeRO-3): the master
   // weights move to `master` and, in mixed precision, the compute copy to `compute`; with null,
@@ -366,6 +367,9 @@ class model_parameters {
     evaluate(moved, to_expr(std::as_const(t)));
     stream_.synchronize();
     t = std::move(moved);
+    // (the block it leaves goes back to the device, not into the allocator's cache, where it would
+    // stay reserved beside the memory that took its place)
+    if (storage) alloc_->release_cached();
   }
 
   // Copies the gradients in r (of the stored_count() values) to the failure backup (to_backup) or

@@ -61,8 +61,7 @@ class gradient_offload final : public gradient_sync {
     reports_.reports.push_back(0);  // (the model's own, after backward)
     planned_ = offloaded_gradient_peak(reports_.reports, n, sizeof(T), pages_.span.page);
     // (nothing below fails but the copies: the model's gradients become the host's sum)
-    m.relocate_gradients(base_);
-    m.allocator().release_cached();  // (the buffer it leaves goes back to the device)
+    m.relocate_gradients(base_);  // (the buffer it leaves goes back to the device)
     sum_.take_from(base_, n);
     pages_.give_back(base_, 0, n);
     m.link().set_gradient_sync(this);
