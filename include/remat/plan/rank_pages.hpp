@@ -1,10 +1,11 @@
 // The pages a rank of a sharded data-parallel run holds (remat::dist::data_parallel): of its
-// gradient buffer under ZeRO-2 (options::shard_gradients) and of its master weights under
-// shard_master_weights. One set of rules for the wrapper's plan, made at run time from the
-// buffers' addresses, and for memory_plan's, made before there are any: a GPU buffer lives in
-// granules of the wrapper's that start on a granule's boundary, so there both plans are the same
-// bytes; where a host buffer starts within its page is known at run time only, so memory_plan
-// counts there at most what any start would hold (page_bound).
+// gradient buffer under ZeRO-2 (options::shard_gradients), of its master weights under
+// shard_master_weights, and under ZeRO-3 of the compute copy and the gather buffers. One set of
+// rules for the wrapper's plan, made at run time from the buffers' addresses, and for
+// memory_plan's, made before there are any: a GPU buffer lives in granules of the wrapper's that
+// start on a granule's boundary, so there both plans are the same bytes; where a host buffer
+// starts within its page is known at run time only, so memory_plan counts there at most what any
+// start would hold (pages_bound).
 #pragma once
 
 #include "../memory/backed_buffer.hpp"
@@ -28,7 +29,7 @@ constexpr std::size_t held_pages(page_span const& sp, std::size_t lo, std::size_
   return pages * sp.page;
 }
 
-// The most pages of `bytes` at any start that a range of `bytes` touches: one more than it fills.
+// The most pages a range of `bytes` touches, wherever it starts: one more than it fills.
 constexpr std::size_t page_bound(std::size_t bytes, std::size_t page) {
   return ((bytes + page - 1) / page + 1) * page;
 }
