@@ -294,6 +294,10 @@ constexpr memory_plan_result plan_step(std::size_t batch, step_options o) {
 
 }  // namespace detail
 
+// The whole step of model<Net, Device, Precision> with Optimizer (AdamW, SGD, or one of the
+// user's that specialises optimizer_state_buffers) and Loss, at `batch` rows (see the top of this
+// file); for a rank of a sharded data-parallel run (o.ranks, o.rank and the wrapper's options) with
+// the pages it holds. Device matters only there: the GPU's granules or the host's pages.
 template <class Net, class Precision = fp32, template <class, class, class> class Optimizer = AdamW, class Loss = MSE,
           class Device = host>
 constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {}) {
