@@ -21,12 +21,9 @@ class gradient_buckets {
   using bucket = param_range;
 
   explicit gradient_buckets(dp_state<Model, Transport>& s)
-      : s_(s), buckets_(REMAT_NAMESPACE::detail::gradient_bucket_ranges(n, per_bucket(s.opts.bucket_bytes))) {}
-
-  // The parameters a bucket holds at most, for options::bucket_bytes: within one message's count.
-  static constexpr std::size_t per_bucket(std::size_t bucket_bytes) {
-    return std::max<std::size_t>(1, std::min(bucket_bytes / sizeof(T), chunk));
-  }
+      : s_(s),
+        buckets_(REMAT_NAMESPACE::detail::gradient_bucket_ranges(
+            n, REMAT_NAMESPACE::detail::gradient_bucket_size(s.opts.bucket_bytes, sizeof(T)))) {}
 
   std::vector<bucket> const& all() const { return buckets_; }  // from the buffer's end
   std::size_t next() const { return next_; }                   // the next bucket to start
@@ -58,7 +55,6 @@ class gradient_buckets {
  private:
   using T = typename Model::value_type;
   static constexpr std::size_t n = Model::parameter_count;
-  static constexpr std::size_t chunk = std::size_t(1) << 30;  // elements per message, within int
 
   void launch(bucket const& b) {
     T* const g = s_.model.gradients().data();

@@ -71,6 +71,12 @@ constexpr std::size_t largest_gather(std::vector<pass_event> const& events) {
   return largest;
 }
 
+// The parameters of `element` bytes a gradient bucket of about `bucket_bytes` holds
+// (options::bucket_bytes): at least one, and within one message's count (2^30, within an int).
+constexpr std::size_t gradient_bucket_size(std::size_t bucket_bytes, std::size_t element) {
+  return std::max<std::size_t>(1, std::min(bucket_bytes / element, std::size_t(1) << 30));
+}
+
 // The buckets a data-parallel wrapper reduces the gradients of `count` parameters in, at most
 // `per` each, from the buffer's end (backward finishes the last layers first).
 constexpr std::vector<param_range> gradient_bucket_ranges(std::size_t count, std::size_t per) {

@@ -194,17 +194,15 @@ constexpr void plan_rank_pages(memory_plan_result& r, step_options const& o, boo
                                  &events);
   if (o.shard_gradients && n > 0) {
     reports.push_back(0);  // (the model's own, after backward)
-    std::size_t const per = o.bucket_bytes / sizeof(T) < (std::size_t(1) << 30) ? o.bucket_bytes / sizeof(T)
-                                                                                 : std::size_t(1) << 30;
     page_span const span = page_span::aligned(n, sizeof(T), page);
-    r.gradient_pages = sharded_gradient_peak(
-        reports, gradient_bucket_ranges(n, per > 0 ? per : 1), n, [&](std::size_t touched, std::size_t released) {
-          if (gpu) return held_gradient_pages(span, shard, sunk, touched, released);
-          // (the span written and not yet reduced, and the shard unless it goes to the host)
-          param_range const written{touched < released ? touched : released, released};
-          if (sunk) return pages_bound({written}, n, sizeof(T), page);
-          return pages_bound({written, shard}, n, sizeof(T), page);
-        });
+    std::vector<param_range> const buckets = gradient_bucket_ranges(n, gradient_bucket_size(o.bucket_bytes, sizeof(T)));
+    r.gradient_pages = sharded_gradient_peak(reports, buckets, n, [&](std::size_t touched, std::size_t released) {
+      if (gpu) return held_gradient_pages(span, shard, sunk, touched, released);
+      // (the span written and not yet reduced, and the shard unless it goes to the host)
+      param_range const written{touched < released ? touched : released, released};
+      if (sunk) return pages_bound({written}, n, sizeof(T), page);
+      return pages_bound({written, shard}, n, sizeof(T), page);
+    });
     r.device_paged += r.gradients;
   }
   if (!o.shard_master_weights) return;
