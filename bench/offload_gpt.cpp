@@ -158,14 +158,17 @@ std::vector<way_result> ways() {
   auto const full = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, master);
   auto const both = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, all);
   // A node of 8 GPUs, rank 0's plan (the ranks' shards differ by a parameter at most): ZeRO-3 on
-  // the devices; ZeRO-2 with the master weights (each rank's shard of them) and the gradients on
-  // the host. The host's column is the node's: 8 ranks' host plans.
+  // the devices; ZeRO-3 and ZeRO-2 with the master weights (each rank's shard of them) and the
+  // gradients on the host. The host's column is the node's: 8 ranks' host plans.
   step_options const zero3{.sequence = sequence, .ranks = 8, .rank = 0, .shard_parameters = true};
+  step_options const zero3_offload{.sequence = sequence, .ranks = 8, .rank = 0, .offload_master_weights = true,
+                                   .offload_gradients = true, .shard_parameters = true};
   step_options const zero2{.sequence = sequence, .ranks = 8, .rank = 0, .shard_optimizer = true,
                            .offload_master_weights = true, .offload_gradients = true, .shard_master_weights = true};
   step_options whole_master = zero2;
   whole_master.shard_master_weights = false;
   auto const node3 = memory_plan<Each, P, AdamW, SoftmaxCrossEntropy, remat::cuda>(1, zero3);
+  auto const node3_offload = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, zero3_offload);
   auto const node2 = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, zero2);
   auto const node2_whole = memory_plan<Each, P, OffloadedAdamW, SoftmaxCrossEntropy, remat::cuda>(1, whole_master);
   double const n = double(Each::param_count), act = double(each.arena);
@@ -179,6 +182,9 @@ std::vector<way_result> ways() {
        {double(both.device_bytes()), double(both.host_bytes())}},
       {"8 GPUs a node (per GPU / the node's host): remat ZeRO-3, blocks checkpointed, AdamW",
        {double(node3.device_bytes()), double(node3.host_bytes()) * 8}},
+      {"8 GPUs a node (per GPU / the node's host): remat ZeRO-3, OffloadedAdamW, each rank's shard of the master "
+       "weights and its gradients on the host",
+       {double(node3_offload.device_bytes()), double(node3_offload.host_bytes()) * 8}},
       {"8 GPUs a node (per GPU / the node's host): remat ZeRO-2, OffloadedAdamW, each rank's shard of the master "
        "weights and its gradients on the host",
        {double(node2.device_bytes()), double(node2.host_bytes()) * 8}},

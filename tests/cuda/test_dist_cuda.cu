@@ -12,7 +12,8 @@
 //     (shard_parameters, and keeping what a pass gathers) as ZeRO-2, bit for bit, in fp32 and
 //     bf16; a rank then holds its shard's granules only, the most a step held is the plan's, and
 //     the model's gradients read back whole (the rest zero) once the wrapper is gone;
-//   - the master weights on the host (OffloadedAdamW) under ZeRO-0, 1 and 2 train as alone.
+//   - the master weights on the host (OffloadedAdamW) under ZeRO-0, 1 and 2 train as alone, and
+//     under ZeRO-3 (each rank keeping its shard of them on the host) as under ZeRO-2.
 // Without a GPU it exits with 77 (skipped). Built by nvcc in CI; run on a GPU by `ctest -L cuda`.
 #include <remat/parallel/mpi.hpp>
 #include <remat/remat.hpp>
@@ -277,9 +278,9 @@ void check_offloaded_gradients(int level = 2) {
 // bit on one rank, to rounding on more; every rank holds the same master weights and compute copy,
 // bit for bit. Built with host_master_weights (a seed of each rank's own), the wrapper broadcasts
 // rank 0's through MPI; with shard_master_weights each rank keeps the pages of its shard of them
-// only, and the ranks gather the compute copy alone. ZeRO-3 with them on the host is refused, the
-// model unchanged.
-void check_master_on_host(int level, bool gradients_on_host, bool built_on_host, bool shard_master = false) {
+// only, and the ranks gather the compute copy alone. Returns the master weights after the steps.
+std::vector<float> check_master_on_host(int level, bool gradients_on_host, bool built_on_host,
+                                        bool shard_master = false) {
   using P = mixed<bfloat16, DynamicLossScale>;
   using M = model<Net, gpu, P>;
   auto const gradients = gradients_on_host ? gradient_place::host : gradient_place::device;
@@ -341,6 +342,7 @@ void check_master_on_host(int level, bool gradients_on_host, bool built_on_host,
     std::printf("the master weights on the host under ZeRO-%d (gradients on the %s%s%s), %d ranks: checked\n", level,
                 gradients_on_host ? "host" : "device", built_on_host ? ", built there" : "",
                 shard_master ? ", each rank its shard" : "", ranks);
+  return got;
 }
 
 // dist::options::shard_master_weights on the GPU (ZeRO-1 and 2, bf16 with a dynamic scale): the
@@ -389,7 +391,53 @@ void check_master_shard(int level) {
   if (ranks > 1) check(shard_pages.now < shard_pages.whole, "shard_master_weights: some granules are given back");
 }
 
-void check_master_on_host_refused_under_zero3() {
+// ZeRO-3 with ZeRO-Offload's placement (a model built with host_master_weights, OffloadedAdamW;
+// the gradients on the device or on the host too): each rank keeps its shard of the master
+// weights in host memory and of the compute copy in the wrapper's granules, updates its shard on
+// the host and writes its part of the compute copy, which the next pass gathers layer by layer
+// through NCCL. Trains as ZeRO-2 with the master weights on the host (`zero2`), bit for bit; the
+// compute copy's shard is the cast of the master weights' (not cast again after a step); what a
+// pass held is the wrapper's plan, and memory_plan's, made before the wrapper, is that plan on the
+// device's granules and at most 3 host pages more for the master weights. Moving the master
+// weights once a ZeRO-3 wrapper holds them on the device stays refused, the model unchanged.
+void check_zero3_master_on_host(int level, bool gradients_on_host, std::vector<float> const& zero2) {
+  using P = mixed<bfloat16, DynamicLossScale>;
+  using M = model<Net, gpu, P>;
+  std::size_t const rows = std::size_t(batch) / std::size_t(ranks), first = rows * std::size_t(rank);
+  auto xs = on_gpu(inputs(), first, rows, In);
+  auto ys = on_gpu(labels(), first, rows, 1);
+  memory::caching_allocator<host> host_side;  // (outlives the model)
+  M m(seed{5 + 11 * std::uint64_t(rank)}, memory::default_allocator<gpu>(), host_master_weights{host_side});
+  auto const plan = memory_plan<Net, P, OffloadedAdamW, SoftmaxCrossEntropy, gpu>(
+      rows, {.ranks = std::size_t(ranks), .rank = std::size_t(rank), .offload_master_weights = true,
+             .offload_gradients = gradients_on_host, .shard_parameters = true,
+             .keep_parameters_for_backward = level > 3, .bucket_bytes = 4096});
+  dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(level, 4096));
+  auto const gradients = gradients_on_host ? gradient_place::host : gradient_place::device;
+  OffloadedAdamW opt(m, {.lr = 1e-2}, {.master_weights = true, .gradients = gradients});
+  for (int s = 0; s < 3; ++s) dp.train_step<SoftmaxCrossEntropy>(xs, ys, opt);
+  check(m.master_on_host() && opt.offloads_master_weights(), "ZeRO-3, the master weights on the host: they live there");
+  dist::gradient_memory const p = dp.parameter_pages();
+  check(p.last_peak == p.planned_peak, "ZeRO-3, the master weights on the host: a pass held the wrapper's plan");
+  std::size_t const planned = plan.master_pages + plan.compute_pages + plan.gather_pages;
+  check(plan.master_pages_on_host && planned >= p.planned_peak && planned <= p.planned_peak + 3 * 4096,
+        "ZeRO-3, the master weights on the host: memory_plan's pages are the wrapper's (the host's within 3 pages)");
+  // The compute copy's shard, as the last step wrote it, against the cast of the master weights.
+  param_range const own = dp.shard();
+  std::vector<bfloat16> const copy = tensor_to_host(m.compute_parameters());
+  std::vector<float> const got = parameters_of(dp);
+  std::size_t wrong = 0;
+  for (std::size_t i = own.begin; i < own.end; ++i) wrong += bfloat16(got[i]).bits() != copy[i].bits();
+  check(wrong == 0, "ZeRO-3, the master weights on the host: the compute copy's shard is their cast");
+  check(same_bits(got, zero2), "ZeRO-3 with the master weights on the host trains as ZeRO-2, bit for bit");
+  if (rank == 0)
+    std::printf("ZeRO-3%s with the master weights on the host (gradients on the %s), %d ranks: parameter pages "
+                "%zu of %zu bytes held, plan %zu (memory_plan %zu)\n",
+                level > 3 ? " (kept for backward)" : "", gradients_on_host ? "host" : "device", ranks, p.now, p.whole,
+                p.planned_peak, planned);
+}
+
+void check_master_moved_refused_under_zero3() {
   using M = model<Net, gpu, mixed<bfloat16, DynamicLossScale>>;
   M m(seed{5});
   dist::data_parallel dp(m, MPI_COMM_WORLD, sharding(3, 4096));
@@ -397,18 +445,9 @@ void check_master_on_host_refused_under_zero3() {
   try {
     OffloadedAdamW opt(m, {.lr = 1e-2}, {.master_weights = true});
   } catch (argument_error const& e) {
-    refused = std::strstr(e.what(), "ZeRO-3") != nullptr;
+    refused = std::strstr(e.what(), "host_master_weights") != nullptr;
   }
-  check(refused && !m.master_on_host(), "ZeRO-3 with the master weights on the host: refused, the model unchanged");
-  memory::caching_allocator<host> host_side;
-  M built(seed{5}, memory::default_allocator<gpu>(), host_master_weights{host_side});
-  refused = false;
-  try {
-    dist::data_parallel refused_dp(built, MPI_COMM_WORLD, sharding(3, 4096));
-  } catch (argument_error const& e) {
-    refused = std::strstr(e.what(), "ZeRO-3") != nullptr;
-  }
-  check(refused, "ZeRO-3 over a model built with its master weights on the host: refused");
+  check(refused && !m.master_on_host(), "moving the master weights under ZeRO-3: refused, the model unchanged");
 }
 
 }  // namespace
@@ -449,7 +488,11 @@ int main(int argc, char** argv) {
     check_master_on_host(2, true, false);
     check_master_on_host(1, false, true, true);
     check_master_on_host(2, true, true, true);
-    check_master_on_host_refused_under_zero3();
+    for (bool gradients_on_host : {false, true}) {
+      std::vector<float> const zero2 = check_master_on_host(2, gradients_on_host, true);
+      for (int level : {3, 4}) check_zero3_master_on_host(level, gradients_on_host, zero2);
+    }
+    check_master_moved_refused_under_zero3();
     for (int level : {1, 2}) check_master_shard(level);
   } catch (std::exception const& e) {
     std::printf("rank %d: FAILED with an exception: %s\n", rank, e.what());

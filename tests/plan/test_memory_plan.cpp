@@ -203,6 +203,21 @@ TEST_CASE("memory_plan: a sharded data-parallel rank's pages, hand-computed", "[
   static_assert(memory_plan<L, mixed<bfloat16>, AdamW, MSE, cuda>(
                     2, {.ranks = 2, .rank = 1, .shard_parameters = true, .keep_parameters_for_backward = true})
                     .gather_pages == 0);
+  // ZeRO-3 with ZeRO-Offload's placement (OffloadedAdamW with the master weights and the
+  // gradients on the host): the master weights' shard is the host's, 516 pages as above; the
+  // device keeps the compute copy's 2 granules, the two gather buffers' 4 and the gradients' 3
+  // (all written before the one report), in place of the allocators' gradient block (4,198,400)
+  // and compute copy (2,099,200): 9 granules, 18 MiB.
+  constexpr auto z3off = memory_plan<L, mixed<bfloat16>, OffloadedAdamW, MSE, cuda>(
+      2, {.ranks = 2, .rank = 1, .offload_master_weights = true, .offload_gradients = true, .shard_parameters = true});
+  static_assert(z3off.master_pages_on_host && z3off.master_pages == 516 * 4096);
+  static_assert(z3off.compute_pages == std::size_t(4) << 20 && z3off.gather_pages == std::size_t(8) << 20 &&
+                z3off.gradient_pages == std::size_t(6) << 20);
+  static_assert(z3off.device_paged == 4198400 + 2099200 && z3off.host_paged == 4198400);
+  static_assert(z3off.master_weights == 0 && z3off.host_pageable.parameters == 4198400);
+  static_assert(z3off.device_bytes() == z3off.peak - 6297600 + (std::size_t(18) << 20));
+  static_assert(z3off.host_bytes() ==
+                z3off.host_pageable.total() + z3off.host_page_locked.total() - 4198400 + 516 * 4096);
   // fp32 under ZeRO-3: the master weights are what is gathered (4,198,400 bytes: 3 granules a
   // buffer; of the master weights' 3 rank 1 holds granules 1 and 2).
   constexpr auto z3f = memory_plan<L, fp32, AdamW, MSE, cuda>(2, zero3);

@@ -34,10 +34,6 @@ options checked_options(Model const& m, options o) {
     raise<argument_error>(
         "data_parallel: expected a model with whole parameters, found one rank's shard of them only (a ZeRO-3 "
         "wrapper went without gather_parameters()); load the parameters from a file first");
-  if (m.master_on_host() && !std::is_same_v<typename Model::device, host> && o.shard_parameters)
-    raise<argument_error>("data_parallel: shard_parameters (ZeRO-3) expects a GPU model's master weights on the device, "
-                          "found them in host memory (host_master_weights): not supported yet; ZeRO-0, 1 and 2 take "
-                          "them there");
   if (o.shard_master_weights && !o.shard_parameters && !Model::mixed_precision)
     raise<argument_error>("data_parallel: shard_master_weights expects a mixed-precision model, found an fp32 one, whose "
                           "layers read its master weights; shard_parameters (ZeRO-3) keeps a shard of those");

@@ -183,7 +183,8 @@ class data_parallel {
       bool moved = false;
       if (!abandoned) try {
           if (grads_.buffer().has_granules()) m.relocate_gradients(nullptr);
-          if (params_.master().has_granules()) m.relocate_parameters(nullptr, nullptr);
+          if (params_.master().has_granules() || params_.compute().has_granules())
+            m.relocate_parameters(nullptr, nullptr);
           moved = true;
         } catch (...) {
         }

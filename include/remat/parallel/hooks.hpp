@@ -132,6 +132,10 @@ class model_hooks final : public REMAT_NAMESPACE::detail::gradient_sync {
     if (!stepped || !s_.opts.shard_optimizer) return;
     if (s_.opts.shard_parameters) {  // (a gathered layer, and parameters made whole, are stale)
       params_.release();
+      // (master weights in host memory: the optimizer wrote the shard's compute copy as it updated,
+      // which the next pass would otherwise cast again on the host and copy up)
+      if constexpr (Model::mixed_precision)
+        if (s_.model.master_on_host()) return s_.model.parameters_changed_with_copy();
       return s_.model.parameters_changed();
     }
     std::size_t const others = s_.n - s_.shard().size();

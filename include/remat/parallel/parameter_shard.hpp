@@ -1,7 +1,8 @@
 // ZeRO-3 (options::shard_parameters): a rank keeps its shard of the parameters only (in mixed
 // precision, of the master weights and of their compute copy both: memory/backed_buffer.hpp gives
-// back the rest; of a host model's master weights also where host_master_weights put them, in
-// the block of a host allocator, which OffloadedAdamW updates there). Every frame of the walk
+// back the rest; of the master weights also where host_master_weights put them, in the block of a
+// host allocator, which OffloadedAdamW updates there: a GPU model's in host memory, beside the
+// compute copy's shard in the device's granules). Every frame of the walk
 // that runs a layer says which parameters it reads; they are all-gathered into one of two gather
 // buffers of the wrapper's (as large as the largest frame's parameters, by the plan walk), the
 // next frame's already on its way into the other (options::prefetch_parameters); or, with
@@ -70,13 +71,13 @@ class parameter_shard {
     // (the GPU: the master weights, unless in host memory, and under ZeRO-3 the compute copy move
     // into the granules)
     if constexpr (dp_state<Model, Transport>::on_gpu)
-      if (s_.shards_master() && !host_master_)
+      if (s_.shards_master())
         s_.model.relocate_parameters(static_cast<T*>(params_.device_data()), static_cast<C*>(compute_.device_data()));
     if (partial() && !s_.gathers_parameters()) {  // (the master weights' shard and the whole compute copy)
       planned_peak_ = held_of(master_span()) + compute_.span.whole;
       return;
     }
-    if (!s_.gathers_parameters() || n == 0 || !params_.span.page) return;
+    if (!s_.gathers_parameters() || n == 0 || !read_copy().span.page) return;
     using net = typename Model::net;
     using precision = typename Model::precision;
     events_ = REMAT_NAMESPACE::detail::pass_events<net, precision>();
@@ -90,7 +91,7 @@ class parameter_shard {
     // wrapper is built, not in the middle of a pass; none when passes gather into the model's pages)
     int const buffers = s_.opts.keep_parameters_for_backward ? 0 : s_.opts.prefetch_parameters ? 2 : 1;
     for (int b = 0; b < buffers; ++b)
-      slots_[b].buffer.allocate(largest * sizeof(C), params_.span.page,
+      slots_[b].buffer.allocate(largest * sizeof(C), read_copy().span.page,
                                 "data_parallel: the gather buffer (the largest layer's parameters)");
     // A training pass that keeps what it gathers (keep_parameters_for_backward) holds, at its end,
     // the pages of every frame's parameters too, in the copy layers read.
@@ -99,7 +100,7 @@ class parameter_shard {
                                            ? REMAT_NAMESPACE::detail::gathered_pages(read, events_)
                                            : std::vector<char>(read.count(), 0);  // (by page)
     auto const held = [&](page_span const& sp) { return held_of(sp, &sp == &read ? &gathered : nullptr); };
-    planned_peak_ = held(params_.span) + held(compute_.span) + slots_[0].buffer.bytes + slots_[1].buffer.bytes;
+    planned_peak_ = held(master_span()) + held(compute_.span) + slots_[0].buffer.bytes + slots_[1].buffer.bytes;
   }
 
   // What dist::data_parallel::parameter_pages() reports.
@@ -335,8 +336,9 @@ class parameter_shard {
 
   dp_state<Model, Transport>& s_;
   backed_buffer<device> params_;   // the parameter buffer's memory
-  // A GPU model's master weights in host memory under shard_master_weights (model::master_on_host()
-  // as the wrapper was built): the pages of this rank's shard of them are kept.
+  // A GPU model's master weights in host memory under shard_master_weights or ZeRO-3
+  // (model::master_on_host() as the wrapper was built): the pages of this rank's shard of them are
+  // kept; under ZeRO-3 the compute copy's shard is kept in the device's granules (compute_).
   backed_buffer<host> host_params_;
   bool host_master_ = false;
   backed_buffer<device> compute_;  // the compute copy's (mixed precision; none otherwise)

@@ -184,9 +184,6 @@ constexpr void plan_rank_pages(memory_plan_result& r, step_options const& o, boo
   if (o.shard_master_weights && !o.shard_parameters && !is_mixed_v<Precision>)
     throw argument_error("remat::memory_plan: shard_master_weights expects a mixed-precision model (an fp32 "
                          "model's layers read its master weights: ZeRO-3, shard_parameters, shards them)");
-  if (o.shard_parameters && gpu && master_on_host)
-    throw argument_error("remat::memory_plan: shard_parameters (ZeRO-3) expects a GPU model's master weights on the "
-                         "device, as the wrapper does");
   std::vector<std::size_t> reports;
   std::vector<pass_event> events;
   planning::counter mem;
@@ -329,7 +326,7 @@ constexpr memory_plan_result memory_plan(std::size_t batch, step_options o = {})
   constexpr auto rounded = [](std::size_t bytes) { return memory::caching_allocator<host>::rounded(bytes); };
   if (o.offload_master_weights && !is_mixed_v<Precision>)
     throw argument_error("remat::memory_plan: offload_master_weights expects a mixed-precision model");
-  if (o.offload_gradients && o.ranks > 1 && !o.shard_optimizer && !o.shard_gradients)
+  if (o.offload_gradients && o.ranks > 1 && !o.shard_optimizer && !o.shard_gradients && !o.shard_parameters)
     throw argument_error("remat::memory_plan: offload_gradients under data parallelism expects shard_gradients "
                          "(a ZeRO-2 or ZeRO-3 wrapper, which shards the gradients and the optimizer)");
   o = detail::implied(o);

@@ -227,12 +227,14 @@ class model_parameters {
   // the wrapper holds, and the block the gradients leave goes back to the device (every cached
   // block of the model's allocator does).
   void relocate_gradients(T* storage) { relocate(grads_, storage, memory::tag::gradients); }
-  // The same for the parameters of a wrapper that keeps a shard of them (ZeRO-3): the master
-  // weights move to `master` and, in mixed precision, the compute copy to `compute`; with null,
-  // both move back into memory from the model's allocator.
+  // The same for the parameters of a wrapper that keeps a shard of them (ZeRO-3, or of the master
+  // weights: shard_master_weights): the master weights move to `master` and, in mixed precision,
+  // the compute copy to `compute`; a null one moves back into memory from the model's allocator
+  // (where it is already, unless moved before). Master weights in host memory (master_on_host())
+  // stay there: the wrapper keeps their pages where they are.
   void relocate_parameters(T* master, C* compute) {
-    relocate(params_, master, memory::tag::parameters);
-    if constexpr (mixed_precision) relocate(compute_params_, master ? compute : nullptr, memory::tag::parameters);
+    if (!master_on_host()) relocate(params_, master, memory::tag::parameters);
+    if constexpr (mixed_precision) relocate(compute_params_, compute, memory::tag::parameters);
   }
   // Whether the fp32 master weights live in host memory, apart from the model's device (built with
   // host_master_weights, or moved there by OffloadedAdamW's offload_options::master_weights):

@@ -56,8 +56,9 @@ struct offload_options {
   // updates its shard; a sharded one (ZeRO-1, 2) then gathers the master weights where they are
   // (a GPU model's: in host memory, through MPI) and their compute copy on the device. Under a
   // wrapper that shards the parameters (ZeRO-3) the model must be built with them on the host
-  // (host_master_weights), before the wrapper: it then keeps the rank's shard of their pages (a
-  // host model only, not yet a GPU model).
+  // (host_master_weights), before the wrapper: it then keeps the rank's shard of their pages in
+  // host memory (and a GPU model's shard of the compute copy in device memory), and each step
+  // writes the rank's part of the compute copy, which the next pass gathers layer by layer.
   bool master_weights = false;
   // gradient_place::host: also the gradients (ZeRO-Offload's placement of them). The host holds
   // their fp32 sum; the device only the pages of the span backward is writing and of the one
@@ -350,8 +351,6 @@ class OffloadedAdamW
           "OffloadedAdamW: offload_options::master_weights expects a mixed-precision model; an fp32 model's layers "
           "read its master weights, which stay on the device");
     } else {
-      // (A GPU model built with them on the host is refused by a ZeRO-3 wrapper, which holds a GPU
-      // model's shard in device memory.)
       detail::gradient_sync const* const s = m.link().gradient_sync();
       if (s && s->shards_parameters() && !m.master_on_host())
         detail::raise<argument_error>(
