@@ -163,6 +163,16 @@ given_back master_pages_given_back(M const& m, param_range s) {
   return g;
 }
 
+// Steps [from, to) of train_step on this rank's rows of each step's whole batch.
+template <class DP, class Opt>
+void train_steps(DP& dp, Opt& opt, int from, int to) {
+  param_range const r = my_rows(dp.rank(), dp.size());
+  for (int t = from; t < to; ++t) {
+    batch b = whole_batch(t);
+    dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
+  }
+}
+
 // Three steps of three micro-batches each (this rank's rows, weight 1/3 each; with `later`, the
 // first two reduce::later, which ZeRO-2 takes as reduce::now), each rank's losses appended.
 template <class DP, class M, class Opt>

@@ -895,13 +895,6 @@ TEST_CASE("per-rank optimizer files: each rank saves and reloads its shard, resu
   std::string const dir = REMAT_TEST_BINARY_DIR;
   int const P = world_size();
   std::string const base = dir + "/dist_shards_" + std::to_string(P);
-  auto const run_steps = [](auto& dp, auto& opt, int from, int to) {
-    param_range const r = my_rows(dp.rank(), dp.size());
-    for (int t = from; t < to; ++t) {
-      batch b = whole_batch(t);
-      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
-    }
-  };
   using P16 = mixed<bfloat16, DynamicLossScale>;
   auto const check_resume = [&](auto precision, auto make_opt, char const* what) {
     using M = model<Net, host, decltype(precision)>;
@@ -910,7 +903,7 @@ TEST_CASE("per-rank optimizer files: each rank saves and reloads its shard, resu
     M straight(seed{7});
     dist::data_parallel dps(straight, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = true});
     auto os = make_opt(straight);
-    run_steps(dps, os, 0, 4);
+    train_steps(dps, os, 0, 4);
     // ... against 2 steps, the model (gathered) and the optimizer (per rank) saved, and 2 more in
     // a new model and optimizer loaded from them.
     std::string const mp = base + "_model.safetensors", op = base + "_" + what;
@@ -918,7 +911,7 @@ TEST_CASE("per-rank optimizer files: each rank saves and reloads its shard, resu
       M first(seed{7});
       dist::data_parallel dp(first, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = true});
       auto o = make_opt(first);
-      run_steps(dp, o, 0, 2);
+      train_steps(dp, o, 0, 2);
       dist::save(dp, mp);
       dist::save_shards(dp, o, op);
     }
@@ -929,7 +922,7 @@ TEST_CASE("per-rank optimizer files: each rank saves and reloads its shard, resu
     dist::load(dp, mp);
     dist::load_shards(dp, o, op);
     CHECK(o.steps() == 2);
-    run_steps(dp, o, 2, 4);
+    train_steps(dp, o, 2, 4);
     CHECK(params_of(second) == params_of(straight));
     CHECK(tensor_to_host(o.exp_avg().view()) == tensor_to_host(os.exp_avg().view()));
     CHECK(tensor_to_host(o.exp_avg_sq().view()) == tensor_to_host(os.exp_avg_sq().view()));
@@ -943,12 +936,12 @@ TEST_CASE("per-rank optimizer files: each rank saves and reloads its shard, resu
   model<Net> m(seed{7});
   dist::data_parallel dp(m, MPI_COMM_WORLD, {.bucket_bytes = 512, .shard_optimizer = true});
   AdamW opt(m, opts);
-  run_steps(dp, opt, 0, 1);
+  train_steps(dp, opt, 0, 1);
   std::string const op = base + "_refused";
   dist::save_shards(dp, opt, op);
   MPI_Barrier(MPI_COMM_WORLD);
   std::vector<float> const m0 = tensor_to_host(opt.exp_avg().view());
-  run_steps(dp, opt, 1, 2);  // (the state moves on: a load would be seen)
+  train_steps(dp, opt, 1, 2);  // (the state moves on: a load would be seen)
   std::vector<float> const m1 = tensor_to_host(opt.exp_avg().view()), p1 = params_of(m);
   REQUIRE(m1 != m0);
   auto const refused = [&](std::string const& path, std::string const& words) {

@@ -242,13 +242,6 @@ TEST_CASE("ZeRO-3 with the master weights and the gradients on the host resumes 
   using M = model<Net, host, P>;
   std::string const base = std::string(REMAT_TEST_BINARY_DIR) + "/dist_zero3_master_" + std::to_string(world_size());
   adamw_options const o{.lr = 1e-2, .weight_decay = 1e-2, .clip_norm = 0.5};
-  auto const steps = [](auto& dp, auto& opt, int from, int to) {
-    param_range const r = my_rows(dp.rank(), dp.size());
-    for (int t = from; t < to; ++t) {
-      batch b = whole_batch(t);
-      dp.template train_step<SoftmaxCrossEntropy>(rows(b.x, r), rows(b.y, r), opt);
-    }
-  };
   auto& device = memory::default_allocator<host>();
   for (int level : {3, 4})
     for (bool per_rank : {false, true}) {
@@ -259,13 +252,13 @@ TEST_CASE("ZeRO-3 with the master weights and the gradients on the host resumes 
       M straight(seed{7}, device, host_master_weights{straight_side});
       dist::data_parallel dps(straight, MPI_COMM_WORLD, sharding(level));
       OffloadedAdamW os(straight, o, dps.shard(), nullptr, {.gradients = gradient_place::host});
-      steps(dps, os, 0, 4);
+      train_steps(dps, os, 0, 4);
       std::string const mp = base + "_model.safetensors", op = base + "_adamw.safetensors";
       {
         M first(seed{7}, device, host_master_weights{first_side});
         dist::data_parallel dp(first, MPI_COMM_WORLD, sharding(level));
         OffloadedAdamW opt(first, o, dp.shard(), nullptr, {.gradients = gradient_place::host});
-        steps(dp, opt, 0, 2);
+        train_steps(dp, opt, 0, 2);
         dist::save(dp, mp);
         if (per_rank)
           dist::save_shards(dp, opt, op);
@@ -282,7 +275,7 @@ TEST_CASE("ZeRO-3 with the master weights and the gradients on the host resumes 
       else
         dist::load(dp, opt, op);
       CHECK(opt.steps() == 2);
-      steps(dp, opt, 2, 4);
+      train_steps(dp, opt, 2, 4);
       CHECK(second.scaler().scale() == straight.scaler().scale());
       CHECK(tensor_to_host(opt.exp_avg().view()) == tensor_to_host(os.exp_avg().view()));
       CHECK(tensor_to_host(opt.exp_avg_sq().view()) == tensor_to_host(os.exp_avg_sq().view()));
