@@ -34,11 +34,15 @@ Writes bench/results/policies-host.jsonl (one line per configuration and library
 table) and .png (step time against saved-activation memory).
 
 --workload gpt runs the transformer instead: GPT-2's pre-norm block (width 512, 8 heads, causal
-attention written out as in nanoGPT, GELU MLP of 4x width), sequences of 256 tokens, vocabulary
-256, batch 16, N = 4, 8, 16 blocks, cross-entropy on the next token. remat's policies gain
-recompute_attention (RecomputeAttention: only the attention core is recomputed) and PyTorch's
-gain checkpoint_attention (torch.utils.checkpoint around the attention core alone, the same
-thing). Results go to bench/results/gpt-host.*.
+attention: F.scaled_dot_product_attention in PyTorch 2.x, written out as in nanoGPT in 1.13, GELU
+MLP of 4x width), sequences of 256 tokens, vocabulary 256, batch 16, N = 4, 8, 16 blocks,
+cross-entropy on the next token. remat's policies gain recompute_attention (RecomputeAttention:
+only the attention core is recomputed) and PyTorch's gain checkpoint_attention
+(torch.utils.checkpoint around the attention core alone, the same thing). --policies may also name
+blocked, checkpoint_sequential_blocked and selective_blocked: stored, checkpoint_sequential and
+selective with BlockedAttentionCore (remat's attention in memory linear in the sequence, which
+keeps no seq x seq probabilities, as PyTorch's scaled_dot_product_attention keeps none), each
+against the same PyTorch policy as without. Results go to bench/results/gpt-host.*.
 
   /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies [--precision bf16] [--quick]
   /usr/bin/python3 bench/compare_torch.py --workload gpt [--quick]
@@ -76,7 +80,13 @@ POLICIES_TORCH = ["plain", "checkpoint", "checkpoint_sequential", "selective"]
 PEER = {"stored": "plain", "checkpoint": "checkpoint", "checkpoint_sequential": "checkpoint_sequential",
         "checkpoint_sequential_all": "checkpoint_sequential",
         "revolve": "checkpoint_sequential", "selective": "selective", "recompute_attention": "checkpoint_attention",
-        "offload": "offload"}
+        "offload": "offload",
+        # The GPT with BlockedAttentionCore, remat's attention in memory linear in the sequence, against the
+        # same PyTorch policies: its peer's F.scaled_dot_product_attention keeps no seq x seq square either.
+        "blocked": "plain", "checkpoint_sequential_blocked": "checkpoint_sequential",
+        "selective_blocked": "selective"}
+# remat's GPT policies with BlockedAttentionCore (bench_policies --workload gpt; on the GPU the first only).
+BLOCKED = ("blocked", "checkpoint_sequential_blocked", "selective_blocked")
 # The GPT workload.
 GW, GH, GT, GV = 512, 8, 256, 256
 OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
@@ -447,13 +457,14 @@ def main():
     if args.replot:
         rows = [json.loads(l) for l in open(args.out + ".jsonl")]
         cfg = sorted({(r["batch"], r["blocks"]) for r in rows})
-        plot(rows, cfg, policies_remat + ["offload"], policies_torch + ["offload"], args, gpt, cuda,
+        plot(rows, cfg, policies_remat + ["offload"] + list(BLOCKED), policies_torch + ["offload"], args, gpt, cuda,
              rows[0].get("cpu", "?"))
         return
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
-    if args.policies:  # (checkpoint_sequential_all only when asked for)
-        policies_remat = [p for p in policies_remat + ["checkpoint_sequential_all"] if p in args.policies.split(",")]
+    if args.policies:  # (checkpoint_sequential_all and the blocked core's policies only when asked for)
+        asked_for = ["checkpoint_sequential_all"] + (list(BLOCKED[:1] if cuda else BLOCKED) if gpt else [])
+        policies_remat = [p for p in policies_remat + asked_for if p in args.policies.split(",")]
     if args.torch_policies:
         policies_torch = [p for p in policies_torch if p in args.torch_policies.split(",")]
     if args.quick:
@@ -626,7 +637,8 @@ def plot(rows, configs, policies_remat, policies_torch, args, gpt, cuda, cpu):
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     markers = {"stored": "o", "plain": "o", "checkpoint": "s", "checkpoint_sequential": "^",
                "checkpoint_sequential_all": "<", "revolve": "D",
-               "selective": "P", "recompute_attention": "X", "checkpoint_attention": "X", "offload": "v"}
+               "selective": "P", "recompute_attention": "X", "checkpoint_attention": "X", "offload": "v",
+               "blocked": "h", "checkpoint_sequential_blocked": ">", "selective_blocked": "*"}
     for ax, batch in zip(axes, sorted({b for b, _ in configs})):
         for lib, color in (("remat", "tab:blue"), ("pytorch", "tab:orange")):
             for pol in (policies_remat if lib == "remat" else policies_torch):

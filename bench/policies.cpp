@@ -10,7 +10,10 @@
 //     policies: stored, checkpoint, checkpoint_sequential (round(sqrt N) runs, the last stored, as
 //     PyTorch's), checkpoint_sequential_all (every run checkpointed: CheckpointSequential's
 //     default), revolve, selective, offload (Offloaded<Block> per block), and for gpt
-//     recompute_attention
+//     recompute_attention, and blocked, checkpoint_sequential_blocked and selective_blocked (stored,
+//     checkpoint_sequential and selective with BlockedAttentionCore, the attention core in memory
+//     linear in the sequence: the peer of PyTorch's F.scaled_dot_product_attention, which keeps no
+//     seq x seq probabilities either; on the GPU blocked only)
 //   --gemm32 openblas|onednn picks the host's fp32 product (default: oneDNN when remat has it).
 //   --profile: then as many steps again with remat::profile on, and where a step's time goes (per
 //   phase: products, point-wise passes, row passes, reductions, the rest) on stderr and one JSON line.
@@ -99,6 +102,12 @@ struct gpt_nets {
   using selective = GNet<Repeat<N, Selective<GBlock>>>;
   using offload = GNet<Repeat<N, Offloaded<GBlock>>>;
   using recompute_attention = GNet<RecomputeAttention<Repeat<N, GBlock>>>;
+  using blocked = GNet<BlockedAttention<Repeat<N, GBlock>>>;
+#if !defined(REMAT_BENCH_CUDA)  // (on the GPU, blocked only: nvcc's time)
+  using checkpoint_sequential_blocked =
+      GNet<CheckpointSequential<root(N), BlockedAttention<Repeat<N, GBlock>>, last_run::stored>>;
+  using selective_blocked = GNet<BlockedAttention<Repeat<N, Selective<GBlock>>>>;
+#endif
 };
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -184,6 +193,8 @@ struct gpt_workload {
   static double selective_forward_flop_per_block(std::size_t batch) {
     return double(batch * GT) * 4.0 * double(GT) * GW;
   }
+  // What BlockedAttentionCore's backward runs again per block: the scores' product Q K^T.
+  static double blocked_flop_per_block(std::size_t batch) { return double(batch * GT) * 2.0 * double(GT) * GW; }
 };
 
 template <class Net, class P, class Work>
@@ -229,18 +240,24 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
   auto const plan = Work::template plan<Net, P>(batch);
   auto const plan32 = Work::template plan<Net, fp32>(batch);  // what the same model keeps in fp32
   double const flop = double(n_blocks) * Work::flop_per_block(batch) + Work::other_flop(batch);
-  bool const selective = std::strcmp(policy, "selective") == 0;
-  bool const core = std::strcmp(policy, "recompute_attention") == 0;
+  std::string const name = policy;
+  bool const blocked = name.ends_with("blocked");
+  std::string const base = name == "blocked" ? "stored" : blocked ? name.substr(0, name.size() - 8) : name;
+  bool const selective = base == "selective";
+  bool const core = base == "recompute_attention";
   double const again = selective || core ? Work::selective_forward_flop_per_block(batch)
                                          : Work::forward_flop_per_block(batch);
   // Checkpointed segments: one per block (checkpoint) or per run of blocks (checkpoint_sequential:
   // every run but the last, which it stores).
-  double const segments = std::strcmp(policy, "checkpoint") == 0                  ? double(n_blocks)
-                          : std::strcmp(policy, "checkpoint_sequential") == 0     ? double(root(n_blocks) - 1)
-                          : std::strcmp(policy, "checkpoint_sequential_all") == 0 ? double(root(n_blocks))
-                                                                                  : 0.0;
+  double const segments = base == "checkpoint"                  ? double(n_blocks)
+                          : base == "checkpoint_sequential"     ? double(root(n_blocks) - 1)
+                          : base == "checkpoint_sequential_all" ? double(root(n_blocks))
+                                                                : 0.0;
+  double extra = 0;  // (the blocked core's backward multiplies Q K^T again in every block)
+  if constexpr (requires { Work::blocked_flop_per_block(batch); })
+    if (blocked) extra = double(n_blocks) * Work::blocked_flop_per_block(batch);
   double const flop_done =
-      flop + double(m.last_pass().recomputed) * again - segments * Work::skipped_flop_per_segment(batch);
+      flop + extra + double(m.last_pass().recomputed) * again - segments * Work::skipped_flop_per_segment(batch);
   double const step = median(times);
   std::printf(
       "{\"library\": \"remat\", \"workload\": \"%s\", \"policy\": \"%s\", \"blocks\": %zu, \"batch\": %zu, "
@@ -273,6 +290,15 @@ int dispatch_on(std::string const& policy, std::size_t batch, int steps, int war
   if constexpr (requires { typename n::recompute_attention; })
     if (policy == "recompute_attention")
       return run<typename n::recompute_attention, P, Work>("recompute_attention", N, batch, steps, warmup);
+  if constexpr (requires { typename n::blocked; })
+    if (policy == "blocked") return run<typename n::blocked, P, Work>("blocked", N, batch, steps, warmup);
+  if constexpr (requires { typename n::selective_blocked; }) {
+    if (policy == "checkpoint_sequential_blocked")
+      return run<typename n::checkpoint_sequential_blocked, P, Work>("checkpoint_sequential_blocked", N, batch, steps,
+                                                                     warmup);
+    if (policy == "selective_blocked")
+      return run<typename n::selective_blocked, P, Work>("selective_blocked", N, batch, steps, warmup);
+  }
   std::fprintf(stderr, "unknown policy %s\n", policy.c_str());
   return 2;
 }
@@ -526,7 +552,8 @@ int main(int argc, char** argv) {
       std::printf(on_gpu ? "workloads: mlp (blocks 16 32), d = 4096, gpt (blocks 8), on the GPU\n"
                          : "workloads: mlp (blocks 4 8 16 32 64) gpt (blocks 4 8 16)\n");
       std::printf(
-                  "policies: stored checkpoint checkpoint_sequential checkpoint_sequential_all revolve selective recompute_attention (gpt)\n"
+                  "policies: stored checkpoint checkpoint_sequential checkpoint_sequential_all revolve selective recompute_attention (gpt)"
+                  " blocked checkpoint_sequential_blocked selective_blocked (gpt)\n"
                   "precisions: fp32 bf16\n");
       return 0;
     } else {
