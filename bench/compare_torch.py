@@ -36,13 +36,16 @@ table) and .png (step time against saved-activation memory).
 --workload gpt runs the transformer instead: GPT-2's pre-norm block (width 512, 8 heads, causal
 attention: F.scaled_dot_product_attention in PyTorch 2.x, written out as in nanoGPT in 1.13, GELU
 MLP of 4x width), sequences of 256 tokens, vocabulary 256, batch 16, N = 4, 8, 16 blocks,
-cross-entropy on the next token. remat's policies gain recompute_attention (RecomputeAttention:
-only the attention core is recomputed) and PyTorch's gain checkpoint_attention
-(torch.utils.checkpoint around the attention core alone, the same thing). --policies may also name
-blocked, checkpoint_sequential_blocked and selective_blocked: stored, checkpoint_sequential and
-selective with BlockedAttentionCore (remat's attention in memory linear in the sequence, which
-keeps no seq x seq probabilities, as PyTorch's scaled_dot_product_attention keeps none), each
-against the same PyTorch policy as without. Results go to bench/results/gpt-host.*.
+cross-entropy on the next token. remat's GPTBlock has BlockedAttentionCore (attention in memory
+linear in the sequence: it keeps no seq x seq probabilities, as PyTorch's
+scaled_dot_product_attention keeps none). remat's policies gain recompute_attention (the core that
+keeps the probabilities, AttentionCore, checkpointed: RecomputeAttention<StoredAttention<...>>) and
+PyTorch's gain checkpoint_attention (torch.utils.checkpoint around the attention core alone).
+--policies may also name stored_attention, checkpoint_sequential_stored_attention and
+selective_stored_attention: stored, checkpoint_sequential and selective with AttentionCore, each
+against the same PyTorch policy as without. Results go to bench/results/gpt-host.*. (Before
+2026-12-07 remat's GPT policies had AttentionCore, and `blocked`, `checkpoint_sequential_blocked`
+and `selective_blocked` were the blocked core's.)
 
   /usr/bin/python3 bench/compare_torch.py --remat build/default/bench/bench_policies [--precision bf16] [--quick]
   /usr/bin/python3 bench/compare_torch.py --workload gpt [--quick]
@@ -81,12 +84,15 @@ PEER = {"stored": "plain", "checkpoint": "checkpoint", "checkpoint_sequential": 
         "checkpoint_sequential_all": "checkpoint_sequential",
         "revolve": "checkpoint_sequential", "selective": "selective", "recompute_attention": "checkpoint_attention",
         "offload": "offload",
-        # The GPT with BlockedAttentionCore, remat's attention in memory linear in the sequence, against the
-        # same PyTorch policies: its peer's F.scaled_dot_product_attention keeps no seq x seq square either.
+        # The GPT with AttentionCore, which keeps the seq x seq probabilities, against the same PyTorch
+        # policies (whose F.scaled_dot_product_attention keeps none, as remat's default blocked core).
+        "stored_attention": "plain", "checkpoint_sequential_stored_attention": "checkpoint_sequential",
+        "selective_stored_attention": "selective",
+        # (the names of the blocked core's policies in results from before 2026-12-07)
         "blocked": "plain", "checkpoint_sequential_blocked": "checkpoint_sequential",
         "selective_blocked": "selective"}
-# remat's GPT policies with BlockedAttentionCore (bench_policies --workload gpt; on the GPU the first only).
-BLOCKED = ("blocked", "checkpoint_sequential_blocked", "selective_blocked")
+# remat's GPT policies with AttentionCore (bench_policies --workload gpt; on the GPU the first only).
+KEPT = ("stored_attention", "checkpoint_sequential_stored_attention", "selective_stored_attention")
 # The GPT workload.
 GW, GH, GT, GV = 512, 8, 256, 256
 OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
@@ -457,13 +463,13 @@ def main():
     if args.replot:
         rows = [json.loads(l) for l in open(args.out + ".jsonl")]
         cfg = sorted({(r["batch"], r["blocks"]) for r in rows})
-        plot(rows, cfg, policies_remat + ["offload"] + list(BLOCKED), policies_torch + ["offload"], args, gpt, cuda,
-             rows[0].get("cpu", "?"))
+        found = list(dict.fromkeys(r["policy"] for r in rows if r["library"] == "remat"))
+        plot(rows, cfg, found, policies_torch + ["offload"], args, gpt, cuda, rows[0].get("cpu", "?"))
         return
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
-    if args.policies:  # (checkpoint_sequential_all and the blocked core's policies only when asked for)
-        asked_for = ["checkpoint_sequential_all"] + (list(BLOCKED[:1] if cuda else BLOCKED) if gpt else [])
+    if args.policies:  # (checkpoint_sequential_all and AttentionCore's policies only when asked for)
+        asked_for = ["checkpoint_sequential_all"] + (list(KEPT[:1] if cuda else KEPT) if gpt else [])
         policies_remat = [p for p in policies_remat + asked_for if p in args.policies.split(",")]
     if args.torch_policies:
         policies_torch = [p for p in policies_torch if p in args.torch_policies.split(",")]
@@ -638,7 +644,9 @@ def plot(rows, configs, policies_remat, policies_torch, args, gpt, cuda, cpu):
     markers = {"stored": "o", "plain": "o", "checkpoint": "s", "checkpoint_sequential": "^",
                "checkpoint_sequential_all": "<", "revolve": "D",
                "selective": "P", "recompute_attention": "X", "checkpoint_attention": "X", "offload": "v",
-               "blocked": "h", "checkpoint_sequential_blocked": ">", "selective_blocked": "*"}
+               "stored_attention": "h", "checkpoint_sequential_stored_attention": ">",
+               "selective_stored_attention": "*", "blocked": "h", "checkpoint_sequential_blocked": ">",
+               "selective_blocked": "*"}
     for ax, batch in zip(axes, sorted({b for b, _ in configs})):
         for lib, color in (("remat", "tab:blue"), ("pytorch", "tab:orange")):
             for pol in (policies_remat if lib == "remat" else policies_torch):

@@ -1,8 +1,8 @@
 // The storage-policy benchmark, two workloads:
 //   mlp  a pre-norm residual MLP, block y = x + Linear(d, d)(GELU(Linear(d, d)(LayerNorm(x)))),
 //        d = 1024, MSE against a fixed random target;
-//   gpt  GPT-2's pre-norm block (GPTBlock<512, 8>), sequences of 256 tokens, vocabulary 256,
-//        cross-entropy on the next token;
+//   gpt  GPT-2's pre-norm block (GPTBlock<512, 8>, its attention core BlockedAttentionCore),
+//        sequences of 256 tokens, vocabulary 256, cross-entropy on the next token;
 // trained with AdamW in fp32 or mixed<bfloat16>, one configuration per call:
 //
 //   bench_policies [--workload mlp|gpt] --batch 256 --blocks 16 --policy checkpoint [--precision fp32|bf16]
@@ -10,10 +10,11 @@
 //     policies: stored, checkpoint, checkpoint_sequential (round(sqrt N) runs, the last stored, as
 //     PyTorch's), checkpoint_sequential_all (every run checkpointed: CheckpointSequential's
 //     default), revolve, selective, offload (Offloaded<Block> per block), and for gpt
-//     recompute_attention, and blocked, checkpoint_sequential_blocked and selective_blocked (stored,
-//     checkpoint_sequential and selective with BlockedAttentionCore, the attention core in memory
-//     linear in the sequence: the peer of PyTorch's F.scaled_dot_product_attention, which keeps no
-//     seq x seq probabilities either; on the GPU blocked only)
+//     stored_attention, checkpoint_sequential_stored_attention and selective_stored_attention (stored,
+//     checkpoint_sequential and selective with AttentionCore, StoredAttention<...>: the core that
+//     keeps the seq x seq probabilities, and so multiplies Q K^T once fewer in backward; on the GPU
+//     stored_attention only) and recompute_attention (that core checkpointed, Megatron-LM's
+//     selective recompute: RecomputeAttention<StoredAttention<...>>)
 //   --gemm32 openblas|onednn picks the host's fp32 product (default: oneDNN when remat has it).
 //   --profile: then as many steps again with remat::profile on, and where a step's time goes (per
 //   phase: products, point-wise passes, row passes, reductions, the rest) on stderr and one JSON line.
@@ -101,12 +102,12 @@ struct gpt_nets {
   using revolve = GNet<Revolve<root(N), Repeat<N, GBlock>>>;
   using selective = GNet<Repeat<N, Selective<GBlock>>>;
   using offload = GNet<Repeat<N, Offloaded<GBlock>>>;
-  using recompute_attention = GNet<RecomputeAttention<Repeat<N, GBlock>>>;
-  using blocked = GNet<BlockedAttention<Repeat<N, GBlock>>>;
-#if !defined(REMAT_BENCH_CUDA)  // (on the GPU, blocked only: nvcc's time)
-  using checkpoint_sequential_blocked =
-      GNet<CheckpointSequential<root(N), BlockedAttention<Repeat<N, GBlock>>, last_run::stored>>;
-  using selective_blocked = GNet<BlockedAttention<Repeat<N, Selective<GBlock>>>>;
+  using recompute_attention = GNet<RecomputeAttention<StoredAttention<Repeat<N, GBlock>>>>;
+  using stored_attention = GNet<StoredAttention<Repeat<N, GBlock>>>;
+#if !defined(REMAT_BENCH_CUDA)  // (on the GPU, stored_attention only: nvcc's time)
+  using checkpoint_sequential_stored_attention =
+      GNet<CheckpointSequential<root(N), StoredAttention<Repeat<N, GBlock>>, last_run::stored>>;
+  using selective_stored_attention = GNet<StoredAttention<Repeat<N, Selective<GBlock>>>>;
 #endif
 };
 
@@ -241,8 +242,10 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
   auto const plan32 = Work::template plan<Net, fp32>(batch);  // what the same model keeps in fp32
   double const flop = double(n_blocks) * Work::flop_per_block(batch) + Work::other_flop(batch);
   std::string const name = policy;
-  bool const blocked = name.ends_with("blocked");
-  std::string const base = name == "blocked" ? "stored" : blocked ? name.substr(0, name.size() - 8) : name;
+  // (the GPT's policies named *stored_attention, and recompute_attention, have AttentionCore; the
+  // others its blocked core)
+  bool const kept = name.ends_with("stored_attention"), blocked = !kept && name != "recompute_attention";
+  std::string const base = name == "stored_attention" ? "stored" : kept ? name.substr(0, name.size() - 17) : name;
   bool const selective = base == "selective";
   bool const core = base == "recompute_attention";
   double const again = selective || core ? Work::selective_forward_flop_per_block(batch)
@@ -290,14 +293,16 @@ int dispatch_on(std::string const& policy, std::size_t batch, int steps, int war
   if constexpr (requires { typename n::recompute_attention; })
     if (policy == "recompute_attention")
       return run<typename n::recompute_attention, P, Work>("recompute_attention", N, batch, steps, warmup);
-  if constexpr (requires { typename n::blocked; })
-    if (policy == "blocked") return run<typename n::blocked, P, Work>("blocked", N, batch, steps, warmup);
-  if constexpr (requires { typename n::selective_blocked; }) {
-    if (policy == "checkpoint_sequential_blocked")
-      return run<typename n::checkpoint_sequential_blocked, P, Work>("checkpoint_sequential_blocked", N, batch, steps,
-                                                                     warmup);
-    if (policy == "selective_blocked")
-      return run<typename n::selective_blocked, P, Work>("selective_blocked", N, batch, steps, warmup);
+  if constexpr (requires { typename n::stored_attention; })
+    if (policy == "stored_attention")
+      return run<typename n::stored_attention, P, Work>("stored_attention", N, batch, steps, warmup);
+  if constexpr (requires { typename n::selective_stored_attention; }) {
+    if (policy == "checkpoint_sequential_stored_attention")
+      return run<typename n::checkpoint_sequential_stored_attention, P, Work>("checkpoint_sequential_stored_attention",
+                                                                              N, batch, steps, warmup);
+    if (policy == "selective_stored_attention")
+      return run<typename n::selective_stored_attention, P, Work>("selective_stored_attention", N, batch, steps,
+                                                                  warmup);
   }
   std::fprintf(stderr, "unknown policy %s\n", policy.c_str());
   return 2;
@@ -553,7 +558,7 @@ int main(int argc, char** argv) {
                          : "workloads: mlp (blocks 4 8 16 32 64) gpt (blocks 4 8 16)\n");
       std::printf(
                   "policies: stored checkpoint checkpoint_sequential checkpoint_sequential_all revolve selective recompute_attention (gpt)"
-                  " blocked checkpoint_sequential_blocked selective_blocked (gpt)\n"
+                  " stored_attention checkpoint_sequential_stored_attention selective_stored_attention (gpt)\n"
                   "precisions: fp32 bf16\n");
       return 0;
     } else {

@@ -6,8 +6,8 @@
 #             fails that case only), the NCCL data-parallel test under mpirun -np 1 and the
 #             GPU example;
 #   bench     the product peak, the optimizer pass against a copy, the MLP (batch 8192, 16
-#             blocks) and the GPT (batch 64, 8 blocks; remat's policies with `blocked`, the stored
-#             GPT with BlockedAttentionCore, beside PyTorch's SDPA) beside the machine's PyTorch, eager and
+#             blocks) and the GPT (batch 64, 8 blocks; remat's policies with `stored_attention`, the
+#             stored GPT with AttentionCore, beside PyTorch's SDPA) beside the machine's PyTorch, eager and
 #             torch.compile (bench/compare_torch.py --device cuda; PRECISIONS="bf16 fp32" for both
 #             precisions, CONFIGS for other MLP sizes, TORCH_POLICIES for more PyTorch policies
 #             than plain and checkpoint: each compiled run costs about a minute; remat's selective
@@ -133,7 +133,7 @@ if want bench all; then
       ${MLP_POLICIES:+--policies "$MLP_POLICIES"} \
       --out "$out/policies-cuda$suffix" || status=1
     PYTHONUNBUFFERED=1 python3 bench/compare_torch.py "${common[@]}" --workload gpt --configs 64x8 \
-      --policies stored,checkpoint,selective,recompute_attention,blocked --out "$out/gpt-cuda$suffix" || status=1
+      --policies stored,checkpoint,selective,recompute_attention,stored_attention --out "$out/gpt-cuda$suffix" || status=1
   done
 fi
 exit $status

@@ -13,10 +13,10 @@
 // --checkpoint trains with every block checkpointed (Repeat<N, Checkpointed<Block>>): the same
 // losses bit for bit in less activation memory; both plans are printed either way.
 //
-// --long-context trains at a context of 2048 characters (the default is 64) with the blocked
-// attention core (BlockedAttention<...>: memory linear in the context), batch 2 unless --batch says
-// otherwise; it prints the plan of the stored attention core beside it (what that step would need)
-// and the measured peak.
+// --long-context trains at a context of 2048 characters (the default is 64), batch 2 unless --batch
+// says otherwise; GPTBlock's attention core (BlockedAttentionCore) keeps memory linear in the
+// context. It prints the plan of the core that keeps the probabilities (StoredAttention<...>) beside
+// it (what that step would need) and the measured peak.
 //
 // The program exits non-zero unless the final validation loss is below the unigram baseline by 0.5
 // nats (runs of 200 steps or more; a shorter run must end below its starting loss).
@@ -51,9 +51,9 @@ using CharGPT = Seq<Embedding<vocabulary, width>, PositionEmbedding<Context, wid
                     LayerNorm<width>, Linear<width, vocabulary>>;
 using StoredLM = CharGPT<Repeat<blocks, Block>>;
 using CheckpointedLM = CharGPT<Repeat<blocks, Checkpointed<Block>>>;
-// At a context of 2048: the blocked attention core, and (for its plan only) the stored one.
-using LongLM = CharGPT<BlockedAttention<Repeat<blocks, Block>>, long_context>;
-using LongStoredLM = CharGPT<Repeat<blocks, Block>, long_context>;
+// At a context of 2048, and (for its plan only) the same with the core that keeps the probabilities.
+using LongLM = CharGPT<Repeat<blocks, Block>, long_context>;
+using LongStoredLM = CharGPT<StoredAttention<Repeat<blocks, Block>>, long_context>;
 
 static std::int32_t token_of(unsigned char c) {
   if (c == '\n') return 0;

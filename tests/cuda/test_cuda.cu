@@ -585,8 +585,6 @@ using OffDeep = Net<Repeat<6, Offloaded<Block>>>;  // copies overlapped with the
 static_assert(std::is_same_v<offload_allocator_t<gpu>, memory::caching_allocator<memory::pinned_host>>);
 using Rev = Net<Revolve<2, Repeat<4, Block>>>;
 using RepPlain = Net<Repeat<4, Block>>;
-template <class Blocks>
-using CheckpointedBlocked = Checkpointed<BlockedAttention<Blocks>>;
 
 constexpr index_t batch = 48;
 
@@ -929,8 +927,14 @@ TEST_CASE("cuda plan: the activation plan equals the device allocator's measured
   }
 }
 
-TEST_CASE("cuda transformer: a GPT on the GPU follows the host", "[cuda][transformer]") {
-  using G = GPT<17, 8, 16, 2, 2, 0.0>;
+namespace {
+using SmallGpt = GPT<17, 8, 16, 2, 2, 0.0>;            // (the blocked attention core)
+using SmallGptKept = StoredAttention<SmallGpt>;  // (AttentionCore, which keeps the probabilities)
+}  // namespace
+
+TEMPLATE_TEST_CASE("cuda transformer: a GPT on the GPU follows the host", "[cuda][transformer]", SmallGpt,
+                   SmallGptKept) {
+  using G = TestType;
   std::size_t const b = 3, seq = 8;
   std::vector<std::int32_t> ids(b * seq), next(b * seq);
   for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -943,7 +947,8 @@ TEST_CASE("cuda transformer: a GPT on the GPU follows the host", "[cuda][transfo
   auto y = make<std::int32_t>(index_t(b), index_t(seq), next);
   auto xh = make<std::int32_t, host>(index_t(b), index_t(seq), ids);
   auto yh = make<std::int32_t, host>(index_t(b), index_t(seq), next);
-  double const lg = g.accumulate<SoftmaxCrossEntropy>(x, y), lh = h.accumulate<SoftmaxCrossEntropy>(xh, yh);
+  double const lg = g.template accumulate<SoftmaxCrossEntropy>(x, y);
+  double const lh = h.template accumulate<SoftmaxCrossEntropy>(xh, yh);
   CHECK(std::fabs(lg - lh) <= 1e-5 * lh);
   require_close(tensor_to_host(g.gradients()), tensor_to_host(h.gradients()), 1e-4, "GPT gradients");
 }
@@ -951,8 +956,8 @@ TEST_CASE("cuda transformer: a GPT on the GPU follows the host", "[cuda][transfo
 TEST_CASE("cuda blocked attention: follows the host's, dropout on; plan = peak; Checkpointed bit for bit",
           "[cuda][transformer]") {
   // Sequences of 150 positions: three query panels, the last partial.
-  using G = GPT<17, 160, 16, 2, 2, 0.2, BlockedAttention>;
-  using GC = GPT<17, 160, 16, 2, 2, 0.2, CheckpointedBlocked>;
+  using G = GPT<17, 160, 16, 2, 2, 0.2>;  // (GPTBlock's core is the blocked one)
+  using GC = GPT<17, 160, 16, 2, 2, 0.2, Checkpointed>;
   std::size_t const b = 2, seq = 150;
   std::vector<std::int32_t> ids(b * seq), next(b * seq);
   for (std::size_t i = 0; i < ids.size(); ++i) {

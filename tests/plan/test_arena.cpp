@@ -88,6 +88,7 @@ TEST_CASE("arena: layouts are valid and meet the lower bound", "[plan][arena]") 
     require_valid_layout<Net<CheckpointSequential<2, Repeat<4, Block>>>, mixed<bfloat16>>(batch);
     require_valid_layout<Net<Repeat<2, Block>>>(batch, 1, batch * 4);
     require_valid_layout<GPT<11, 16, 16, 2, 2, 0.1>>(batch, 3, batch * 12);
+    require_valid_layout<StoredAttention<GPT<11, 16, 16, 2, 2, 0.1>>>(batch, 3, batch * 12);
     require_valid_layout<GPT<11, 16, 16, 2, 2, 0.1, CheckpointedRepeat>, mixed<bfloat16>>(batch, 3, batch * 12);
   }
   require_valid_layout<GPT<64, 128, 64, 4, 4, 0.1, CheckpointedRepeat>>(8, 64, 8 * 64 * 4);

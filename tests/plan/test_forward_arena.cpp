@@ -148,16 +148,23 @@ TEST_CASE("forward arena: batch normalisation in eval mode, every policy", "[pla
   require_planned_like_unplanned<ConvNet<Repeat<2, Selective<ConvBlock>>>>();
 }
 
-TEST_CASE("forward arena: a GPT's loss and sampling forward", "[plan][arena][inference]") {
-  using G = GPT<23, 12, 16, 4, 2, 0.1>;
+namespace {
+using ForwardGpt = GPT<23, 12, 16, 4, 2, 0.1>;       // (its attention core the blocked one)
+using ForwardGptKept = StoredAttention<ForwardGpt>;  // (the core that keeps its probabilities)
+}  // namespace
+
+TEMPLATE_TEST_CASE("forward arena: a GPT's loss and sampling forward", "[plan][arena][inference]", ForwardGpt,
+                   ForwardGptKept) {
+  using G = TestType;
   memory::caching_allocator<host> alloc;
   model<G> m(seed{3}, alloc), plain(seed{3});
   plain.use_planned_arena(false);
   tensor<std::int32_t> ids(3, 12), next(36, 1);
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::int32_t((i * 7) % 23), next[i] = std::int32_t((i * 5) % 23);
   AdamW o1(m, {.lr = 1e-2}), o2(plain, {.lr = 1e-2});
-  CHECK(m.train_step<SoftmaxCrossEntropy>(ids, next, o1) == plain.train_step<SoftmaxCrossEntropy>(ids, next, o2));
-  CHECK(m.loss<SoftmaxCrossEntropy>(ids, next) == plain.loss<SoftmaxCrossEntropy>(ids, next));
+  CHECK(m.template train_step<SoftmaxCrossEntropy>(ids, next, o1) ==
+        plain.template train_step<SoftmaxCrossEntropy>(ids, next, o2));
+  CHECK(m.template loss<SoftmaxCrossEntropy>(ids, next) == plain.template loss<SoftmaxCrossEntropy>(ids, next));
   CHECK(m.last_forward().planned);
   CHECK(m.last_forward().unplanned == 0);
   // Sampling: one sequence of 5 tokens at a time.

@@ -325,6 +325,7 @@ TEST_CASE("memory_plan: equals the allocator per tag and in total", "[plan]") {
   }
   SECTION("GPT") {
     require_step_plans<Gpt, fp32, AdamW, SoftmaxCrossEntropy>();
+    require_step_plans<StoredAttention<Gpt>, fp32, AdamW, SoftmaxCrossEntropy>();  // (the probabilities kept)
   }
   SECTION("GPT checkpointed, bfloat16") {
     require_step_plans<GptCheckpointed, mixed<bfloat16>, SGD, SoftmaxCrossEntropy>();
@@ -524,19 +525,28 @@ TEST_CASE("memory_plan: the budget policy stores every block of the 7B GPT on 80
   CHECK(plan.activations.peak_bytes == stored.activations.peak_bytes);
   CHECK(plan.device_bytes() == stored.device_bytes());
   CHECK(plan.fits(80 * GB, 120 * GiB));
-  // A device of 24 GB (22.4 GiB) leaves about 9.3 GiB to the activations: under a budget of 9 GiB
+  // Every block stored keeps 8.3 GiB of activations (GPTBlock's attention core keeps no seq x seq
+  // probabilities; with StoredAttention, 16.3 GiB), so the whole step fits a device of 24 GB too.
+  CHECK(plan.fits(24 * GB, 120 * GiB));
+  // A device of 20 GB (18.6 GiB) leaves about 5.5 GiB to the activations: under a budget of 4 GiB
   // the policy recomputes, and the step fits.
-  using Tight = Budget<9 * GiB, 1, Stored, 2048>;
+  using Tight = Budget<4 * GiB, 1, Stored, 2048>;
   constexpr budget_choice tight = Tight::chosen<bfloat16>;
-  static_assert(tight.recomputed > 0 && tight.peak <= 9 * GiB);
+  static_assert(tight.recomputed > 0 && tight.peak <= 4 * GiB);
   auto const tight_plan = memory_plan<Tight, P, OffloadedAdamW, SoftmaxCrossEntropy, cuda>(1, o);
   CHECK(tight_plan.activations.peak_bytes == tight.peak);
   CHECK(tight_plan.peak == plan.peak - roomy.peak + tight.peak);
-  // (The arena's layout search stops 2.96 MiB above the tight step's peak, out of 8.7 GiB: the
-  // layout is NP-hard in general, plan/arena.hpp; the roomy one meets its peak.)
+  // (The arena's layout search may stop above a step's peak, the layout being NP-hard in general,
+  // plan/arena.hpp: within 0.1% for the tight step; the roomy one meets its peak.)
   CHECK(plan.reserved == plan.peak);
   CHECK(tight_plan.reserved >= tight_plan.peak);
   CHECK(tight_plan.reserved - tight_plan.peak < tight_plan.peak / 1000);
-  CHECK(tight_plan.fits(24 * GB, 120 * GiB));
-  CHECK_FALSE(plan.fits(24 * GB, 120 * GiB));
+  CHECK(tight_plan.fits(20 * GB, 120 * GiB));
+  CHECK_FALSE(plan.fits(20 * GB, 120 * GiB));
+  WARN("7B GPT under Budget: every block stored " << memory::format_bytes(plan.peak) << " (reserved "
+                                                  << memory::format_bytes(plan.reserved) << ", activations "
+                                                  << memory::format_bytes(roomy.peak) << "); under 4 GiB "
+                                                  << memory::format_bytes(tight_plan.peak) << " (reserved "
+                                                  << memory::format_bytes(tight_plan.reserved) << ", "
+                                                  << tight.recomputed << " block forwards again)");
 }

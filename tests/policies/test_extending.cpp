@@ -215,7 +215,7 @@ TEST_CASE("extending: a policy of our own trains bit for bit and is planned", "[
 }
 
 TEST_CASE("extending: RecomputeAttention and the graph walks go through a policy of our own", "[extending]") {
-  using Block = GPTBlock<W, H, 0.1>;
+  using Block = StoredAttention<GPTBlock<W, H, 0.1>>;  // (GPTBlock's own core keeps no probabilities)
   using Stored = Seq<Linear<5, W>, Block, Linear<W, 3>>;
   using Ours = Seq<Linear<5, W>, KeepInput<Block>, Linear<W, 3>>;
   using Both = RecomputeAttention<Ours>;
@@ -226,6 +226,17 @@ TEST_CASE("extending: RecomputeAttention and the graph walks go through a policy
   static_assert(std::is_same_v<Both, Seq<Linear<5, W>, KeepInput<Seq<Attn, Mlp>>, Linear<W, 3>>>);
   static_assert(std::is_same_v<RecomputeAttention<Revolve<2, Repeat<3, KeepInput<Block>>>>,
                                Revolve<2, Repeat<3, KeepInput<Seq<Attn, Mlp>>>>>);
+  // StoredAttention and BlockedAttention swap the cores through our policy too, and RecomputeAttention
+  // leaves the blocked core (which keeps no probabilities) as it is.
+  using Blocked = Residual<Seq<LayerNorm<W>, Linear<W, 3 * W>, BlockedAttentionCore<W, H, 0.1>, Linear<W, W>,
+                               Dropout<0.1>>>;
+  using Kept = Residual<Seq<LayerNorm<W>, Linear<W, 3 * W>, AttentionCore<W, H, 0.1>, Linear<W, W>, Dropout<0.1>>>;
+  static_assert(std::is_same_v<GPTBlock<W, H, 0.1>, Seq<Blocked, Mlp>> && std::is_same_v<Block, Seq<Kept, Mlp>>);
+  static_assert(std::is_same_v<StoredAttention<Revolve<2, Repeat<3, KeepInput<GPTBlock<W, H, 0.1>>>>>,
+                               Revolve<2, Repeat<3, KeepInput<Seq<Kept, Mlp>>>>>);
+  static_assert(std::is_same_v<BlockedAttention<Revolve<2, Repeat<3, KeepInput<Block>>>>,
+                               Revolve<2, Repeat<3, KeepInput<Seq<Blocked, Mlp>>>>>);
+  static_assert(std::is_same_v<RecomputeAttention<KeepInput<GPTBlock<W, H, 0.1>>>, KeepInput<Seq<Blocked, Mlp>>>);
   static_assert(is_sequence_model_v<Ours> && is_sequence_model_v<KeepInput<AttentionCore<W, H>>>);
   static_assert(std::is_same_v<first_layer_t<KeepInput<Seq<Embedding<7, W>, Linear<W, W>>>>, Embedding<7, W>>);
   static_assert(reads_ids_v<KeepInput<Seq<Embedding<7, W>, Linear<W, W>>>>);

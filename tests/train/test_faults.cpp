@@ -184,6 +184,7 @@ TEST_CASE("allocation failure at every request of a step: convolutions with runn
   both_modes<ConvNet, fp32>("conv + BatchNorm2d, Checkpointed");
   both_modes<LM, fp32>("GPT blocks, Checkpointed");
   both_modes<LM, mixed<bfloat16, DynamicLossScale>>("GPT blocks, Checkpointed, bf16");
+  both_modes<StoredAttention<LM>, fp32>("GPT blocks, AttentionCore, Checkpointed");
 }
 
 TEST_CASE("accumulate restores summed gradients from its copy, and without the copy its error says they are torn",

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 using namespace remat;
@@ -27,7 +28,9 @@ template <class Core>
 using Attn = Seq<Linear<6, 3 * W>, Core, Linear<W, 5>>;
 template <class Middle>
 using LM = Seq<Embedding<V, W>, PositionEmbedding<L, W>, Dropout<0.1>, Middle, LayerNorm<W>, Linear<W, V>>;
-using Block = GPTBlock<W, H, 0.1>;
+using Block = GPTBlock<W, H, 0.1>;  // (its core the blocked one)
+static_assert(std::is_same_v<Block, Block> && !std::is_same_v<StoredAttention<Block>, Block> &&
+              std::is_same_v<BlockedAttention<StoredAttention<Block>>, Block>);
 
 template <class T>
 tensor<T> features(std::size_t rows, std::size_t cols, double f) {
@@ -64,8 +67,7 @@ TEST_CASE("blocked attention: gradients against central differences", "[transfor
   require_gradients<BlockedAttentionCore<4, 1>>({.batch = 2, .max_checks_per_tensor = 600, .sequence = 150}, 600);
   require_gradients<BlockedAttentionCore<4, 2, 0.25>>({.batch = 1, .max_checks_per_tensor = 400, .sequence = 130},
                                                       380);
-  require_gradients<BlockedAttention<GPT<11, 6, 8, 2, 2, 0.1>>>({.batch = 2, .sequence = 5}, 10);
-  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, BlockedAttention>>({.batch = 2, .sequence = 6}, 10);
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1>>({.batch = 2, .sequence = 6}, 10);  // (GPTBlock's core)
 }
 
 TEST_CASE("blocked attention: the forward against a plain double-precision attention",
@@ -177,19 +179,19 @@ constexpr lm_training::runs<V> lm{2, 2, 150};
 
 TEST_CASE("blocked attention: every policy trains bit for bit like the stored model, dropout on",
           "[transformer][blocked][policies]") {
-  using Blocks = BlockedAttention<Repeat<N, Block>>;
+  using Blocks = Repeat<N, Block>;
   lm_training::run_result const stored = lm.train<LM<Blocks>>();
   REQUIRE(stored.losses[1] < stored.losses[0]);
-  lm.require_same_training<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>>(stored, N);
+  lm.require_same_training<LM<Repeat<N, Checkpointed<Block>>>>(stored, N);
   lm.require_same_training<LM<Checkpointed<Blocks>>>(stored, N);
   lm.require_same_training<LM<Revolve<1, Blocks>>>(stored, revolve::cost(N, 1));
   lm.require_same_training<LM<CheckpointSequential<2, Blocks>>>(stored, N);
   lm.require_same_training<LM<Selective<Blocks>>>(stored, N);
-  lm.require_same_training<LM<Repeat<N, Selective<BlockedAttention<Block>>>>>(stored, N);
-  lm.require_same_training<LM<Repeat<N, Offloaded<BlockedAttention<Block>>>>>(stored, 0);
+  lm.require_same_training<LM<Repeat<N, Selective<Block>>>>(stored, N);
+  lm.require_same_training<LM<Repeat<N, Offloaded<Block>>>>(stored, 0);
   SECTION("in bf16 too") {
     lm_training::run_result const stored16 = lm.train<LM<Blocks>, mixed<bfloat16>>();
-    lm.require_same_training<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>, mixed<bfloat16>>(stored16, N);
+    lm.require_same_training<LM<Repeat<N, Checkpointed<Block>>>, mixed<bfloat16>>(stored16, N);
     lm.require_same_training<LM<Selective<Blocks>>, mixed<bfloat16>>(stored16, N);
   }
 }
@@ -205,9 +207,9 @@ void require_plan_matches_everywhere() {
 }  // namespace
 
 TEST_CASE("blocked attention plan: the activation plan equals the measured peak", "[transformer][blocked][plan]") {
-  require_plan_matches_everywhere<LM<BlockedAttention<Repeat<N, Block>>>>();
-  require_plan_matches_everywhere<LM<Repeat<N, Checkpointed<BlockedAttention<Block>>>>>();
-  require_plan_matches_everywhere<LM<Revolve<1, BlockedAttention<Repeat<N, Block>>>>>();
+  require_plan_matches_everywhere<LM<Repeat<N, Block>>>();
+  require_plan_matches_everywhere<LM<Repeat<N, Checkpointed<Block>>>>();
+  require_plan_matches_everywhere<LM<Revolve<1, Repeat<N, Block>>>>();
 }
 
 TEST_CASE("blocked attention plan: what attention keeps grows linearly with the sequence",

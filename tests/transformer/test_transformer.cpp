@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 using namespace remat;
@@ -18,7 +19,10 @@ using namespace remat;
 namespace {
 
 constexpr std::size_t V = 13, L = 16, W = 16, H = 4, N = 3;
-using Block = GPTBlock<W, H, 0.1>;
+using Block = GPTBlock<W, H, 0.1>;    // its core the blocked one, which keeps no probabilities
+using Kept = StoredAttention<Block>;  // with AttentionCore, which keeps them
+template <class S>
+using RecomputeStored = RecomputeAttention<StoredAttention<S>>;  // Megatron-LM's selective recompute
 template <class Middle, std::size_t Positions = L>
 using LM = Seq<Embedding<V, W>, PositionEmbedding<Positions, W>, Dropout<0.1>, Middle, LayerNorm<W>, Linear<W, V>>;
 
@@ -39,7 +43,8 @@ TEST_CASE("attention: gradients of the core, the attention layer and GPT models 
   // Whole language models with dropout, stored and under policies.
   require_gradients<GPT<11, 6, 8, 2, 2, 0.1>>({.batch = 2, .sequence = 5}, 10);
   require_gradients<GPT<11, 6, 8, 2, 2, 0.1, Checkpointed>>({.batch = 2, .sequence = 6}, 10);
-  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, RecomputeAttention>>({.batch = 2, .sequence = 5}, 10);
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, StoredAttention>>({.batch = 2, .sequence = 5}, 10);
+  require_gradients<GPT<11, 6, 8, 2, 2, 0.1, RecomputeStored>>({.batch = 2, .sequence = 5}, 10);
   require_gradients<GPT<11, 6, 8, 2, 2, 0.1, Selective>>({.batch = 2, .sequence = 5}, 10);
 }
 
@@ -134,20 +139,26 @@ TEST_CASE("transformer policies: every policy trains a GPT bit for bit like the 
     lm.require_same_training<LM<CheckpointSequential<2, Repeat<N, Block>>>>(stored, N);
     lm.require_same_training<LM<CheckpointSequential<2, Repeat<N, Block>, last_run::stored>>>(stored, 1);  // (runs 1 + 2)
   }
-  SECTION("the attention core recomputed, and Selective") {
-    lm.require_same_training<LM<RecomputeAttention<Repeat<N, Block>>>>(stored, N);
+  SECTION("Selective, and the core that keeps its probabilities recomputed") {
     lm.require_same_training<LM<Repeat<N, Selective<Block>>>>(stored, N);
     lm.require_same_training<LM<Selective<Repeat<N, Block>>>>(stored, N);
-    lm.require_same_training<LM<Revolve<2, Repeat<N, RecomputeAttention<Block>>>>>(stored, revolve::cost(N, 2) + N);
+    // RecomputeAttention leaves the blocked core alone: nothing to recompute, the same model.
+    static_assert(std::is_same_v<RecomputeAttention<Repeat<N, Block>>, Repeat<N, Block>>);
+    lm_training::run_result const kept = lm.train<LM<Repeat<N, Kept>>>();
+    lm.require_same_training<LM<RecomputeAttention<Repeat<N, Kept>>>>(kept, N);
+    lm.require_same_training<LM<RecomputeStored<Repeat<N, Block>>>>(kept, N);
+    lm.require_same_training<LM<Repeat<N, Selective<Kept>>>>(kept, N);
+    lm.require_same_training<LM<Revolve<2, Repeat<N, RecomputeAttention<Kept>>>>>(kept, revolve::cost(N, 2) + N);
     // (the rewrite rebuilds CheckpointSequential around the cores, its last run still stored)
-    lm.require_same_training<LM<RecomputeAttention<CheckpointSequential<2, Repeat<N, Block>, last_run::stored>>>>(stored,
-                                                                                                            1 + N);
+    lm.require_same_training<LM<RecomputeAttention<CheckpointSequential<2, Repeat<N, Kept>, last_run::stored>>>>(
+        kept, 1 + N);
   }
   SECTION("in bf16 too") {
     lm_training::run_result const stored16 = lm.train<LM<Repeat<N, Block>>, mixed<bfloat16>>();
     lm.require_same_training<LM<Repeat<N, Checkpointed<Block>>>, mixed<bfloat16>>(stored16, N);
-    lm.require_same_training<LM<RecomputeAttention<Repeat<N, Block>>>, mixed<bfloat16>>(stored16, N);
     lm.require_same_training<LM<Repeat<N, Selective<Block>>>, mixed<bfloat16>>(stored16, N);
+    lm_training::run_result const kept16 = lm.train<LM<Repeat<N, Kept>>, mixed<bfloat16>>();
+    lm.require_same_training<LM<RecomputeAttention<Repeat<N, Kept>>>, mixed<bfloat16>>(kept16, N);
   }
 }
 
@@ -185,24 +196,32 @@ TEST_CASE("transformer plan: the activation plan equals the measured peak", "[tr
   require_plan_matches_everywhere<LM<Repeat<N, Block>>>();
   require_plan_matches_everywhere<LM<Repeat<N, Checkpointed<Block>>>>();
   require_plan_matches_everywhere<LM<Revolve<2, Repeat<N, Block>>>>();
-  require_plan_matches_everywhere<LM<RecomputeAttention<Repeat<N, Block>>>>();
+  require_plan_matches_everywhere<LM<Repeat<N, Kept>>>();
+  require_plan_matches_everywhere<LM<RecomputeAttention<Repeat<N, Kept>>>>();
   require_plan_matches_everywhere<LM<Repeat<N, Selective<Block>>>>();
   require_plan_matches_everywhere<GPT<V, L, W, H, 2, 0.0, Checkpointed>>();
 }
 
-TEST_CASE("transformer plan: recomputing the attention core drops exactly the seq x seq probabilities",
+TEST_CASE("transformer plan: recomputing the attention core drops exactly the seq x seq probabilities, and the "
+          "blocked core keeps two numbers a row and head in their place",
           "[transformer][plan]") {
   constexpr std::size_t batch = 4, seq = 16;
-  constexpr auto stored = sequence_plan<LM<Repeat<N, Block>>>(batch, seq);
-  constexpr auto core = sequence_plan<LM<RecomputeAttention<Repeat<N, Block>>>>(batch, seq);
+  constexpr auto stored = sequence_plan<LM<Repeat<N, Kept>>>(batch, seq);
+  constexpr auto core = sequence_plan<LM<RecomputeAttention<Repeat<N, Kept>>>>(batch, seq);
+  constexpr auto blocked = sequence_plan<LM<Repeat<N, Block>>>(batch, seq);
   constexpr std::size_t probs = batch * H * seq * seq * sizeof(float);  // a multiple of 256 bytes
+  constexpr std::size_t stats = batch * H * seq * 2 * sizeof(float);    // (the row's maximum and 1 / sum)
   static_assert(stored.saved_bytes - core.saved_bytes == N * probs);
+  static_assert(blocked.saved_bytes - core.saved_bytes == N * stats);
   // The probabilities grow with the square of the sequence: at 4x the length, 16x the bytes (a
-  // positional table of 4x the rows, so that the model takes that length).
-  constexpr auto stored64 = sequence_plan<LM<Repeat<N, Block>, 4 * seq>>(batch, 4 * seq);
-  constexpr auto core64 = sequence_plan<LM<RecomputeAttention<Repeat<N, Block>>, 4 * seq>>(batch, 4 * seq);
+  // positional table of 4x the rows, so that the model takes that length); the statistics 4x.
+  constexpr auto stored64 = sequence_plan<LM<Repeat<N, Kept>, 4 * seq>>(batch, 4 * seq);
+  constexpr auto core64 = sequence_plan<LM<RecomputeAttention<Repeat<N, Kept>>, 4 * seq>>(batch, 4 * seq);
+  constexpr auto blocked64 = sequence_plan<LM<Repeat<N, Block>, 4 * seq>>(batch, 4 * seq);
   static_assert(stored64.saved_bytes - core64.saved_bytes == 16 * N * probs);
+  static_assert(blocked64.saved_bytes - core64.saved_bytes == 4 * N * stats);
   CHECK(core.recomputed == N);
+  CHECK(blocked.recomputed == 0);
 }
 
 TEST_CASE("transformer: bad input is refused with a clear error and changes nothing", "[transformer][errors]") {

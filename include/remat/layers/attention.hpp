@@ -425,11 +425,16 @@ struct BlockedAttentionCore : detail::attention_function<W, H, P> {
   // (whose buffers then stay in that core's cache from one product to the next; the products and
   // row passes inside run serially), when there are enough of them for the threads; on the GPU, and
   // otherwise, all together (each product batched over them, each row pass over all their rows).
+  // A 16-bit product's scratch may fail to allocate inside a thread: the error is thrown again once
+  // every thread is done (an exception may not leave an OpenMP thread).
   template <class S, class Run>
   static void for_sequence_heads(std::size_t count, std::size_t seq, Run const& run) {
     if constexpr (std::is_same_v<typename S::device, host>) {
       if (count >= kernels::detail::host_threads()) {
-        kernels::for_each_index(host{}, count, count * seq * seq * head_width, [&](std::size_t m) { run(m, 1); });
+        kernels::detail::host_split_throwing(count, count * seq * seq * head_width,
+                                             [&](std::size_t first, std::size_t last) {
+                                               for (std::size_t m = first; m < last; ++m) run(m, 1);
+                                             });
         return;
       }
     }
