@@ -29,7 +29,7 @@ using Attn = Seq<Linear<6, 3 * W>, Core, Linear<W, 5>>;
 template <class Middle>
 using LM = Seq<Embedding<V, W>, PositionEmbedding<L, W>, Dropout<0.1>, Middle, LayerNorm<W>, Linear<W, V>>;
 using Block = GPTBlock<W, H, 0.1>;  // (its core the blocked one)
-static_assert(std::is_same_v<Block, Block> && !std::is_same_v<StoredAttention<Block>, Block> &&
+static_assert(std::is_same_v<BlockedAttention<Block>, Block> && !std::is_same_v<StoredAttention<Block>, Block> &&
               std::is_same_v<BlockedAttention<StoredAttention<Block>>, Block>);
 
 template <class T>
