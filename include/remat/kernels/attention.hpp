@@ -366,6 +366,74 @@ struct panel_geometry {
   REMAT_HOST_DEVICE std::size_t keys() const { return r0 + rb; }  // L: the keys the panel's last row sees
 };
 
+#if REMAT_HAS_CUDA
+namespace detail {
+
+// The panels' rows on the GPU: a warp per row, its lanes striding the row (as causal_softmax_rows),
+// where one thread per row would read its row alone, 32 rows to a warp's every load. Each lane
+// rewrites only the elements it read, so probs may alias scores (and dropped scores, dscores dpd);
+// the probabilities are recomputed from the statistics in the same expression in both kernels, so
+// backward sees the forward's bits.
+template <class V, class T, class Mask>
+__global__ void __launch_bounds__(row_threads)
+    panel_softmax_rows(panel_geometry g, V const* scores, T* probs, V* stats, V scale, Mask mask) {
+  unsigned const lane = threadIdx.x % 32;
+  std::size_t const rows = g.count * g.rb, keys = g.keys();
+  for (std::size_t t = first_warp_row(); t < rows; t += warp_row_stride()) {
+    std::size_t const m = t / g.rb, r = t % g.rb, last = g.r0 + r;
+    std::size_t const at = m * g.panel_stride + r * g.ld, row = (g.first + m) * g.seq + last, stream = row * g.seq;
+    V const* z = scores + at;
+    T* p = probs + at;
+    V mx = z[0] * scale;
+    for (std::size_t c = lane; c <= last; c += 32) mx = z[c] * scale > mx ? z[c] * scale : mx;
+    mx = warp_reduce(mx, max_op{});
+    V s = 0;
+    for (std::size_t c = lane; c <= last; c += 32) s += math::exp(z[c] * scale - mx);
+    V const inv = V(1) / warp_reduce(s, plus_op{});
+    if (lane == 0) {
+      stats[2 * row] = mx;
+      stats[2 * row + 1] = inv;
+    }
+    for (std::size_t c = lane; c < keys; c += 32)
+      p[c] = c <= last ? from_compute<T>(to_compute<V>(from_compute<T>(math::exp(z[c] * scale - mx) * inv)) *
+                                         mask(stream + c))
+                       : from_compute<T>(V(0));
+  }
+}
+
+template <class V, class T, class Mask>
+__global__ void __launch_bounds__(row_threads)
+    panel_softmax_backward_rows(panel_geometry g, V const* scores, V const* dpd, V const* stats, T* dropped,
+                                T* dscores, V scale, Mask mask) {
+  unsigned const lane = threadIdx.x % 32;
+  std::size_t const rows = g.count * g.rb, keys = g.keys();
+  for (std::size_t t = first_warp_row(); t < rows; t += warp_row_stride()) {
+    std::size_t const m = t / g.rb, r = t % g.rb, last = g.r0 + r;
+    std::size_t const at = m * g.panel_stride + r * g.ld, row = (g.first + m) * g.seq + last, stream = row * g.seq;
+    V const* z = scores + at;
+    V const* d = dpd + at;
+    T* pd = dropped + at;
+    T* ds = dscores + at;
+    V const mx = stats[2 * row], inv = stats[2 * row + 1];
+    V dot = 0;
+    for (std::size_t c = lane; c <= last; c += 32) dot += d[c] * mask(stream + c) * (math::exp(z[c] * scale - mx) * inv);
+    dot = warp_reduce(dot, plus_op{});
+    for (std::size_t c = lane; c < keys; c += 32) {
+      V p = 0, f = 0, dc = 0;
+      if (c <= last) {  // (both read before either is written: they may alias the results)
+        p = math::exp(z[c] * scale - mx) * inv;
+        f = mask(stream + c);
+        dc = d[c];
+      }
+      ds[c] = from_compute<T>(c <= last ? scale * p * (dc * f - dot) : V(0));
+      pd[c] = from_compute<T>(c <= last ? to_compute<V>(from_compute<T>(p)) * f : V(0));
+    }
+  }
+}
+
+}  // namespace detail
+#endif
+
 // Forward: each row's softmax statistics, its maximum m of scale * z and inv = 1 / sum exp(scale *
 // z - m) (at stats[2 * ((first + m) * seq + position)], then + 1), and probs = exp(scale * z - m) * inv after
 // dropout (mask; rounded to T once, and once more after the mask, as AttentionCore's stored
@@ -374,6 +442,13 @@ struct panel_geometry {
 template <class V, class T, class Mask, device_tag D>
 void panel_softmax(D, panel_geometry g, V* scores, T* probs, V* stats, V scale, Mask mask) {
   std::size_t const rows = g.count * g.rb;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {
+    detail::launch_warp_rows(detail::panel_softmax_rows<V, T, Mask>, rows, g, static_cast<V const*>(scores), probs,
+                             stats, scale, mask);
+    return;
+  }
+#endif
   for_each_index(D{}, rows, rows * g.keys(), [=] REMAT_LAMBDA(std::size_t t) {
     std::size_t const m = t / g.rb, r = t % g.rb, pos = g.r0 + r, n = pos + 1, keys = g.r0 + g.rb;
     std::size_t const at = m * g.panel_stride + r * g.ld, row = (g.first + m) * g.seq + pos, stream = row * g.seq;
@@ -402,6 +477,13 @@ template <class V, class T, class Mask, device_tag D>
 void panel_softmax_backward(D, panel_geometry g, V* scores, V const* dpd, V const* stats, T* dropped, T* dscores,
                             V scale, Mask mask) {
   std::size_t const rows = g.count * g.rb;
+#if REMAT_HAS_CUDA
+  if constexpr (std::is_same_v<D, cuda>) {
+    detail::launch_warp_rows(detail::panel_softmax_backward_rows<V, T, Mask>, rows, g, static_cast<V const*>(scores),
+                             dpd, stats, dropped, dscores, scale, mask);
+    return;
+  }
+#endif
   for_each_index(D{}, rows, rows * g.keys(), [=] REMAT_LAMBDA(std::size_t t) {
     std::size_t const m = t / g.rb, r = t % g.rb, pos = g.r0 + r, n = pos + 1, keys = g.r0 + g.rb;
     std::size_t const at = m * g.panel_stride + r * g.ld, row = (g.first + m) * g.seq + pos, stream = row * g.seq;
