@@ -369,6 +369,16 @@ struct panel_geometry {
 #if REMAT_HAS_CUDA
 namespace detail {
 
+// Row t of a panel (matrix t / rb, row t % rb): its position `last` (it sees keys 0 .. last), where
+// it starts in the panel buffers, its row among the statistics and its dropout stream's offset.
+struct panel_row {
+  std::size_t last, at, row, stream;
+  __device__ static panel_row of(panel_geometry const& g, std::size_t t) {
+    std::size_t const m = t / g.rb, r = t % g.rb, last = g.r0 + r, row = (g.first + m) * g.seq + last;
+    return {last, m * g.panel_stride + r * g.ld, row, row * g.seq};
+  }
+};
+
 // The panels' rows on the GPU: a warp per row, its lanes striding the row (as causal_softmax_rows),
 // where one thread per row would read its row alone, 32 rows to a warp's every load. Each lane
 // rewrites only the elements it read, so probs may alias scores (and dropped scores, dscores dpd);
@@ -380,8 +390,7 @@ __global__ void __launch_bounds__(row_threads)
   unsigned const lane = threadIdx.x % 32;
   std::size_t const rows = g.count * g.rb, keys = g.keys();
   for (std::size_t t = first_warp_row(); t < rows; t += warp_row_stride()) {
-    std::size_t const m = t / g.rb, r = t % g.rb, last = g.r0 + r;
-    std::size_t const at = m * g.panel_stride + r * g.ld, row = (g.first + m) * g.seq + last, stream = row * g.seq;
+    auto const [last, at, row, stream] = panel_row::of(g, t);
     V const* z = scores + at;
     T* p = probs + at;
     V mx = z[0] * scale;
@@ -408,8 +417,7 @@ __global__ void __launch_bounds__(row_threads)
   unsigned const lane = threadIdx.x % 32;
   std::size_t const rows = g.count * g.rb, keys = g.keys();
   for (std::size_t t = first_warp_row(); t < rows; t += warp_row_stride()) {
-    std::size_t const m = t / g.rb, r = t % g.rb, last = g.r0 + r;
-    std::size_t const at = m * g.panel_stride + r * g.ld, row = (g.first + m) * g.seq + last, stream = row * g.seq;
+    auto const [last, at, row, stream] = panel_row::of(g, t);
     V const* z = scores + at;
     V const* d = dpd + at;
     T* pd = dropped + at;
