@@ -366,18 +366,22 @@ struct panel_geometry {
   REMAT_HOST_DEVICE std::size_t keys() const { return r0 + rb; }  // L: the keys the panel's last row sees
 };
 
-#if REMAT_HAS_CUDA
 namespace detail {
 
 // Row t of a panel (matrix t / rb, row t % rb): its position `last` (it sees keys 0 .. last), where
 // it starts in the panel buffers, its row among the statistics and its dropout stream's offset.
 struct panel_row {
   std::size_t last, at, row, stream;
-  __device__ static panel_row of(panel_geometry const& g, std::size_t t) {
+  REMAT_HOST_DEVICE static panel_row of(panel_geometry const& g, std::size_t t) {
     std::size_t const m = t / g.rb, r = t % g.rb, last = g.r0 + r, row = (g.first + m) * g.seq + last;
     return {last, m * g.panel_stride + r * g.ld, row, row * g.seq};
   }
 };
+
+}  // namespace detail
+
+#if REMAT_HAS_CUDA
+namespace detail {
 
 // The panels' rows on the GPU: a warp per row, its lanes striding the row (as causal_softmax_rows),
 // where one thread per row would read its row alone, 32 rows to a warp's every load. Each lane
@@ -458,8 +462,8 @@ void panel_softmax(D, panel_geometry g, V* scores, T* probs, V* stats, V scale, 
   }
 #endif
   for_each_index(D{}, rows, rows * g.keys(), [=] REMAT_LAMBDA(std::size_t t) {
-    std::size_t const m = t / g.rb, r = t % g.rb, pos = g.r0 + r, n = pos + 1, keys = g.r0 + g.rb;
-    std::size_t const at = m * g.panel_stride + r * g.ld, row = (g.first + m) * g.seq + pos, stream = row * g.seq;
+    auto const [last, at, row, stream] = detail::panel_row::of(g, t);
+    std::size_t const n = last + 1, keys = g.keys();
     V* z = scores + at;
     T* p = probs + at;
     V const k = scale;
@@ -493,8 +497,8 @@ void panel_softmax_backward(D, panel_geometry g, V* scores, V const* dpd, V cons
   }
 #endif
   for_each_index(D{}, rows, rows * g.keys(), [=] REMAT_LAMBDA(std::size_t t) {
-    std::size_t const m = t / g.rb, r = t % g.rb, pos = g.r0 + r, n = pos + 1, keys = g.r0 + g.rb;
-    std::size_t const at = m * g.panel_stride + r * g.ld, row = (g.first + m) * g.seq + pos, stream = row * g.seq;
+    auto const [last, at, row, stream] = detail::panel_row::of(g, t);
+    std::size_t const n = last + 1, keys = g.keys();
     V* z = scores + at;
     V const* d = dpd + at;
     T* pd = dropped + at;
