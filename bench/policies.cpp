@@ -543,7 +543,9 @@ int main(int argc, char** argv) {
     else if (a == "--profile") want_profile = true;
     else if (a == "--optimizer-bandwidth") optimizer = true;
     else if (a == "--offload-optimizer") offload_opt = true;
-#if !defined(REMAT_BENCH_CUDA)
+#if defined(REMAT_BENCH_CUDA)
+    else if (a == "--strided-batches") kernels::set_pointer_array_batches(false);  // attention's products per head
+#else
     else if (a == "--gemm32") {  // the fp32 host product: openblas or onednn (default: remat's choice)
       std::string const p = next();
       if (p != "openblas" && p != "onednn") {
@@ -564,7 +566,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--workload mlp|gpt] [--batch B] [--blocks N] [--policy P] [--precision fp32|bf16] [--steps S]"
-                   " [--warmup W] [--gemm32 openblas|onednn] [--input-gradient] [--profile]"
+                   " [--warmup W] [--gemm32 openblas|onednn (host)] [--strided-batches (GPU)] [--input-gradient] [--profile]"
                    " | --gemm-peak [--precision fp32|bf16] [--batch B] | --optimizer-bandwidth [--precision fp32|bf16]"
                    " | --offload-optimizer [--precision fp32|bf16] [--batch B]\n",
                    argv[0]);

@@ -7,7 +7,9 @@
 #             GPU example;
 #   bench     the product peak, the optimizer pass against a copy, the MLP (batch 8192, 16
 #             blocks) and the GPT (batch 64, 8 blocks; remat's policies with `stored_attention`, the
-#             stored GPT with AttentionCore, beside PyTorch's SDPA) beside the machine's PyTorch, eager and
+#             stored GPT with AttentionCore, beside PyTorch's SDPA; then the stored GPT with its
+#             attention's products as pointer-array batches and as strided ones, --strided-batches,
+#             timed and profiled) beside the machine's PyTorch, eager and
 #             torch.compile (bench/compare_torch.py --device cuda; PRECISIONS="bf16 fp32" for both
 #             precisions, CONFIGS for other MLP sizes, TORCH_POLICIES for more PyTorch policies
 #             than plain and checkpoint: each compiled run costs about a minute; remat's selective
@@ -32,7 +34,7 @@
 #             granules included, and the time split (not part of `all`).
 # Several modes may be named; they run in the order above. A 15-minute lease's plan, two calls
 # back to back (the machine stays warm 30 s): `.gpu/run.sh tests offload-gradients`, then
-# `MLP_POLICIES=stored,checkpoint,selective .gpu/run.sh bench` (estimated 7 and 5 minutes; the
+# `MLP_POLICIES=stored,checkpoint,selective .gpu/run.sh bench` (estimated 7 and 6 minutes; the
 # 7B run has not yet run on a GPU). Results go to $OUT (or /tmp/out).
 #   .gpu/run.sh [tests|bench|inference|conv|offload|offload-gradients|all]...
 set -uo pipefail
@@ -134,6 +136,17 @@ if want bench all; then
       --out "$out/policies-cuda$suffix" || status=1
     PYTHONUNBUFFERED=1 python3 bench/compare_torch.py "${common[@]}" --workload gpt --configs 64x8 \
       --policies stored,checkpoint,selective,recompute_attention,stored_attention --out "$out/gpt-cuda$suffix" || status=1
+    # The attention's batched products as one pointer-array product each (the default) against
+    # strided batches, one per head: the stored GPT's step and its profile, interleaved, twice.
+    for round in 1 2; do
+      for how in "" --strided-batches; do
+        echo "=== GPT stored $precision ${how:-(pointer arrays)} round $round" >> "$out/gpt-cuda-batches$suffix.log"
+        timeout 120 .gpu/bin/bench_policies_cuda --workload gpt --batch 64 --blocks 8 --policy stored \
+          --precision "$precision" --steps 5 --warmup 2 $how $([ $round = 2 ] && echo --profile) \
+          >> "$out/gpt-cuda-batches$suffix.log" 2>&1 || status=1
+      done
+    done
+    tail -n 40 "$out/gpt-cuda-batches$suffix.log"
   done
 fi
 exit $status

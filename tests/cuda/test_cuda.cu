@@ -149,27 +149,46 @@ TEST_CASE("cuda gemm: a product at an odd offset (2-byte aligned operands) still
     }
 }
 
-TEST_CASE("cuda gemm_batched: the attention layout (heads inside sequences) equals the host's", "[cuda][gemm]") {
-  // Up to 3 sequences x 2 heads of (4 x 5) * (5 x 4)^T products, the heads interleaved in each row:
-  // 6 and 5 products run as one batch per head (3 and 2 + 3 matrices a sequence apart), 2 as one.
-  std::size_t const group = 2;
-  index_t const m = 4, n = 4, k = 5, ld = 2 * k;
-  auto const av = random_values<float>(std::size_t(3 * m * ld), 7), bv = random_values<float>(std::size_t(3 * n * ld), 8);
-  kernels::batch_stride const s_in{m * ld, k}, s_out{2 * m * n, m * n};
-  for (std::size_t count : {6, 5, 2}) {
-    INFO(count << " products");
-    auto a = make<float>(3 * m, ld, av), b = make<float>(3 * n, ld, bv);
-    tensor<float, gpu> c(index_t(count) * m, n);
-    kernels::gemm_batched(gpu{}, {count, group}, kernels::lhs(a.data(), m, k, ld).batched(s_in),
-                          kernels::rhs(b.data(), n, k, ld).transposed().batched(s_in),
-                          kernels::result(c.data(), m, n).batched(s_out));
-    auto ah = make<float, host>(3 * m, ld, av), bh = make<float, host>(3 * n, ld, bv);
-    tensor<float, host> ch(index_t(count) * m, n);
-    kernels::gemm_batched(host{}, {count, group}, kernels::lhs(ah.data(), m, k, ld).batched(s_in),
-                          kernels::rhs(bh.data(), n, k, ld).transposed().batched(s_in),
-                          kernels::result(ch.data(), m, n).batched(s_out));
-    require_close(c.to_vector(), ch.to_vector(), 1e-5, "batched product");
+// Up to 3 sequences x `group` heads of (4 x 5) * (5 x 4)^T products, the heads interleaved in each
+// row: 3 group and 3 group - 1 products are unevenly spaced (one pointer-array product, or strided
+// batches: one per head for 2 heads, one per sequence for 3), `group` products run as one strided
+// batch. Each way equals the host's and gives the same bits run to run.
+template <class T, class Out>
+void check_attention_layout(double tol) {
+  for (std::size_t group : {2, 3}) {
+    index_t const m = 4, n = 4, k = 5, ld = index_t(group) * k;
+    auto const av = random_values<T>(std::size_t(3 * m * ld), 7), bv = random_values<T>(std::size_t(3 * n * ld), 8);
+    kernels::batch_stride const s_in{m * ld, k}, s_out{index_t(group) * m * n, m * n};
+    for (std::size_t count : {3 * group, 3 * group - 1, group}) {
+      auto ah = make<T, host>(3 * m, ld, av), bh = make<T, host>(3 * n, ld, bv);
+      tensor<Out, host> ch(index_t(count) * m, n);
+      kernels::gemm_batched(host{}, {count, group}, kernels::lhs(ah.data(), m, k, ld).batched(s_in),
+                            kernels::rhs(bh.data(), n, k, ld).transposed().batched(s_in),
+                            kernels::result(ch.data(), m, n).batched(s_out));
+      auto a = make<T>(3 * m, ld, av), b = make<T>(3 * n, ld, bv);
+      for (bool pointers : {true, false}) {
+        INFO(count << " products, " << group << " heads, pointer arrays " << (pointers ? "on" : "off"));
+        kernels::set_pointer_array_batches(pointers);
+        std::vector<Out> runs[2];
+        for (auto& run : runs) {
+          tensor<Out, gpu> c(index_t(count) * m, n);
+          kernels::gemm_batched(gpu{}, {count, group}, kernels::lhs(a.data(), m, k, ld).batched(s_in),
+                                kernels::rhs(b.data(), n, k, ld).transposed().batched(s_in),
+                                kernels::result(c.data(), m, n).batched(s_out));
+          run = c.to_vector();
+        }
+        require_close(runs[0], ch.to_vector(), tol, "batched product");
+        CHECK(bitwise_equal(runs[0], runs[1]));
+      }
+    }
   }
+  kernels::set_pointer_array_batches(true);  // (the default)
+}
+
+TEST_CASE("cuda gemm_batched: the attention layout (heads inside sequences) equals the host's", "[cuda][gemm]") {
+  check_attention_layout<float, float>(1e-5);
+  check_attention_layout<bf16, float>(1e-5);  // (the scores: fp32 sums of bf16 products, both sides)
+  check_attention_layout<bf16, bf16>(1e-2);   // (those sums rounded to bf16: an ulp apart at most)
 }
 
 TEST_CASE("cuda gemm: small products with split-K off or on follow the host's", "[cuda][gemm]") {
