@@ -172,30 +172,31 @@ inline std::unique_ptr<lt_plan> make_lt_plan(lt_key const& key) {
 
 // This thread's plan for `key`, made at its first use (null: a pointer-array batch cuBLASLt does
 // not run, remembered as such).
-inline lt_plan const* lt_plan_for(lt_key const& key) {
+inline std::unique_ptr<lt_plan>& lt_plan_for(lt_key const& key) {
   thread_local std::map<lt_key, std::unique_ptr<lt_plan>> plans;
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, make_lt_plan(key)).first;
-  return it->second.get();
+  return it->second;
 }
 
 // Runs a planned product on the current stream; a, b and c are the matrices, or for a
-// pointer-array batch the device arrays of their addresses.
-inline void lt_run(lt_plan const& plan, void const* alpha, void const* a, void const* b, void const* beta, void* c) {
+// pointer-array batch the device arrays of their addresses. Returns cuBLASLt's status.
+inline cublasStatus_t lt_run(lt_plan const& plan, void const* alpha, void const* a, void const* b, void const* beta,
+                             void* c) {
   // Every product that wants workspace takes a block of the same size, lt_workspace_limit: the
   // scratch allocator caches blocks by size, so one block serves all shapes (a product of a new
   // shape asks the system for nothing), as cuBLAS's own per-handle workspace does.
   std::optional<memory::scratch_buffer<cuda>> workspace;
   if (plan.workspace) workspace.emplace(lt_workspace_limit);
-  REMAT_CUBLAS_CHECK(cublasLtMatmul(REMAT_NAMESPACE::detail::cublaslt_handle::get(), plan.op, alpha, b, plan.first, a,
-                                    plan.second, beta, c, plan.out, c, plan.out, &plan.algo,
-                                    workspace ? workspace->get() : nullptr, plan.workspace, current_cuda_stream()));
+  return cublasLtMatmul(REMAT_NAMESPACE::detail::cublaslt_handle::get(), plan.op, alpha, b, plan.first, a, plan.second,
+                        beta, c, plan.out, c, plan.out, &plan.algo, workspace ? workspace->get() : nullptr,
+                        plan.workspace, current_cuda_stream());
 }
 
 // Runs one (possibly strided-batched) product on the current stream. alpha and beta point to
 // float (double for fp64 products).
 inline void lt_matmul(lt_key const& key, void const* alpha, void const* a, void const* b, void const* beta, void* c) {
-  lt_run(*lt_plan_for(key), alpha, a, b, beta, c);
+  REMAT_NAMESPACE::detail::cublas_check(lt_run(*lt_plan_for(key), alpha, a, b, beta, c), "cublasLtMatmul");
 }
 
 // Whether a batch of unevenly spaced matrices may run as one pointer-array product (on, the
@@ -227,12 +228,13 @@ __global__ void lt_fill_pointers(std::int32_t count, std::int32_t group, lt_spac
 
 // key.batch products of key's shape (key.pointers) whose operands are spaced as a, b and c say,
 // as one pointer-array product: two launches (the address arrays, then the product) where the
-// strided batches take one per head or per sequence. False, with nothing run, where pointer-array
-// batches are off or cuBLASLt has no algorithm for this one.
+// strided batches take one per head or per sequence. False, with no product run, where
+// pointer-array batches are off or cuBLASLt has no algorithm for this one, or refuses to run the
+// one it chose (then the plan is forgotten, and this shape takes the strided batches from then on).
 inline bool lt_matmul_pointers(lt_key const& key, std::int32_t group, lt_spaced a, lt_spaced b, lt_spaced c,
                                void const* alpha, void const* beta) {
   if (!lt_pointer_batches().load(std::memory_order_relaxed)) return false;
-  lt_plan const* plan = lt_plan_for(key);
+  std::unique_ptr<lt_plan>& plan = lt_plan_for(key);
   if (!plan) return false;
   static memory::growing_size sizes;
   std::size_t const count = std::size_t(key.batch);
@@ -241,7 +243,13 @@ inline bool lt_matmul_pointers(lt_key const& key, std::int32_t group, lt_spaced 
   unsigned const grid = unsigned(std::min<std::size_t>((count + 255) / 256, 1024));
   lt_fill_pointers<<<grid, 256, 0, current_cuda_stream()>>>(key.batch, group, a, b, c, p);
   REMAT_CUDA_CHECK(cudaGetLastError());
-  lt_run(*plan, alpha, p, p + count, beta, const_cast<void*>(static_cast<void const*>(p + 2 * count)));
+  cublasStatus_t const ran =
+      lt_run(*plan, alpha, p, p + count, beta, const_cast<void*>(static_cast<void const*>(p + 2 * count)));
+  if (ran == CUBLAS_STATUS_NOT_SUPPORTED || ran == CUBLAS_STATUS_INVALID_VALUE) {
+    plan.reset();
+    return false;
+  }
+  REMAT_NAMESPACE::detail::cublas_check(ran, "cublasLtMatmul (a pointer-array batch)");
   return true;
 }
 
