@@ -599,6 +599,12 @@ int main(int argc, char** argv) {
 #endif
   }
 #if defined(REMAT_BENCH_CUDA)
+  struct report_pointer_products {  // (on stderr at exit: whether cuBLASLt took them here)
+    ~report_pointer_products() {
+      std::fprintf(stderr, "pointer-array products run: %llu\n",
+                   static_cast<unsigned long long>(kernels::detail::lt_pointer_products().load()));
+    }
+  } const report;
   switch (blocks) {  // (the GPU build carries the sizes the GPU benchmark runs: compile time)
     case 8: return bf ? dispatch<8, B>(workload, policy, batch, steps, warmup) : dispatch<8, fp32>(workload, policy, batch, steps, warmup);
     case 16: return bf ? dispatch<16, B>(workload, policy, batch, steps, warmup) : dispatch<16, fp32>(workload, policy, batch, steps, warmup);

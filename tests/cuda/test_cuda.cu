@@ -169,6 +169,7 @@ void check_attention_layout(double tol) {
       for (bool pointers : {true, false}) {
         INFO(count << " products, " << group << " heads, pointer arrays " << (pointers ? "on" : "off"));
         kernels::set_pointer_array_batches(pointers);
+        std::uint64_t const before = kernels::detail::lt_pointer_products().load();
         std::vector<Out> runs[2];
         for (auto& run : runs) {
           tensor<Out, gpu> c(index_t(count) * m, n);
@@ -179,6 +180,10 @@ void check_attention_layout(double tol) {
         }
         require_close(runs[0], ch.to_vector(), tol, "batched product");
         CHECK(bitwise_equal(runs[0], runs[1]));
+        std::uint64_t const ran = kernels::detail::lt_pointer_products().load() - before;
+        if (!pointers || count == group) CHECK(ran == 0);  // (strided batches only)
+        else if (ran == 0) WARN("cuBLASLt took no pointer-array product for " << count << " products of " << group
+                                 << " heads: the strided batches ran (the fallback)");
       }
     }
   }

@@ -206,6 +206,13 @@ inline std::atomic<bool>& lt_pointer_batches() {
   return on;
 }
 
+// How many pointer-array products this process has run (what a test or a benchmark reports:
+// whether cuBLASLt took them on this GPU).
+inline std::atomic<std::uint64_t>& lt_pointer_products() {
+  static std::atomic<std::uint64_t> n{0};
+  return n;
+}
+
 // Matrix i of an operand in a pointer-array batch: base + (i / group) * outer + (i % group) * inner,
 // in bytes.
 struct lt_spaced {
@@ -250,6 +257,7 @@ inline bool lt_matmul_pointers(lt_key const& key, std::int32_t group, lt_spaced 
     return false;
   }
   REMAT_NAMESPACE::detail::cublas_check(ran, "cublasLtMatmul (a pointer-array batch)");
+  lt_pointer_products().fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
