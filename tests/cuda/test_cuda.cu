@@ -246,6 +246,45 @@ TEST_CASE("cuda expressions: fused point-wise kernels and reductions equal the h
   CHECK(std::isnan(double(max_of(n))));
 }
 
+TEST_CASE("cuda row passes: a bias over rows runs by rows (no division per element), bit for bit as by element",
+          "[cuda][expr]") {
+  // One short row, an odd width, narrow rows that share a block (85 rows of 3), more rows than the
+  // grid has (its 2^16 blocks: the rows' stride loop) and a row wider than 2^16 blocks of 256
+  // threads (the columns' stride loop).
+  for (auto [rows, cols] : {std::array<std::size_t, 2>{1, 7}, {3, 1000}, {70001, 3}, {20000, 1000},
+                            {1, (std::size_t(1) << 24) + 300}}) {
+    INFO(rows << " x " << cols);
+    auto const zv = random_values<bf16>(rows * cols, 21, -4, 4), rv = random_values<bf16>(rows * cols, 23);
+    auto const bv = random_values<bf16>(cols, 22);
+    index_t const r = index_t(rows), c = index_t(cols);
+    auto z = make<bf16>(r, c, zv), res = make<bf16>(r, c, rv), b = make<bf16>(1, c, bv);
+    auto zh = make<bf16, host>(r, c, zv), resh = make<bf16, host>(r, c, rv), bh = make<bf16, host>(1, c, bv);
+    // The MLP's bias + GELU pass: evaluate takes transform_rows; the same expression element by
+    // element (transform, each column i % cols) gives the same bits; the host's agree to rounding.
+    auto const e = gelu(to_expr(z) + broadcast_rows(b, rows));
+    tensor<bf16, gpu> y(r, c), by_element(r, c);
+    evaluate(y, e);
+    kernels::transform(gpu{}, rows * cols, by_element.data(), expr::detail::store_fn<bf16, float, decltype(e)>{e});
+    auto const got = y.to_vector();
+    CHECK(bitwise_equal(got, by_element.to_vector()));
+    tensor<bf16, host> yh(r, c);
+    evaluate(yh, gelu(to_expr(zh) + broadcast_rows(bh, rows)));
+    auto const want = yh.to_vector();
+    double worst = 0;  // (one check for all: require_close's message per element is slow at 2^24)
+    for (std::size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::fabs(as_double(got[i]) - as_double(want[i])) / (1.0 + std::fabs(as_double(want[i]))));
+    CHECK(worst <= 8e-3);  // a bf16 rounding apart at most
+    // The Residual's epilogue, y = (z + b) + r and y = z + r: only roundings of sums, so the host's bits.
+    for (bool with_bias : {true, false}) {
+      tensor<bf16, gpu> out(r, c);
+      tensor<bf16, host> outh(r, c);
+      kernels::bias_residual(gpu{}, rows, cols, z.data(), with_bias ? b.data() : nullptr, res.data(), out.data());
+      kernels::bias_residual(host{}, rows, cols, zh.data(), with_bias ? bh.data() : nullptr, resh.data(), outh.data());
+      CHECK(bitwise_equal(out.to_vector(), outh.to_vector()));
+    }
+  }
+}
+
 TEST_CASE("cuda column sums: the bias gradient equals the host's", "[cuda][kernels]") {
   for (auto [rows, cols] : {std::array<index_t, 2>{1, 7}, {300, 33}, {1025, 130}}) {
     auto const xv = random_values<bf16>(std::size_t(rows * cols), unsigned(rows));

@@ -127,7 +127,7 @@ void causal_softmax(D, V* scores, T* probs, std::size_t count, std::size_t seq, 
     return;
   }
 #endif
-  for_each_index(D{}, rows, rows * seq, [=] REMAT_LAMBDA(std::size_t r) {
+  for_each_index(host{}, rows, rows * seq, [=] REMAT_LAMBDA(std::size_t r) {
     V* const z = scores + r * seq;
     T* const p = probs + r * seq;
     V* w = z;
@@ -162,7 +162,7 @@ void causal_softmax_backward(D, T const* probs, V const* dpd, Out* dscores, std:
     return;
   }
 #endif
-  for_each_index(D{}, rows, rows * seq, [=] REMAT_LAMBDA(std::size_t r) {
+  for_each_index(host{}, rows, rows * seq, [=] REMAT_LAMBDA(std::size_t r) {
     std::size_t const base = r * seq;
     detail::causal_softmax_backward_row<V, T, Out>(probs + base, dpd + base, dscores + base, r % seq + 1, seq, base,
                                                    scale, mask);
@@ -461,7 +461,7 @@ void panel_softmax(D, panel_geometry g, V* scores, T* probs, V* stats, V scale, 
     return;
   }
 #endif
-  for_each_index(D{}, rows, rows * g.keys(), [=] REMAT_LAMBDA(std::size_t t) {
+  for_each_index(host{}, rows, rows * g.keys(), [=] REMAT_LAMBDA(std::size_t t) {
     auto const [last, at, row, stream] = detail::panel_row::of(g, t);
     std::size_t const n = last + 1, keys = g.keys();
     V* z = scores + at;
@@ -496,7 +496,7 @@ void panel_softmax_backward(D, panel_geometry g, V* scores, V const* dpd, V cons
     return;
   }
 #endif
-  for_each_index(D{}, rows, rows * g.keys(), [=] REMAT_LAMBDA(std::size_t t) {
+  for_each_index(host{}, rows, rows * g.keys(), [=] REMAT_LAMBDA(std::size_t t) {
     auto const [last, at, row, stream] = detail::panel_row::of(g, t);
     std::size_t const n = last + 1, keys = g.keys();
     V* z = scores + at;

@@ -19,31 +19,23 @@ struct bias_residual_fn {
   T const* z;     // the product
   T const* bias;  // one per column, or null
   T const* r;     // the residual
-  std::size_t cols;
   REMAT_HOST_DEVICE T operator()(std::size_t i, std::size_t c) const {
     using V = compute_type_t<T>;
     V zb = to_compute<V>(z[i]);
     if (bias) zb = to_compute<V>(from_compute<T>(zb + to_compute<V>(bias[c])));
     return from_compute<T>(zb + to_compute<V>(r[i]));
   }
-  REMAT_HOST_DEVICE T operator()(std::size_t i) const { return (*this)(i, i % cols); }
 };
 
 }  // namespace detail
 
 // y = (z + bias) + r over a row-major rows x cols matrix (bias: one value per column, or null for
 // y = z + r), each sum rounded to T. y may be z or r.
-template <class T>
-void bias_residual(host, std::size_t rows, std::size_t cols, T const* z, T const* bias, T const* r, T* y) {
-  transform_rows(host{}, rows, cols, y, detail::bias_residual_fn<T>{z, bias, r, cols});
+template <class T, class D>
+  requires is_device_v<D>
+void bias_residual(D, std::size_t rows, std::size_t cols, T const* z, T const* bias, T const* r, T* y) {
+  transform_rows(D{}, rows, cols, y, detail::bias_residual_fn<T>{z, bias, r});
 }
-
-#if REMAT_HAS_CUDA
-template <class T>
-void bias_residual(cuda, std::size_t rows, std::size_t cols, T const* z, T const* bias, T const* r, T* y) {
-  transform(cuda{}, rows * cols, y, detail::bias_residual_fn<T>{z, bias, r, cols});
-}
-#endif
 
 }  // namespace kernels
 }  // namespace REMAT_NAMESPACE

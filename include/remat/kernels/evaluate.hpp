@@ -74,13 +74,12 @@ void evaluate(Out&& out, E const& e) {
                                                 " like the destination, found ", expr::detail::rows_of(x.size(), x.cols()),
                                                 " x ", x.cols());
   using V = compute_t<X, T>;
-  if constexpr (std::is_same_v<D, host>) {
-    // A bias (a row broadcast): a pass over rows, each element's column known.
-    std::size_t const w = broadcast_width(x);
-    if (w != 0 && w != any_size && n % w == 0) {
-      kernels::transform_rows(D{}, n / w, w, out.data(), detail::store_at_fn<T, V, X>{x}, element_cost_v<X>);
-      return;
-    }
+  // A bias (a row broadcast): a pass over rows, each element's column known (no division by the
+  // row's width per element, on either device).
+  std::size_t const w = broadcast_width(x);
+  if (w != 0 && w != any_size && n % w == 0) {
+    kernels::transform_rows(D{}, n / w, w, out.data(), detail::store_at_fn<T, V, X>{x}, element_cost_v<X>);
+    return;
   }
   kernels::transform(D{}, n, out.data(), detail::store_fn<T, V, X>{x}, element_cost_v<X>);
 }

@@ -209,7 +209,7 @@ void batch_norm_forward_training(D, planes const& p, T const* x, T const* gamma,
   }
 #endif
   V const count = V(p.batch * p.plane);
-  for_each_index(D{}, p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t c) {
+  for_each_index(host{}, p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t c) {
     V const m = detail::channel_sum<V>(p, c, [&](std::size_t i) { return V(x[i]); }) / count;
     V const q = detail::channel_sum<V>(p, c, [&](std::size_t i) {
       V const d = V(x[i]) - m;
@@ -243,7 +243,7 @@ void batch_norm_forward_inference(D, planes const& p, T const* x, T const* gamma
     return;
   }
 #endif
-  for_each_index(D{}, p.batch * p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t k) {
+  for_each_index(host{}, p.batch * p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t k) {
     std::size_t const c = k % p.channels;
     V const a = V(gamma[c]) / math::sqrt(V(running_var[c]) + V(eps)), b = V(beta[c]) - V(running_mean[c]) * a;
     T const* xr = x + k * p.plane;
@@ -278,7 +278,7 @@ void batch_norm_backward(D, planes const& p, T const* x, T const* gamma, compute
   }
 #endif
   V const count = V(p.batch * p.plane);
-  for_each_index(D{}, p.channels, 2 * p.size(), [=] REMAT_LAMBDA(std::size_t c) {
+  for_each_index(host{}, p.channels, 2 * p.size(), [=] REMAT_LAMBDA(std::size_t c) {
     V const m = mean[c], r = rstd[c];
     V const sd = detail::channel_sum<V>(p, c, [&](std::size_t i) { return V(dy[i]); });
     V const sdx = detail::channel_sum<V>(p, c, [&](std::size_t i) { return V(dy[i]) * ((V(x[i]) - m) * r); });
@@ -311,7 +311,7 @@ void group_norm_forward(D, planes const& p, std::size_t groups, T const* x, T co
   }
 #endif
   std::size_t const per = p.channels / groups, span = per * p.plane;
-  for_each_index(D{}, p.batch * groups, p.size(), [=] REMAT_LAMBDA(std::size_t k) {
+  for_each_index(host{}, p.batch * groups, p.size(), [=] REMAT_LAMBDA(std::size_t k) {
     std::size_t const n = k / groups, g = k % groups;
     T const* xg = x + n * p.image() + g * span;
     V const m = detail::row_sum<V>(span, [&](std::size_t i) { return V(xg[i]); }) / V(span);
@@ -350,7 +350,7 @@ void group_norm_backward(D, planes const& p, std::size_t groups, T const* x, T c
   }
 #endif
   std::size_t const per = p.channels / groups, span = per * p.plane;
-  for_each_index(D{}, p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t c) {
+  for_each_index(host{}, p.channels, p.size(), [=] REMAT_LAMBDA(std::size_t c) {
     std::size_t const g = c / per;
     V sdx = 0, sd = 0;
     for (std::size_t n = 0; n < p.batch; ++n) {
@@ -363,7 +363,7 @@ void group_norm_backward(D, planes const& p, std::size_t groups, T const* x, T c
     dbeta[c] = G(V(dbeta[c]) + sd);
   });
   if (!dx) return;
-  for_each_index(D{}, p.batch * groups, 2 * p.size(), [=] REMAT_LAMBDA(std::size_t k) {
+  for_each_index(host{}, p.batch * groups, 2 * p.size(), [=] REMAT_LAMBDA(std::size_t k) {
     std::size_t const n = k / groups, g = k % groups;
     std::size_t const base = n * p.image() + g * span;
     V const m = mean[k], r = rstd[k];

@@ -157,7 +157,7 @@ void layer_norm_forward(D, T const* x, T const* gamma, T const* beta, std::size_
     return;
   }
 #endif
-  for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
+  for_each_index(host{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
     V const mean = detail::row_sum<V>(w, [&](std::size_t i) { return to_compute<V>(xr[i]); }) / V(w);
     V const q = detail::row_sum<V>(w, [&](std::size_t i) {
@@ -245,7 +245,7 @@ void rms_norm_forward(D, T const* x, T const* gamma, std::size_t rows, std::size
     return;
   }
 #endif
-  for_each_index(D{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
+  for_each_index(host{}, rows, rows * w, [=] REMAT_LAMBDA(std::size_t r) {
     T const* xr = x + r * w;
     V const q = detail::row_sum<V>(w, [&](std::size_t i) {
       V const v = to_compute<V>(xr[i]);

@@ -92,7 +92,7 @@ void for_each_window(D, std::size_t planes_count, pool_shape const& s, T const* 
     return;
   }
 #endif
-  for_each_index(D{}, planes_count, planes_count * hw, [=] REMAT_LAMBDA(std::size_t k) {
+  for_each_index(host{}, planes_count, planes_count * hw, [=] REMAT_LAMBDA(std::size_t k) {
     for (std::size_t oi = 0; oi < ho; ++oi)
       for (std::size_t oj = 0; oj < wo; ++oj)
         y[k * ho * wo + oi * wo + oj] = f(x + k * hw + oi * s.stride * s.width + oj * s.stride);
@@ -129,7 +129,7 @@ void max_pool_backward(D, std::size_t planes_count, pool_shape const& s, T const
     return;
   }
 #endif
-  for_each_index(D{}, planes_count, planes_count * hw, [=] REMAT_LAMBDA(std::size_t k) {
+  for_each_index(host{}, planes_count, planes_count * hw, [=] REMAT_LAMBDA(std::size_t k) {
     T const* xp = x + k * hw;
     T* dxp = dx + k * hw;
     for (std::size_t i = 0; i < hw; ++i) dxp[i] = T(0);
@@ -170,7 +170,7 @@ void avg_pool_backward(D, std::size_t planes_count, pool_shape const& s, T const
     return;
   }
 #endif
-  for_each_index(D{}, planes_count, planes_count * hw, [=] REMAT_LAMBDA(std::size_t k) {
+  for_each_index(host{}, planes_count, planes_count * hw, [=] REMAT_LAMBDA(std::size_t k) {
     T* dxp = dx + k * hw;
     for (std::size_t i = 0; i < hw; ++i) dxp[i] = T(0);
     for (std::size_t oi = 0; oi < ho; ++oi)
@@ -198,7 +198,7 @@ void upsample_nearest_forward(D, std::size_t planes_count, std::size_t height, s
     return;
   }
 #endif
-  for_each_index(D{}, planes_count, planes_count * ho * wo, [=] REMAT_LAMBDA(std::size_t k) {
+  for_each_index(host{}, planes_count, planes_count * ho * wo, [=] REMAT_LAMBDA(std::size_t k) {
     T const* xp = x + k * height * width;
     T* yp = y + k * ho * wo;
     for (std::size_t i = 0; i < ho; ++i)

@@ -1,7 +1,9 @@
 // Row-wise building blocks: run f(i) for every index on the device's threads, and column sums
 // (the gradient of a bias broadcast over rows), accumulated in the compute type. A kernel written
 // once for both devices takes `device_tag D` and passes `[=] REMAT_LAMBDA(std::size_t i) {...}` to
-// for_each_index: OpenMP threads on the host, one GPU thread per index on CUDA.
+// for_each_index: OpenMP threads on the host, one GPU thread per index on CUDA. A kernel that has
+// GPU kernels of its own returns after them for cuda and passes host{} to the for_each_index of
+// its host loop, so that nvcc compiles no device copy of that loop that nothing would launch.
 #pragma once
 
 #include "../device.hpp"

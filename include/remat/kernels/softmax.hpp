@@ -56,7 +56,7 @@ void softmax_cross_entropy(D, T const* logits, std::int32_t const* labels, std::
     return;
   }
 #endif
-  for_each_index(D{}, rows, rows * classes, [=] REMAT_LAMBDA(std::size_t r) {
+  for_each_index(host{}, rows, rows * classes, [=] REMAT_LAMBDA(std::size_t r) {
     T const* z = logits + r * classes;
     V const m = detail::row_max<V>(classes, [&](std::size_t c) { return to_compute<V>(z[c]); });
     V const s = detail::row_sum<V>(classes, [&](std::size_t c) { return math::exp(to_compute<V>(z[c]) - m); });
