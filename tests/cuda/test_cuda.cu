@@ -285,6 +285,41 @@ TEST_CASE("cuda row passes: a bias over rows runs by rows (no division per eleme
   }
 }
 
+namespace {
+struct copy_uniform {
+  REMAT_HOST_DEVICE float operator()(std::size_t, float u) const { return u; }
+};
+}  // namespace
+
+TEST_CASE("cuda random passes: a thread a Philox block gives the host's numbers; dropout's pass the host's bits",
+          "[cuda][kernels]") {
+  // offsets at and inside a block and across the counter's upper word; lengths ending inside a
+  // block, and more blocks than the grid's 2^16 x 256 threads (the grid-stride loop)
+  std::uint64_t const seed = 0x0123456789abcdefull, stream = 0xfedcba9876543210ull;
+  for (std::uint64_t offset : {0ull, 1ull, 3ull, (1ull << 34) - 4101ull})
+    for (std::size_t n : {std::size_t(1), std::size_t(5), std::size_t(1025), (std::size_t(1) << 26) + 3}) {
+      INFO("offset " << offset << ", " << n << " elements");
+      tensor<float, gpu> u(index_t(n), 1);
+      std::vector<float> want(n);
+      kernels::transform_uniform(gpu{}, n, u.data(), {seed, stream, offset}, copy_uniform{});
+      kernels::transform_uniform(host{}, n, want.data(), {seed, stream, offset}, copy_uniform{});
+      CHECK(bitwise_equal(u.to_vector(), want));
+    }
+  // Dropout's masked pass: the host's bits, and those of the element-by-element expression
+  auto const xv = random_values<bf16>(7 * 1001, 31);
+  auto x = make<bf16>(7, 1001, xv);
+  auto xh = make<bf16, host>(7, 1001, xv);
+  expr::dropout_mask const mask{{}, {17, 3, 4099}, 0.1f, float(1.0 / 0.9)};
+  tensor<bf16, gpu> y(7, 1001), by_element(7, 1001);
+  tensor<bf16, host> yh(7, 1001);
+  expr::apply_mask(y, x, mask);
+  evaluate(by_element, x * mask);
+  expr::apply_mask(yh, xh, mask);
+  auto const got = y.to_vector();
+  CHECK(bitwise_equal(got, by_element.to_vector()));
+  CHECK(bitwise_equal(got, yh.to_vector()));
+}
+
 TEST_CASE("cuda column sums: the bias gradient equals the host's", "[cuda][kernels]") {
   for (auto [rows, cols] : {std::array<index_t, 2>{1, 7}, {300, 33}, {1025, 130}}) {
     auto const xv = random_values<bf16>(std::size_t(rows * cols), unsigned(rows));

@@ -11,6 +11,7 @@
 #include "../numeric/math.hpp"
 #include "detail/cuda_rows.hpp"
 #include "gemm.hpp"
+#include "random.hpp"
 #include "rows.hpp"
 
 #include <atomic>
@@ -100,15 +101,14 @@ REMAT_HOST_DEVICE void causal_softmax_row(V const* z, V* w, T* p, std::size_t n,
   for (std::size_t c = n; c < seq; ++c) p[c] = from_compute<T>(V(0));
 }
 
-// One row of causal_softmax_backward on the host, row `base / seq` of the batch (its dropout
-// mask's elements from base): d = scale * p o (g o mask - dot) over [0, n), with dot the row's sum
-// of g o mask o p, and zeros over [n, seq).
-template <class V, class T, class Out, class Mask>
+// One row of causal_softmax_backward on the host: d = scale * p o (g o f - dot) over [0, n), with
+// f(c) the dropout mask of the row's element c and dot the row's sum of g o f o p, and zeros over
+// [n, seq).
+template <class V, class T, class Out, class F>
 REMAT_HOST_DEVICE void causal_softmax_backward_row(T const* p, V const* g, Out* d, std::size_t n, std::size_t seq,
-                                                   std::size_t base, V scale, Mask const& mask) {
-  V const dot = row_sum<V>(n, [&](std::size_t c) { return g[c] * mask(base + c) * to_compute<V>(p[c]); });
-  for (std::size_t c = 0; c < n; ++c)
-    d[c] = from_compute<Out>(scale * to_compute<V>(p[c]) * (g[c] * mask(base + c) - dot));
+                                                   V scale, F const& f) {
+  V const dot = row_sum<V>(n, [&](std::size_t c) { return g[c] * f(c) * to_compute<V>(p[c]); });
+  for (std::size_t c = 0; c < n; ++c) d[c] = from_compute<Out>(scale * to_compute<V>(p[c]) * (g[c] * f(c) - dot));
   for (std::size_t c = n; c < seq; ++c) d[c] = from_compute<Out>(V(0));
 }
 
@@ -146,7 +146,49 @@ template <class V, class M>
 struct mask_values {
   M m;  // the mask's expression
   REMAT_HOST_DEVICE V operator()(std::size_t i) const { return m.template eval<V>(i); }  // M's element i
+  // Elements first .. first + n - 1 into out, on the host: a mask that draws from a Philox stream
+  // (stream() and value(u): a dropout mask) makes each block once for its four elements.
+  void values(std::size_t first, std::size_t n, V* out) const {
+    if constexpr (requires { m.stream(); }) {
+      uniform_stream s = m.stream();
+      s.offset += first;
+      detail::host_transform_uniform(out, 0, n, s, value_fn{m});
+    } else {
+      for (std::size_t c = 0; c < n; ++c) out[c] = (*this)(first + c);
+    }
+  }
+
+ private:
+  struct value_fn {
+    M m;
+    V operator()(std::size_t, float u) const { return m.template value<V>(u); }
+  };
 };
+
+namespace detail {
+
+// The longest row whose mask a host row pass draws at once (the values on its thread's stack).
+inline constexpr std::size_t row_mask_length = 2048;
+
+// body(f), f(c) the mask of the row's element c (element first + c of the mask), on the host: from
+// the row's values drawn at once where the mask can (mask_values of a dropout mask, rows of at
+// most row_mask_length), else element by element (and always without dropout: no_mask's 1).
+template <class V, class Mask, class Body>
+REMAT_HOST_DEVICE void with_row_mask(Mask const& mask, std::size_t first, std::size_t n, Body const& body) {
+#if !REMAT_DEVICE_CODE
+  if constexpr (requires(V* out) { mask.values(first, n, out); }) {
+    if (n <= row_mask_length) {
+      V f[row_mask_length];
+      mask.values(first, n, f);
+      body([&] REMAT_HOST_LAMBDA(std::size_t c) { return f[c]; });
+      return;
+    }
+  }
+#endif
+  body([&] REMAT_HOST_LAMBDA(std::size_t c) { return mask(first + c); });
+}
+
+}  // namespace detail
 
 // The gradient of the scores: dscores = scale * P o (dP - sum_c dP o P) with dP = dpd o mask,
 // where dpd is the gradient of the probabilities after dropout and mask(i) the dropout factor of
@@ -163,9 +205,10 @@ void causal_softmax_backward(D, T const* probs, V const* dpd, Out* dscores, std:
   }
 #endif
   for_each_index(host{}, rows, rows * seq, [=] REMAT_LAMBDA(std::size_t r) {
-    std::size_t const base = r * seq;
-    detail::causal_softmax_backward_row<V, T, Out>(probs + base, dpd + base, dscores + base, r % seq + 1, seq, base,
-                                                   scale, mask);
+    std::size_t const base = r * seq, n = r % seq + 1;
+    detail::with_row_mask<V>(mask, base, n, [&] REMAT_HOST_LAMBDA(auto const& f) {
+      detail::causal_softmax_backward_row<V, T, Out>(probs + base, dpd + base, dscores + base, n, seq, scale, f);
+    });
   });
 }
 
@@ -309,7 +352,9 @@ struct attention_softmax_backward_rows {
   Mask const& mask;
   REMAT_HOST_DEVICE void operator()(V const* g, std::size_t row, std::size_t n, std::size_t seq) const {
     std::size_t const base = row * seq;
-    causal_softmax_backward_row<V, T, T>(probs + base, g, dscores + base, n, seq, base, scale, mask);
+    with_row_mask<V>(mask, base, n, [&] REMAT_HOST_LAMBDA(auto const& f) {
+      causal_softmax_backward_row<V, T, T>(probs + base, g, dscores + base, n, seq, scale, f);
+    });
   }
 #if REMAT_HAS_CUDA
   void launch(std::size_t rows, V const* g, causal_rows c) const {
@@ -472,10 +517,9 @@ void panel_softmax(D, panel_geometry g, V* scores, T* probs, V* stats, V scale, 
     V const inv = V(1) / detail::row_sum<V>(n, [&](std::size_t c) { return z[c]; });
     stats[2 * row] = mx;
     stats[2 * row + 1] = inv;
-    for (std::size_t c = 0; c < n; ++c) {
-      T const pt = from_compute<T>(z[c] * inv);
-      p[c] = from_compute<T>(to_compute<V>(pt) * mask(stream + c));
-    }
+    detail::with_row_mask<V>(mask, stream, n, [&] REMAT_HOST_LAMBDA(auto const& f) {
+      for (std::size_t c = 0; c < n; ++c) p[c] = from_compute<T>(to_compute<V>(from_compute<T>(z[c] * inv)) * f(c));
+    });
     for (std::size_t c = n; c < keys; ++c) p[c] = from_compute<T>(V(0));
   });
 }
@@ -505,12 +549,14 @@ void panel_softmax_backward(D, panel_geometry g, V* scores, V const* dpd, V cons
     T* ds = dscores + at;
     V const k = scale, mx = stats[2 * row], inv = stats[2 * row + 1];
     for (std::size_t c = 0; c < n; ++c) z[c] = math::exp(z[c] * k - mx) * inv;
-    V const dot = detail::row_sum<V>(n, [&](std::size_t c) { return d[c] * mask(stream + c) * z[c]; });
-    for (std::size_t c = 0; c < n; ++c) {
-      V const p = z[c], f = mask(stream + c);
-      ds[c] = from_compute<T>(k * p * (d[c] * f - dot));  // (read before pd, which may alias z)
-      pd[c] = from_compute<T>(to_compute<V>(from_compute<T>(p)) * f);
-    }
+    detail::with_row_mask<V>(mask, stream, n, [&] REMAT_HOST_LAMBDA(auto const& f) {
+      V const dot = detail::row_sum<V>(n, [&](std::size_t c) { return d[c] * f(c) * z[c]; });
+      for (std::size_t c = 0; c < n; ++c) {
+        V const p = z[c], fc = f(c);
+        ds[c] = from_compute<T>(k * p * (d[c] * fc - dot));  // (read before pd, which may alias z)
+        pd[c] = from_compute<T>(to_compute<V>(from_compute<T>(p)) * fc);
+      }
+    });
     for (std::size_t c = n; c < keys; ++c) {
       ds[c] = from_compute<T>(V(0));
       pd[c] = from_compute<T>(V(0));

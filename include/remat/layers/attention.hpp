@@ -127,7 +127,7 @@ struct AttentionCore : detail::attention_function<W, H, P> {
       std::uint64_t const offset = s.draw(count * seq * seq);
       s.save_counter(offset);
       dropped = s.make(count * seq, seq);
-      if constexpr (S::computes) evaluate(*dropped, *probs * Dropout<P>::mask(s.random(offset)));
+      if constexpr (S::computes) expr::apply_mask(*dropped, *probs, Dropout<P>::mask(s.random(offset)));
     }
     A y = s.make(rows, W);
     if constexpr (S::computes)
@@ -158,7 +158,7 @@ struct AttentionCore : detail::attention_function<W, H, P> {
       A dropped = probs;
       if (drops) {
         dropped = s.make(count * seq, seq);
-        if constexpr (S::computes) evaluate(*dropped, *probs * Dropout<P>::mask(s.random(offset)));
+        if constexpr (S::computes) expr::apply_mask(*dropped, *probs, Dropout<P>::mask(s.random(offset)));
       }
       if constexpr (S::computes)  // key tile j is seen by positions j's first .. seq - 1
         for_row_tiles(seq, [&](index_t c0, index_t cb) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "../kernels/detail/thrust.hpp"
+#include "../kernels/random.hpp"
 #include "../numeric/compute.hpp"
 #include "../numeric/philox.hpp"
 #include "../tensor/tensor.hpp"
@@ -72,15 +73,20 @@ namespace init {
 // and the parameter's position, whatever the order of initialisation.
 inline constexpr std::uint64_t init_stream = 0x1417'0000'0000'0000ull;
 
+namespace detail {
+template <class T>
+struct uniform_init_fn {
+  double bound;
+  T operator()(std::size_t, float u) const { return T((2.0 * double(u) - 1.0) * bound); }
+};
+}  // namespace detail
+
 // p[0, n) from U(-bound, bound): element i from the model's parameter global_offset + i.
 // (Each element is a pure function of its position: split across the host's threads, the same
-// values.)
+// values; each Philox block made once for its four parameters.)
 template <class T>
 void uniform(T* p, std::size_t n, std::size_t global_offset, std::uint64_t seed, double bound) {
-  kernels::detail::host_split(n, n, [&](std::size_t first, std::size_t last) {
-    for (std::size_t i = first; i < last; ++i)
-      p[i] = T((2.0 * double(philox::uniform(seed, init_stream, global_offset + i)) - 1.0) * bound);
-  });
+  kernels::transform_uniform(host{}, n, p, {seed, init_stream, global_offset}, detail::uniform_init_fn<T>{bound});
 }
 
 template <class T>

@@ -5,11 +5,13 @@
 #pragma once
 
 #include "../kernels/evaluate.hpp"
+#include "../kernels/random.hpp"
 #include "../numeric/philox.hpp"
 #include "layer.hpp"
 
 #include <bit>
 #include <cstdint>
+#include <type_traits>
 
 namespace REMAT_NAMESPACE {
 
@@ -50,12 +52,50 @@ struct dropout_mask : expr_base {
   float scale;                              // the value of a kept element: 1 / (1 - p)
   constexpr std::size_t size() const { return any_size; }  // (as long as what it multiplies)
   constexpr std::size_t cols() const { return any_size; }  // (shaped as what it multiplies)
+  // The mask value of an element whose uniform number is u, as V.
+  template <class V>
+  REMAT_HOST_DEVICE V value(float u) const {
+    return u < p ? V(0) : V(scale);
+  }
   // Element i's mask value, as V.
   template <class V>
   REMAT_HOST_DEVICE V eval(std::size_t i) const {
-    return philox::uniform(draw.seed, draw.stream, draw.offset + i) < p ? V(0) : V(scale);
+    return value<V>(philox::uniform(draw.seed, draw.stream, draw.offset + i));
+  }
+  // Where its uniform numbers come from, for kernels::transform_uniform.
+  constexpr kernels::uniform_stream stream() const { return {draw.seed, draw.stream, draw.offset}; }
+};
+
+namespace detail {
+
+// x o mask in the compute type V, stored as T: the expression x * mask's element, from the
+// element's uniform number (for kernels::transform_uniform).
+template <class T, class X, class V>
+struct masked_fn {
+  X const* x;         // the input
+  dropout_mask mask;  // the mask (its p and scale)
+  REMAT_HOST_DEVICE T operator()(std::size_t i, float u) const {
+    return from_compute<T>(to_compute<V>(x[i]) * mask.template value<V>(u));
   }
 };
+
+}  // namespace detail
+
+// out = x * mask in one pass, each Philox block made once for the four elements it serves: the
+// bits of evaluate(out, x * mask) (kernels/random.hpp), several times faster.
+template <class Out, class X>
+void apply_mask(Out& out, X const& x, dropout_mask const& mask) {
+  using T = typename Out::value_type;
+  using V = compute_t<decltype(to_expr(x * mask)), T>;
+  static_assert(std::is_same_v<typename Out::device_type, typename X::device_type>,
+                "remat::expr::apply_mask: the input and the destination live on different devices");
+  if (x.size() != out.size() || x.cols() != out.cols())
+    REMAT_NAMESPACE::detail::raise<shape_error>("remat::expr::apply_mask: expected an input of ", out.rows(), " x ",
+                                                out.cols(), " like the destination, found ", x.rows(), " x ",
+                                                x.cols());
+  kernels::transform_uniform(typename Out::device_type{}, out.size(), out.data(), mask.stream(),
+                             detail::masked_fn<T, typename X::value_type, V>{x.data(), mask});
+}
 
 }  // namespace expr
 
@@ -86,7 +126,7 @@ struct Dropout : detail::no_parameters {
     s.save_counter(offset);
     if (S::is_hollow(x)) return x;  // a selective recomputation past its last needed product
     typename S::act_type y = s.make(x->rows(), x->cols());
-    if constexpr (S::computes) evaluate(*y, *x * mask(s.random(offset)));
+    if constexpr (S::computes) expr::apply_mask(*y, *x, mask(s.random(offset)));
     return y;
   }
 
@@ -97,7 +137,7 @@ struct Dropout : detail::no_parameters {
     if (P == 0.0) return dy;
     std::uint64_t const offset = s.restore_counter();
     typename S::act_type dx = s.reuse_or_make(dy, dy->cols());
-    if constexpr (S::computes) evaluate(*dx, *dy * mask(s.random(offset)));
+    if constexpr (S::computes) expr::apply_mask(*dx, *dy, mask(s.random(offset)));
     return dx;
   }
 };

@@ -23,9 +23,11 @@ REMAT_HOST_DEVICE void mulhilo(std::uint32_t a, std::uint32_t b, std::uint32_t& 
   lo = std::uint32_t(p);
 }
 
+// Philox4x32's multipliers and its key's increments (Weyl sequence) per round.
+inline constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u, w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
+
 // Ten rounds of Philox4x32 on counter c with key k.
 REMAT_HOST_DEVICE block generate(block c, std::uint32_t k0, std::uint32_t k1) {
-  constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u, w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
     std::uint32_t hi0, lo0, hi1, lo1;
     mulhilo(m0, c.v[0], hi0, lo0);
@@ -37,13 +39,27 @@ REMAT_HOST_DEVICE block generate(block c, std::uint32_t k0, std::uint32_t k1) {
   return c;
 }
 
-// A uniform number in [0, 1) for element `index` of stream `stream` under `seed`: 24 random bits,
-// so every value is exact in float.
+// The counter of block q of stream `stream`: elements 4 q .. 4 q + 3 of the stream take its words.
+REMAT_HOST_DEVICE block counter(std::uint64_t stream, std::uint64_t q) {
+  return block{{std::uint32_t(q), std::uint32_t(q >> 32), std::uint32_t(stream), std::uint32_t(stream >> 32)}};
+}
+
+// Word j (0 to 3) of b, chosen by value: indexing b.v by a run-time j keeps b in memory, so a host
+// loop over elements does not vectorise (a quarter of the speed) and a GPU thread goes through
+// local memory.
+REMAT_HOST_DEVICE std::uint32_t word(block const& b, std::uint64_t j) {
+  return j == 0 ? b.v[0] : j == 1 ? b.v[1] : j == 2 ? b.v[2] : b.v[3];
+}
+
+// A random word as a uniform number in [0, 1): its top 24 bits, so every value is exact in float.
+REMAT_HOST_DEVICE float to_uniform(std::uint32_t w) { return float(w >> 8) * (1.0f / 16777216.0f); }
+
+// A uniform number in [0, 1) for element `index` of stream `stream` under `seed`: word index % 4 of
+// block index / 4. (A pass over many consecutive elements makes each block once instead:
+// kernels::transform_uniform.)
 REMAT_HOST_DEVICE float uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
-  std::uint64_t const q = index >> 2;
-  block const c{{std::uint32_t(q), std::uint32_t(q >> 32), std::uint32_t(stream), std::uint32_t(stream >> 32)}};
-  block const r = generate(c, std::uint32_t(seed), std::uint32_t(seed >> 32));
-  return float(r.v[index & 3u] >> 8) * (1.0f / 16777216.0f);
+  block const r = generate(counter(stream, index >> 2), std::uint32_t(seed), std::uint32_t(seed >> 32));
+  return to_uniform(word(r, index & 3u));
 }
 
 }  // namespace philox
