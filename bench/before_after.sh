@@ -12,10 +12,11 @@
 # checkpoint), without bench_dist; SET "small" the batch-256 MLP (bf16 16 and 8 blocks, fp32 8,
 # stored; bf16 16 blocks checkpointed) with 20 or 30 steps each, where what a step costs beyond its
 # layers shows (zeroing, the optimizer), and the GPT 16 x 4 bf16 stored; SET "gpt" the GPT 16 x 4
-# alone, fp32 and bf16, stored, checkpoint and selective; SET "examples" the wall time of whole runs
-# of the examples beside the bench folder (BENCH_DIR/../examples: charlm checkpointed, 40 steps,
-# fp32 and bf16; digits, 5 epochs, fp32 and half), whose loops are compiled apart from the
-# benchmarks'.
+# alone, fp32 and bf16, stored, checkpoint and selective; SET "dropout" the same GPT with dropout
+# 0.1, stored and checkpointed (stored_dropout, checkpoint_dropout); SET "examples" the wall time
+# of whole runs of the examples beside the bench folder (BENCH_DIR/../examples: charlm
+# checkpointed, 40 steps, fp32 and bf16; digits, 5 epochs, fp32 and half), whose loops are compiled
+# apart from the benchmarks'.
 set -euo pipefail
 before="$1"
 after="$2"
@@ -56,6 +57,15 @@ elif [ "${4:-}" = gpt ]; then
   configs=()
   for p in fp32 bf16; do
     for pol in stored checkpoint selective; do
+      configs+=("gpt $p b16x4 $pol|BIN/bench_policies --workload gpt --batch 16 --blocks 4 --policy $pol --precision $p \
+--steps 3 --warmup 1")
+    done
+  done
+elif [ "${4:-}" = dropout ]; then
+  # (both builds need bench_policies' stored_dropout and checkpoint_dropout: main from 2026-12-07 on)
+  configs=()
+  for p in fp32 bf16; do
+    for pol in stored_dropout checkpoint_dropout; do
       configs+=("gpt $p b16x4 $pol|BIN/bench_policies --workload gpt --batch 16 --blocks 4 --policy $pol --precision $p \
 --steps 3 --warmup 1")
     done

@@ -43,7 +43,10 @@ keeps the probabilities, AttentionCore, checkpointed: RecomputeAttention<StoredA
 PyTorch's gain checkpoint_attention (torch.utils.checkpoint around the attention core alone).
 --policies may also name stored_attention, checkpoint_sequential_stored_attention and
 selective_stored_attention: stored, checkpoint_sequential and selective with AttentionCore, each
-against the same PyTorch policy as without. Results go to bench/results/gpt-host.*. (Before
+against the same PyTorch policy as without; and stored_dropout and checkpoint_dropout (the host
+only): the GPT with GPT-2's dropout 0.1 (after the embeddings, on the attention probabilities, on
+each residual branch), against --torch-policies plain_dropout and checkpoint_dropout, PyTorch's
+same model (nn.Dropout, and scaled_dot_product_attention's dropout_p). Results go to bench/results/gpt-host.*. (Before
 2026-12-07 remat's GPT policies had AttentionCore, and `blocked`, `checkpoint_sequential_blocked`
 and `selective_blocked` were the blocked core's.)
 
@@ -90,9 +93,16 @@ PEER = {"stored": "plain", "checkpoint": "checkpoint", "checkpoint_sequential": 
         "selective_stored_attention": "selective",
         # (the names of the blocked core's policies in results from before 2026-12-07)
         "blocked": "plain", "checkpoint_sequential_blocked": "checkpoint_sequential",
-        "selective_blocked": "selective"}
+        "selective_blocked": "selective",
+        # The GPT with GPT-2's dropout 0.1 (host only), against PyTorch's same model with nn.Dropout
+        # and scaled_dot_product_attention's dropout_p.
+        "stored_dropout": "plain_dropout", "checkpoint_dropout": "checkpoint_dropout"}
 # remat's GPT policies with AttentionCore (bench_policies --workload gpt; on the GPU the first only).
 KEPT = ("stored_attention", "checkpoint_sequential_stored_attention", "selective_stored_attention")
+# remat's GPT policies with dropout 0.1, and their PyTorch peers (both only when asked for).
+DROPOUT = ("stored_dropout", "checkpoint_dropout")
+DROPOUT_TORCH = ("plain_dropout", "checkpoint_dropout")
+P_DROP = 0.1
 # The GPT workload.
 GW, GH, GT, GV = 512, 8, 256, 256
 OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
@@ -160,18 +170,23 @@ def gpt_model(policy, n):
     import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+    # *_dropout: the same model with GPT-2's dropout (nanoGPT's places: after the embeddings, on
+    # the attention probabilities, on each residual branch), the policy without the suffix
+    p = P_DROP if policy.endswith("_dropout") else 0.0
+    policy = policy.removesuffix("_dropout")
     sdpa = getattr(F, "scaled_dot_product_attention", None)  # PyTorch 2.x: its fused (flash) attention
     wrap = per_block(torch, policy)
 
-    def attention_core(qkv):
+    def attention_core(qkv, training):
         b, t, _ = qkv.shape
         q, k, v = qkv.split(GW, dim=2)
         q, k, v = (z.reshape(b, t, GH, GW // GH).transpose(1, 2) for z in (q, k, v))
         if sdpa is not None:
-            return sdpa(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, GW)
+            return sdpa(q, k, v, is_causal=True, dropout_p=p if training else 0.0).transpose(1, 2).reshape(b, t, GW)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(GW // GH))
         mask = torch.ones(t, t, dtype=torch.bool, device=qkv.device).tril()
-        y = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+        probs = F.dropout(torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1), p, training)
+        y = probs @ v
         return y.transpose(1, 2).reshape(b, t, GW)
 
     class Block(nn.Module):
@@ -179,25 +194,27 @@ def gpt_model(policy, n):
             super().__init__()
             self.ln1, self.qkv, self.proj = nn.LayerNorm(GW), nn.Linear(GW, 3 * GW), nn.Linear(GW, GW)
             self.ln2, self.fc1, self.fc2 = nn.LayerNorm(GW), nn.Linear(GW, 4 * GW), nn.Linear(4 * GW, GW)
+            self.drop = nn.Dropout(p)
 
         def forward(self, x):
             qkv = self.qkv(self.ln1(x))
             if policy == "checkpoint_attention":
-                a = checkpoint(attention_core, qkv, use_reentrant=False)
+                a = checkpoint(attention_core, qkv, self.training, use_reentrant=False)
             else:
-                a = attention_core(qkv)
-            x = x + self.proj(a)
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+                a = attention_core(qkv, self.training)
+            x = x + self.drop(self.proj(a))
+            return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
 
     class GPT(nn.Module):
         def __init__(self):
             super().__init__()
             self.wte, self.wpe = nn.Embedding(GV, GW), nn.Embedding(GT, GW)
+            self.drop = nn.Dropout(p)
             self.blocks = nn.Sequential(*[Block() for _ in range(n)])
             self.ln, self.head = nn.LayerNorm(GW), nn.Linear(GW, GV)
 
         def forward(self, ids):
-            h = self.wte(ids) + self.wpe.weight[: ids.shape[1]]
+            h = self.drop(self.wte(ids) + self.wpe.weight[: ids.shape[1]])
             if wrap:
                 for b in self.blocks:
                     h = wrap(b, h)
@@ -339,7 +356,7 @@ def measure(args, torch, net, forward, loss_of, opt, flop, workload, width):
             times.append(t1 - t0)
     # checkpoint_sequential checkpoints the first K - 1 segments of N // K blocks; the last is stored.
     recomputed = {"plain": 0, "offload": 0, "checkpoint": n, "checkpoint_attention": n, "selective": n,
-                  "checkpoint_sequential": (root(n) - 1) * (n // root(n))}[policy]
+                  "checkpoint_sequential": (root(n) - 1) * (n // root(n))}[policy.removesuffix("_dropout")]
     # torch.mm of the model's product shape on the GPU, 1024^3 on the host.
     mm_m, mm_n = (batch * (GT if workload == "gpt" else 1), width) if cuda else (1024, 1024)
     a = torch.rand(mm_m, mm_n, dtype=torch.bfloat16 if bf16 else torch.float32, device=dev)
@@ -469,10 +486,11 @@ def main():
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
     if args.policies:  # (checkpoint_sequential_all and AttentionCore's policies only when asked for)
-        asked_for = ["checkpoint_sequential_all"] + (list(KEPT[:1] if cuda else KEPT) if gpt else [])
+        asked_for = ["checkpoint_sequential_all"] + (list(KEPT[:1] if cuda else KEPT + DROPOUT) if gpt else [])
         policies_remat = [p for p in policies_remat + asked_for if p in args.policies.split(",")]
     if args.torch_policies:
-        policies_torch = [p for p in policies_torch if p in args.torch_policies.split(",")]
+        asked_for = list(DROPOUT_TORCH) if gpt and not cuda else []
+        policies_torch = [p for p in policies_torch + asked_for if p in args.torch_policies.split(",")]
     if args.quick:
         configs, args.steps, args.warmup = [(2 if gpt else 64, 4)] if not cuda else [(8, 8) if gpt else (512, 16)], 1, 1
 
@@ -646,7 +664,7 @@ def plot(rows, configs, policies_remat, policies_torch, args, gpt, cuda, cpu):
                "selective": "P", "recompute_attention": "X", "checkpoint_attention": "X", "offload": "v",
                "stored_attention": "h", "checkpoint_sequential_stored_attention": ">",
                "selective_stored_attention": "*", "blocked": "h", "checkpoint_sequential_blocked": ">",
-               "selective_blocked": "*"}
+               "selective_blocked": "*", "stored_dropout": "p", "plain_dropout": "p", "checkpoint_dropout": "d"}
     for ax, batch in zip(axes, sorted({b for b, _ in configs})):
         for lib, color in (("remat", "tab:blue"), ("pytorch", "tab:orange")):
             for pol in (policies_remat if lib == "remat" else policies_torch):

@@ -14,7 +14,10 @@
 //     checkpoint_sequential and selective with AttentionCore, StoredAttention<...>: the core that
 //     keeps the seq x seq probabilities, and so multiplies Q K^T once fewer in backward; on the GPU
 //     stored_attention only) and recompute_attention (that core checkpointed, Megatron-LM's
-//     selective recompute: RecomputeAttention<StoredAttention<...>>)
+//     selective recompute: RecomputeAttention<StoredAttention<...>>), and on the host
+//     stored_dropout and checkpoint_dropout (the GPT with dropout 0.1, GPT-2's: after the
+//     embeddings, on the attention probabilities and on each residual branch; stored and
+//     checkpointed per block, whose recomputed forward draws the same masks again)
 //   --gemm32 openblas|onednn picks the host's fp32 product (default: oneDNN when remat has it).
 //   --profile: then as many steps again with remat::profile on, and where a step's time goes (per
 //   phase: products, point-wise passes, row passes, reductions, the rest) on stderr and one JSON line.
@@ -92,6 +95,11 @@ constexpr std::size_t GW = 512, GH = 8, GV = 256, GT = 256;
 using GBlock = GPTBlock<GW, GH>;
 template <class Blocks>
 using GNet = Seq<Embedding<GV, GW>, PositionEmbedding<GT, GW>, Blocks, LayerNorm<GW>, Linear<GW, GV>>;
+// With GPT-2's dropout (GPT<..., 0.1>'s layers).
+using GDropBlock = GPTBlock<GW, GH, 0.1>;
+template <class Blocks>
+using GDropNet =
+    Seq<Embedding<GV, GW>, PositionEmbedding<GT, GW>, Dropout<0.1>, Blocks, LayerNorm<GW>, Linear<GW, GV>>;
 
 template <std::size_t N>
 struct gpt_nets {
@@ -108,6 +116,8 @@ struct gpt_nets {
   using checkpoint_sequential_stored_attention =
       GNet<CheckpointSequential<root(N), StoredAttention<Repeat<N, GBlock>>, last_run::stored>>;
   using selective_stored_attention = GNet<StoredAttention<Repeat<N, Selective<GBlock>>>>;
+  using stored_dropout = GDropNet<Repeat<N, GDropBlock>>;
+  using checkpoint_dropout = GDropNet<Repeat<N, Checkpointed<GDropBlock>>>;
 #endif
 };
 
@@ -245,7 +255,11 @@ int run(char const* policy, std::size_t n_blocks, std::size_t batch, int steps, 
   // (the GPT's policies named *stored_attention, and recompute_attention, have AttentionCore; the
   // others its blocked core)
   bool const kept = name.ends_with("stored_attention"), blocked = !kept && name != "recompute_attention";
-  std::string const base = name == "stored_attention" ? "stored" : kept ? name.substr(0, name.size() - 17) : name;
+  // (the policy without its core's or dropout's suffix: what it recomputes)
+  std::string const base = name == "stored_attention"  ? "stored"
+                           : kept                       ? name.substr(0, name.size() - 17)
+                           : name.ends_with("_dropout") ? name.substr(0, name.size() - 8)
+                                                        : name;
   bool const selective = base == "selective";
   bool const core = base == "recompute_attention";
   double const again = selective || core ? Work::selective_forward_flop_per_block(batch)
@@ -303,6 +317,12 @@ int dispatch_on(std::string const& policy, std::size_t batch, int steps, int war
     if (policy == "selective_stored_attention")
       return run<typename n::selective_stored_attention, P, Work>("selective_stored_attention", N, batch, steps,
                                                                   warmup);
+  }
+  if constexpr (requires { typename n::stored_dropout; }) {
+    if (policy == "stored_dropout")
+      return run<typename n::stored_dropout, P, Work>("stored_dropout", N, batch, steps, warmup);
+    if (policy == "checkpoint_dropout")
+      return run<typename n::checkpoint_dropout, P, Work>("checkpoint_dropout", N, batch, steps, warmup);
   }
   std::fprintf(stderr, "unknown policy %s\n", policy.c_str());
   return 2;
@@ -560,8 +580,9 @@ int main(int argc, char** argv) {
                          : "workloads: mlp (blocks 4 8 16 32 64) gpt (blocks 4 8 16)\n");
       std::printf(
                   "policies: stored checkpoint checkpoint_sequential checkpoint_sequential_all revolve selective recompute_attention (gpt)"
-                  " stored_attention checkpoint_sequential_stored_attention selective_stored_attention (gpt)\n"
-                  "precisions: fp32 bf16\n");
+                  " stored_attention checkpoint_sequential_stored_attention selective_stored_attention (gpt)%s\n"
+                  "precisions: fp32 bf16\n",
+                  on_gpu ? "" : " stored_dropout checkpoint_dropout (gpt)");
       return 0;
     } else {
       std::fprintf(stderr,
