@@ -23,8 +23,11 @@ REMAT_HOST_DEVICE void mulhilo(std::uint32_t a, std::uint32_t b, std::uint32_t& 
   lo = std::uint32_t(p);
 }
 
-// Philox4x32's multipliers and its key's increments (Weyl sequence) per round.
-inline constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u, w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
+// Philox4x32's multipliers, and its key's increments per round (a Weyl sequence).
+inline constexpr std::uint32_t m0 = 0xD2511F53u;  // the multiplier of the counter's word 0
+inline constexpr std::uint32_t m1 = 0xCD9E8D57u;  // the multiplier of the counter's word 2
+inline constexpr std::uint32_t w0 = 0x9E3779B9u;  // the increment of the key's word 0
+inline constexpr std::uint32_t w1 = 0xBB67AE85u;  // the increment of the key's word 1
 
 // Ten rounds of Philox4x32 on counter c with key k.
 REMAT_HOST_DEVICE block generate(block c, std::uint32_t k0, std::uint32_t k1) {
