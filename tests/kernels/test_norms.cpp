@@ -3,7 +3,9 @@
 // dx is written, the chunks' sums then added onto dgamma (and dbeta) in chunk order. Checked
 // against the formulas in double precision, over row counts that end inside a chunk, for fp64,
 // fp32 and bf16 data; bit for bit on one thread and on two, with dx over dy, without dx, and
-// with a residual's gradient added (to the rounded dx, as the separate add would).
+// with a residual's gradient added (to the rounded dx, as the separate add would). And the sums'
+// order, bit for bit: the chunks' column sums added in chunk order, a row's two sums of
+// LayerNorm's dx each as row_sum adds it (16 lanes).
 #include <remat/remat.hpp>
 
 #include <catch2/catch.hpp>
@@ -150,5 +152,51 @@ TEST_CASE("a norm's backward reads x and dy once, the same bits on any thread co
     check_norm<float, float>(rms, 2e-5);
     // bf16 data with fp32 parameter gradients (a mixed-precision model's); dx rounds to bf16.
     check_norm<bfloat16, float>(rms, 1e-2);
+  }
+}
+
+TEST_CASE("a norm's backward adds in its stated order: rows within a chunk, then the chunks in order",
+          "[kernels][norms]") {
+  // The order written out here in fp32 (chunks of kernels::detail::norm_chunk rows): each
+  // chunk's column sums from 0, row by row, then dgamma = 0.25 + chunk 0 + chunk 1 + ..., whatever
+  // the columns' blocking and the thread count.
+  for (std::size_t rows : {std::size_t(200), std::size_t(33)})
+    for (std::size_t w : {std::size_t(130), std::size_t(7)}) {
+      INFO(rows << " rows of " << w);
+      norm_case<float> const k(rows, w, false);
+      for (int threads : {1, 2}) {
+        norm_grads<float, float> const got = run<float>(k, false, threads);
+        std::size_t const chunk = kernels::detail::norm_chunk;
+        for (std::size_t c = 0; c < w; ++c) {
+          float g = 0.25f, b = 0.25f;
+          for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
+            float pg = 0, pb = 0;
+            for (std::size_t r = r0; r < std::min(rows, r0 + chunk); ++r) {
+              float const dy = k.dy[r * w + c];
+              pg += dy * ((k.x[r * w + c] - k.mean[r]) * k.rstd[r]);
+              pb += dy;
+            }
+            g += pg;
+            b += pb;
+          }
+          CHECK(same_bits(std::vector<float>{got.dgamma[c]}, std::vector<float>{g}));
+          CHECK(same_bits(std::vector<float>{got.dbeta[c]}, std::vector<float>{b}));
+        }
+      }
+    }
+}
+
+TEST_CASE("row_sum_pair gives the bits of two row_sum calls", "[kernels][norms]") {
+  // Values of mixed magnitudes, so that a different order of additions gives different bits.
+  std::vector<float> const a = random_values<float>(1100, 7, -1e4f, 1e4f), b = random_values<float>(1100, 8);
+  for (std::size_t n : {std::size_t(1), std::size_t(15), std::size_t(16), std::size_t(17), std::size_t(100),
+                        std::size_t(1024), std::size_t(1100)}) {
+    INFO(n << " values");
+    auto const pair = kernels::detail::row_sum_pair<float>(n, [&](std::size_t i) {
+      return kernels::detail::value_pair<float>{a[i] * b[i], a[i] - b[i]};
+    });
+    float const sa = kernels::detail::row_sum<float>(n, [&](std::size_t i) { return a[i] * b[i]; });
+    float const sb = kernels::detail::row_sum<float>(n, [&](std::size_t i) { return a[i] - b[i]; });
+    CHECK(same_bits(std::vector<float>{pair.a, pair.b}, std::vector<float>{sa, sb}));
   }
 }

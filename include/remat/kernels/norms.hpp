@@ -44,17 +44,21 @@ void norm_backward_host(std::size_t rows, std::size_t w, G* dgamma, G* dbeta, Ro
     std::size_t const r1 = std::min(rows, (k + 1) * norm_chunk);
     for (std::size_t r = k * norm_chunk; r < r1; ++r) row(r, pg, pb);
   });
+  // (a block of columns at a time, the chunks in order for each: every column's additions in the
+  // same order as one column at a time, and the loop over the block's columns vectorises, where a
+  // column's walk down the chunks, 2 w apart, did not)
   constexpr std::size_t block = column_block<host>;
   for_each_index(host{}, (w + block - 1) / block, chunks * sums * w, [=] REMAT_LAMBDA(std::size_t b) {
-    std::size_t const c1 = std::min(w, (b + 1) * block);
-    for (std::size_t c = b * block; c < c1; ++c) {
-      V ag = to_compute<V>(dgamma[c]);
-      for (std::size_t k = 0; k < chunks; ++k) ag += part[k * sums * w + c];
-      dgamma[c] = from_compute<G>(ag);
-      if (!dbeta) continue;
-      V ab = to_compute<V>(dbeta[c]);
-      for (std::size_t k = 0; k < chunks; ++k) ab += part[k * sums * w + w + c];
-      dbeta[c] = from_compute<G>(ab);
+    std::size_t const c0 = b * block, n = std::min(w, c0 + block) - c0;
+    for (std::size_t j = 0; j < sums; ++j) {
+      G* const out = j == 0 ? dgamma : dbeta;
+      V acc[block];
+      for (std::size_t c = 0; c < n; ++c) acc[c] = to_compute<V>(out[c0 + c]);
+      for (std::size_t k = 0; k < chunks; ++k) {
+        V const* const pk = part + k * sums * w + j * w + c0;
+        for (std::size_t c = 0; c < n; ++c) acc[c] += pk[c];
+      }
+      for (std::size_t c = 0; c < n; ++c) out[c0 + c] = from_compute<G>(acc[c]);
     }
   });
 }
@@ -211,9 +215,10 @@ void layer_norm_backward(D, T const* x, T const* gamma, compute_type_t<T> const*
       pb[i] += d;
     }
     if (!dx) return;
-    V const sg = detail::row_sum<V>(w, [&](std::size_t i) { return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]); });
-    V const sgx = detail::row_sum<V>(w, [&](std::size_t i) {
-      return to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]) * ((to_compute<V>(xr[i]) - mu) * s);
+    // (both sums in one loop over the row, each as row_sum adds it)
+    auto const [sg, sgx] = detail::row_sum_pair<V>(w, [&](std::size_t i) {
+      V const g = to_compute<V>(dyr[i]) * to_compute<V>(gamma[i]);
+      return detail::value_pair<V>{g, g * ((to_compute<V>(xr[i]) - mu) * s)};
     });
     V const mg = sg / V(w), mgx = sgx / V(w);
     T* dxr = dx + r * w;

@@ -66,6 +66,40 @@ REMAT_HOST_DEVICE V row_sum(std::size_t n, F&& f) {
   return s;
 }
 
+// Two values of one column, for row_sum_pair.
+template <class V>
+struct value_pair {
+  V a;  // the first value
+  V b;  // the second value
+};
+
+// The two sums row_sum would give of f(c).a and of f(c).b, in one loop over the row (f called once
+// per c): the same lanes and order, so the same bits as two calls of row_sum.
+template <class V, class F>
+REMAT_HOST_DEVICE value_pair<V> row_sum_pair(std::size_t n, F&& f) {
+  constexpr std::size_t lanes = 16;
+  V la[lanes], lb[lanes];
+  for (std::size_t l = 0; l < lanes; ++l) la[l] = lb[l] = V(0);
+  std::size_t c = 0;
+  for (; c + lanes <= n; c += lanes)
+    for (std::size_t l = 0; l < lanes; ++l) {
+      value_pair<V> const v = f(c + l);
+      la[l] += v.a;
+      lb[l] += v.b;
+    }
+  for (std::size_t l = 0; c < n; ++c, ++l) {
+    value_pair<V> const v = f(c);
+    la[l] += v.a;
+    lb[l] += v.b;
+  }
+  value_pair<V> s{la[0], lb[0]};
+  for (std::size_t l = 1; l < lanes; ++l) {
+    s.a += la[l];
+    s.b += lb[l];
+  }
+  return s;
+}
+
 // b where b > a, else a, without a branch for float (GCC keeps a floating-point `?:` as a branch
 // under -ftrapping-math, which stops vectorisation).
 template <class V>
