@@ -159,31 +159,33 @@ TEST_CASE("a norm's backward adds in its stated order: rows within a chunk, then
           "[kernels][norms]") {
   // The order written out here in fp32 (chunks of kernels::detail::norm_chunk rows): each
   // chunk's column sums from 0, row by row, then dgamma = 0.25 + chunk 0 + chunk 1 + ..., whatever
-  // the columns' blocking and the thread count.
-  for (std::size_t rows : {std::size_t(200), std::size_t(33)})
-    for (std::size_t w : {std::size_t(130), std::size_t(7)}) {
-      INFO(rows << " rows of " << w);
-      norm_case<float> const k(rows, w, false);
-      for (int threads : {1, 2}) {
-        norm_grads<float, float> const got = run<float>(k, false, threads);
-        std::size_t const chunk = kernels::detail::norm_chunk;
-        for (std::size_t c = 0; c < w; ++c) {
-          float g = 0.25f, b = 0.25f;
-          for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
-            float pg = 0, pb = 0;
-            for (std::size_t r = r0; r < std::min(rows, r0 + chunk); ++r) {
-              float const dy = k.dy[r * w + c];
-              pg += dy * ((k.x[r * w + c] - k.mean[r]) * k.rstd[r]);
-              pb += dy;
+  // the columns' blocking and the thread count. LayerNorm's term dy ((x - mean) rstd), RMSNorm's
+  // (dy x) rstd.
+  for (bool rms : {false, true})
+    for (std::size_t rows : {std::size_t(200), std::size_t(33)})
+      for (std::size_t w : {std::size_t(130), std::size_t(7)}) {
+        INFO((rms ? "RMSNorm, " : "LayerNorm, ") << rows << " rows of " << w);
+        norm_case<float> const k(rows, w, rms);
+        for (int threads : {1, 2}) {
+          norm_grads<float, float> const got = run<float>(k, rms, threads);
+          std::size_t const chunk = kernels::detail::norm_chunk;
+          for (std::size_t c = 0; c < w; ++c) {
+            float g = 0.25f, b = 0.25f;
+            for (std::size_t r0 = 0; r0 < rows; r0 += chunk) {
+              float pg = 0, pb = 0;
+              for (std::size_t r = r0; r < std::min(rows, r0 + chunk); ++r) {
+                float const dy = k.dy[r * w + c];
+                pg += rms ? dy * k.x[r * w + c] * k.rstd[r] : dy * ((k.x[r * w + c] - k.mean[r]) * k.rstd[r]);
+                pb += dy;
+              }
+              g += pg;
+              b += pb;
             }
-            g += pg;
-            b += pb;
+            CHECK(same_bits(std::vector<float>{got.dgamma[c]}, std::vector<float>{g}));
+            if (!rms) CHECK(same_bits(std::vector<float>{got.dbeta[c]}, std::vector<float>{b}));
           }
-          CHECK(same_bits(std::vector<float>{got.dgamma[c]}, std::vector<float>{g}));
-          CHECK(same_bits(std::vector<float>{got.dbeta[c]}, std::vector<float>{b}));
         }
       }
-    }
 }
 
 TEST_CASE("row_sum_pair gives the bits of two row_sum calls", "[kernels][norms]") {
