@@ -3,7 +3,11 @@
 // For each expression: bytes that must move (inputs read once, output written once), median time
 // of each variant, effective GB/s, and the fraction of copy bandwidth the fused pass reaches.
 // Prints a table and one JSON line per row (prefixed "json: ").
+//
+//   bench_expr [ELEMENTS] [ROUNDS]   (2^24 elements and 15 rounds unless given)
 #include <remat/remat.hpp>
+
+#include "args.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -219,11 +223,55 @@ std::vector<opt_row> row_pass_rows(std::size_t n, int reps) {
   return out;
 }
 
+// What a point-wise function costs where memory does not bound it: out = f(x) over 128 x 1024
+// values (in and out within a core's L2), in ns per element at the host's threads, median of
+// `reps` rounds of 50 passes; each function's pass as a layer runs it (GELU after its bias, and
+// GELU's backward dy * GELU'(x + b)). bench/pointwise_torch.py times PyTorch's ops on the same
+// values.
+struct function_row {
+  std::string name, type;
+  double ns;
+};
+
+template <class T>
+void function_rows(char const* type, int reps, std::vector<function_row>& out) {
+  index_t const rows = 128, cols = 1024;
+  tensor<T> x(rows, cols), b(index_t(1), cols), dy(rows, cols), y(rows, cols);
+  for (index_t i = 0; i < rows * cols; ++i) {
+    x.data()[i] = T(float((i * 37) % 1000) / 250.0f - 2.0f);
+    dy.data()[i] = T(0.5f);
+  }
+  for (index_t c = 0; c < cols; ++c) b.data()[c] = T(0.01f * float(c % 7));
+  auto const bias = broadcast_rows(b, std::size_t(rows));
+  auto add = [&](char const* name, auto const& e) {
+    double const s = median_seconds(
+        [&] {
+          for (int k = 0; k < 50; ++k) evaluate(y, e);
+        },
+        reps);
+    out.push_back({name, type, s / 50 / double(rows * cols) * 1e9});
+  };
+  add("copy", to_expr(x));
+  add("exp", exp(x));
+  add("tanh", tanh(x));
+  add("sigmoid", sigmoid(x));
+  add("gelu", gelu(x));
+  add("gelu(x + b)", gelu(x + bias));
+  add("dy * gelu'(x + b)", dy * expr::make_unary(expr::gelu_grad_op{}, x + bias));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t const n = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : (std::size_t(1) << 24);
-  int const reps = argc > 2 ? std::atoi(argv[2]) : 15;
+  long long const n_arg = argc > 1 ? bench_args::positive(argv[1], 1ll << 34) : (1ll << 24);
+  long long const reps_arg = argc > 2 ? bench_args::positive(argv[2], 100000) : 15;
+  if (argc > 3 || n_arg == 0 || reps_arg == 0) {
+    std::fprintf(stderr, "usage: %s [ELEMENTS (1 to 2^34, default 2^24)] [ROUNDS (1 to 100000, default 15)]\n",
+                 argv[0]);
+    return 2;
+  }
+  std::size_t const n = std::size_t(n_arg);
+  int const reps = int(reps_arg);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> d(0.1f, 2.0f);
   ftensor x(index_t(n), 1), y(index_t(n), 1), z(index_t(n), 1);
@@ -290,5 +338,16 @@ int main(int argc, char** argv) {
     std::printf("json: {\"bench\":\"row_pass\",\"pass\":\"%s\",\"elements\":%zu,\"bytes_per_element\":%.3f,"
                 "\"s\":%.6g,\"copy_s\":%.6g,\"fraction_of_copy\":%.4g}\n",
                 r.name.c_str(), r.n, r.bytes_per_param, r.s, r.copy_s, r.copy_s / r.s);
+  std::vector<function_row> fns;
+  function_rows<float>("fp32", reps, fns);
+  function_rows<bfloat16>("bf16", reps, fns);
+  std::printf("\npoint-wise functions in cache: 128 x 1024 values, ns per element\n\n| function | fp32 | bf16 |\n"
+              "|---|---|---|\n");
+  for (std::size_t i = 0; i < fns.size() / 2; ++i)
+    std::printf("| %s | %.3f | %.3f |\n", fns[i].name.c_str(), fns[i].ns, fns[i + fns.size() / 2].ns);
+  std::printf("\n");
+  for (auto const& r : fns)
+    std::printf("json: {\"bench\":\"function\",\"function\":\"%s\",\"type\":\"%s\",\"ns_per_element\":%.4g}\n",
+                r.name.c_str(), r.type.c_str(), r.ns);
   return 0;
 }

@@ -27,6 +27,8 @@
 // reorder's own time: what a weight copy cast straight into oneDNN's layout could gain.
 #include <remat/remat.hpp>
 
+#include "args.hpp"
+
 #if defined(REMAT_HAS_ONEDNN)
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
@@ -267,7 +269,12 @@ void epilogue_row(char const* type, int rounds, std::vector<std::string>& json) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int const rounds = argc > 1 ? std::atoi(argv[1]) : 15;
+  long long const rounds_arg = argc > 1 ? bench_args::positive(argv[1], 100000) : 15;
+  if (argc > 2 || rounds_arg == 0) {
+    std::fprintf(stderr, "usage: %s [ROUNDS (1 to 100000, default 15)]\n", argv[0]);
+    return 2;
+  }
+  int const rounds = int(rounds_arg);
   std::vector<shape> shapes;
   for (int batch : {256, 2048}) {
     char const* w = batch == 256 ? "mlp batch 256" : "mlp batch 2048";
