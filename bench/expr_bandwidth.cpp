@@ -224,10 +224,10 @@ std::vector<opt_row> row_pass_rows(std::size_t n, int reps) {
 }
 
 // What a point-wise function costs where memory does not bound it: out = f(x) over 128 x 1024
-// values (in and out within a core's L2), in ns per element at the host's threads, median of
-// `reps` rounds of 50 passes; each function's pass as a layer runs it (GELU after its bias, and
-// GELU's backward dy * GELU'(x + b)). bench/pointwise_torch.py times PyTorch's ops on the same
-// values.
+// values (512 KiB an fp32 tensor: a thread's half of x, dy and y fits a 1 MiB L2), in ns per
+// element at the host's threads, median of `reps` rounds of 50 passes; each function's pass as a
+// layer runs it (GELU after its bias, and GELU's backward dy * GELU'(x + b)).
+// bench/pointwise_torch.py times PyTorch's ops on the same values.
 struct function_row {
   std::string name, type;
   double ns;
