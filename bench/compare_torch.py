@@ -24,7 +24,10 @@ system). The first round runs all four for each policy and keeps the fastest; la
 Its optimizer is its fused AdamW (`fused=True`, on the CPU too since PyTorch 2.4: 2.5-7x faster
 there than its default loop). Debian's PyTorch 1.13 (/usr/bin/python3, as Debian ships it: eager,
 its default BLAS) runs once per configuration as one more row, "as Debian ships it"; it is not the
-anchor. Each child reports its version and the BLAS it loaded.
+anchor. Each child reports its version and the BLAS it loaded. Before the first round and after
+the last, bench_peak (beside --remat's program) measures the processor's own ceiling for the
+precision on one thread and on all: where all threads give well under their count times one,
+another tenant held a core, and the header of the results says so.
 
 Saved-activation memory: remat's is what its allocator holds when the forward ends (its plan
 says the same); PyTorch's is the growth of glibc's heap (mallinfo2: arenas + mmapped blocks)
@@ -76,8 +79,8 @@ import subprocess
 import sys
 import time
 
-from peer_common import (DEBIAN_PYTHON, TORCH_SETTINGS, add_peer_options, chosen_peers, cpu_name, fastest_adamw,
-                         heap_in_use, loaded_blas)
+from peer_common import (DEBIAN_PYTHON, TORCH_SETTINGS, add_peer_options, ceiling_text, chosen_peers, cpu_name,
+                         fastest_adamw, heap_in_use, loaded_blas, processor_ceiling)
 
 D = 1024
 POLICIES_REMAT = ["stored", "checkpoint", "checkpoint_sequential", "revolve", "selective"]
@@ -508,6 +511,12 @@ def main():
         print(f"fused unscale/check/clip/AdamW: {optimizer['step_gbps']:.0f} GB/s, "
               f"{optimizer['fraction_of_copy']:.0%} of a device-to-device copy ({optimizer['copy_gbps']:.0f} GB/s)")
     peak = max(peaks, key=lambda p: p["gflops"])  # the path remat takes
+    # The processor's own ceiling before and after the runs (not in --quick): whether another
+    # tenant held a core meanwhile.
+    measure_ceiling = not cuda and not args.quick
+    ceiling_before = processor_ceiling(args.remat, args.precision) if measure_ceiling else None
+    if measure_ceiling:
+        print(f"the processor's {args.precision} ceiling before (bench_peak): {ceiling_text(ceiling_before)}", flush=True)
     rounds = {}  # (library, batch, n, policy) -> the runs of each round
     chosen = {}  # (batch, n, PyTorch policy) -> the setting its first round found fastest
     debian_rows = []
@@ -554,6 +563,10 @@ def main():
             for p in pending:
                 remat_run(batch, n, p)
 
+    ceiling_after = processor_ceiling(args.remat, args.precision) if measure_ceiling else None
+    if measure_ceiling:
+        print(f"the processor's {args.precision} ceiling after (bench_peak): {ceiling_text(ceiling_after)}", flush=True)
+
     # Each figure: the median over the rounds (the row of the median-time round, its time the median).
     rows = []
     for (lib, batch, n, p), runs in rounds.items():
@@ -565,6 +578,7 @@ def main():
 
     for r in rows:
         r["gemm_peak_gflops"] = peak["gflops"]
+        r["processor_ceiling"] = {"before": ceiling_before, "after": ceiling_after}
         r["fraction_of_gemm_peak"] = r["model_gflops"] / peak["gflops"]
         if r["library"] == "remat":
             peer = next((q for q in rows if q["library"] == "pytorch" and q["blocks"] == r["blocks"]
@@ -605,7 +619,9 @@ def main():
              f"{statistics.median(r['torch_mm_gflops'] for r in rows if r['library'] == 'pytorch'):.0f} GFLOP/s "
              f"(PyTorch {torch_version}, BLAS {torch_blas})"
              ". Model GFLOP/s count the stored model's products "
-             f"only, so recomputation shows as a lower rate.", "",
+             f"only, so recomputation shows as a lower rate."
+             + (f" The processor's {args.precision} ceiling (bench_peak) before the runs: "
+                f"{ceiling_text(ceiling_before)}; after: {ceiling_text(ceiling_after)}." if measure_ceiling else ""), "",
              "| batch | N | library | policy | step (s) | vs remat stored | GFLOP/s | of GEMM peak | saved act. (MiB) "
              f"| plan (MiB) | peak act. (MiB) | recomputed blocks | time / PyTorch {torch_version} | saved / PyTorch "
              f"| time / Debian's |",

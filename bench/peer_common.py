@@ -1,7 +1,7 @@
 """What the scripts that run remat beside PyTorch share (bench/compare_*.py): which PyTorch is the
 peer and the ways it is run, glibc's raised malloc thresholds, the heap in use, the BLAS PyTorch
 mapped, the peer's fastest AdamW, its timed steps, a child's JSON line, the medians of a row's
-rounds, the processor's name and the results' files."""
+rounds, the processor's name and ceiling, and the results' files."""
 import ctypes
 import datetime
 import json
@@ -147,6 +147,33 @@ def cpu_name():
         return next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
     except (StopIteration, OSError):
         return platform.processor() or "cpu"
+
+
+def processor_ceiling(program, precision):
+    """The processor's multiply-add ceiling for `precision` ("bf16": vdpbf16ps; else the widest fp32
+    FMA) from bench_peak beside `program` (the same build's bench/ folder), a short run: a dict of
+    its JSON line (gflops_1_thread, threads, gflops_all_threads), or None where bench_peak is not
+    built or the processor lacks those instructions. A ratio of all threads to one well under the
+    thread count says that other work held a core while it ran."""
+    exe = os.path.join(os.path.dirname(os.path.abspath(program)), "bench_peak")
+    if not os.path.exists(exe):
+        return None
+    out = subprocess.run([exe, "0.2", "3"], capture_output=True, text=True).stdout
+    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    if precision == "bf16":
+        rows = [r for r in rows if r["kernel"].startswith("vdpbf16ps")]
+    else:
+        rows = [r for r in rows if r["kernel"].startswith("vfmadd231ps")]
+    return max(rows, key=lambda r: r["gflops_all_threads"]) if rows else None
+
+
+def ceiling_text(c):
+    """One line of processor_ceiling's result."""
+    if c is None:
+        return "not measured (bench_peak not built, or not this processor's instructions)"
+    ratio = c["gflops_all_threads"] / c["gflops_1_thread"]
+    return (f"{c['kernel']} {c['gflops_all_threads']:.0f} GFLOP/s on {c['threads']} threads, {ratio:.2f}x one thread"
+            + (" (other work held a core: this hour's timings mean little)" if ratio < 0.8 * c["threads"] else ""))
 
 
 def today():
