@@ -516,7 +516,8 @@ def main():
     measure_ceiling = not cuda and not args.quick
     ceiling_before = processor_ceiling(args.remat, args.precision) if measure_ceiling else None
     if measure_ceiling:
-        print(f"the processor's {args.precision} ceiling before (bench_peak): {ceiling_text(ceiling_before)}", flush=True)
+        print(f"the processor's {args.precision} ceiling before (bench_peak): {ceiling_text(ceiling_before)}",
+              flush=True)
     rounds = {}  # (library, batch, n, policy) -> the runs of each round
     chosen = {}  # (batch, n, PyTorch policy) -> the setting its first round found fastest
     debian_rows = []
@@ -565,7 +566,8 @@ def main():
 
     ceiling_after = processor_ceiling(args.remat, args.precision) if measure_ceiling else None
     if measure_ceiling:
-        print(f"the processor's {args.precision} ceiling after (bench_peak): {ceiling_text(ceiling_after)}", flush=True)
+        print(f"the processor's {args.precision} ceiling after (bench_peak): {ceiling_text(ceiling_after)}",
+              flush=True)
 
     # Each figure: the median over the rounds (the row of the median-time round, its time the median).
     rows = []
@@ -621,7 +623,8 @@ def main():
              ". Model GFLOP/s count the stored model's products "
              f"only, so recomputation shows as a lower rate."
              + (f" The processor's {args.precision} ceiling (bench_peak) before the runs: "
-                f"{ceiling_text(ceiling_before)}; after: {ceiling_text(ceiling_after)}." if measure_ceiling else ""), "",
+                f"{ceiling_text(ceiling_before)}; after: {ceiling_text(ceiling_after)}."
+                if measure_ceiling else ""), "",
              "| batch | N | library | policy | step (s) | vs remat stored | GFLOP/s | of GEMM peak | saved act. (MiB) "
              f"| plan (MiB) | peak act. (MiB) | recomputed blocks | time / PyTorch {torch_version} | saved / PyTorch "
              f"| time / Debian's |",
