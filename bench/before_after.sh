@@ -2,7 +2,8 @@
 # Whether a change moved remat's speed: two builds' bench_policies and bench_dist, run in
 # interleaved rounds (before, after, before, after, ...: these machines are shared and noisy), and
 # for each configuration the median step time of each build and their ratio (after / before). Prints
-# a table and JSON lines; tests never assert on timings, this is for a change's note.
+# a table and JSON lines; tests never assert on timings, this is for a change's note. The
+# processor's ceiling (bench_peak) before and after the rounds says whether the machine was shared.
 #
 #   bash bench/before_after.sh BEFORE_BENCH_DIR AFTER_BENCH_DIR [ROUNDS] [SET]
 #
@@ -93,6 +94,17 @@ elif command -v mpirun >/dev/null; then
   )
 fi
 
+# The processor's own ceiling before the rounds and after them (bench_peak, where the after build
+# has it): all threads well under their count times one means another tenant held a core.
+ceiling() {
+  if [ -x "$after/bench_peak" ]; then
+    echo "the processor's ceiling $1 the rounds (bench_peak):"
+    "$after/bench_peak" 0.2 3 | grep '^|'
+    echo
+  fi
+}
+ceiling before
+
 for ((r = 1; r <= rounds; r++)); do
   echo "round $r of $rounds" >&2
   for c in "${configs[@]}"; do
@@ -106,6 +118,8 @@ for ((r = 1; r <= rounds; r++)); do
     done
   done
 done
+
+ceiling after
 
 python3 - "$raw" <<'EOF'
 import json, statistics, sys
