@@ -29,20 +29,15 @@ namespace {
 constexpr int ymm_accumulators = 12, zmm_accumulators = 16;
 
 #if defined(__x86_64__)
+// clang-format off
 // Each vector width's operations, for the kernels below (inlined into them: their targets include
 // these): namespace NS, vectors VEC, intrinsics PREFIX_*_ps.
-#define REMAT_PEAK_ISA(NS, TARGET, VEC, PREFIX)             \
-  namespace NS {                                            \
-  using V = VEC;                                            \
-  __attribute__((target(TARGET))) inline V set1(float v) {  \
-    return PREFIX##_set1_ps(v);                             \
-  }                                                         \
-  __attribute__((target(TARGET))) inline V add(V a, V b) {  \
-    return PREFIX##_add_ps(a, b);                           \
-  }                                                         \
-  __attribute__((target(TARGET))) inline float first(V a) { \
-    return PREFIX##_cvtss_f32(a);                           \
-  }                                                         \
+#define REMAT_PEAK_ISA(NS, TARGET, VEC, PREFIX)                                                    \
+  namespace NS {                                                                                   \
+  using V = VEC;                                                                                   \
+  __attribute__((target(TARGET))) inline V set1(float v) { return PREFIX##_set1_ps(v); }         \
+  __attribute__((target(TARGET))) inline V add(V a, V b) { return PREFIX##_add_ps(a, b); }       \
+  __attribute__((target(TARGET))) inline float first(V a) { return PREFIX##_cvtss_f32(a); }      \
   }
 REMAT_PEAK_ISA(ymm, "avx2,fma", __m256, _mm256)
 REMAT_PEAK_ISA(zmm, "avx512f", __m512, _mm512)
@@ -50,11 +45,13 @@ REMAT_PEAK_ISA(zmm, "avx512f", __m512, _mm512)
 
 // The accumulators in named registers (an array of them, indexed in a loop, may live in memory
 // and time the stores instead); OP(a, j) is a statement on accumulator a, the j-th.
-#define REMAT_PEAK_12(OP) \
-  OP(a0, 0)               \
-  OP(a1, 1) OP(a2, 2) OP(a3, 3) OP(a4, 4) OP(a5, 5) OP(a6, 6) OP(a7, 7) OP(a8, 8) OP(a9, 9) OP(a10, 10) OP(a11, 11)
+#define REMAT_PEAK_12(OP)                                                         \
+  OP(a0, 0) OP(a1, 1) OP(a2, 2) OP(a3, 3) OP(a4, 4) OP(a5, 5) OP(a6, 6) OP(a7, 7) \
+  OP(a8, 8) OP(a9, 9) OP(a10, 10) OP(a11, 11)
 #define REMAT_PEAK_16(OP) REMAT_PEAK_12(OP) OP(a12, 12) OP(a13, 13) OP(a14, 14) OP(a15, 15)
-#define REMAT_PEAK_DECLARE(a, j) V a = set1(float(j));  // (different values: no two chains merge)
+// (Different values, so no two chains merge, and none at the multiply-adds' fixed point 2, where
+// a compiler may drop its chain.)
+#define REMAT_PEAK_DECLARE(a, j) V a = set1(3.0f + float(j));
 #define REMAT_PEAK_SUM(a, j) s = add(s, a);
 // float NAME(long iters): in namespace ISA's vectors, the accumulators of ALL, each taking STEP(a, j)
 // `iters` times after CONSTANTS (the operands, declared), returning a lane of their sum so that
@@ -77,13 +74,12 @@ REMAT_PEAK_ISA(zmm, "avx512f", __m512, _mm512)
 #define REMAT_PEAK_FMA_ZMM(a, j) a = _mm512_fmadd_ps(a, x, y);
 // a += the dot products of 16 pairs of bf16 1e-3 (the sums stay small)
 #define REMAT_PEAK_DPBF16(a, j) a = _mm512_dpbf16_ps(a, p, p);
-REMAT_PEAK_KERNEL(fma_ymm, "avx2,fma", ymm, REMAT_PEAK_12, V const x = set1(0.5f); V const y = set1(1.0f);
-                  , REMAT_PEAK_FMA_YMM)
-REMAT_PEAK_KERNEL(fma_zmm, "avx512f", zmm, REMAT_PEAK_16, V const x = set1(0.5f); V const y = set1(1.0f);
-                  , REMAT_PEAK_FMA_ZMM)
+REMAT_PEAK_KERNEL(fma_ymm, "avx2,fma", ymm, REMAT_PEAK_12,
+                  V const x = set1(0.5f); V const y = set1(1.0f);, REMAT_PEAK_FMA_YMM)
+REMAT_PEAK_KERNEL(fma_zmm, "avx512f", zmm, REMAT_PEAK_16,
+                  V const x = set1(0.5f); V const y = set1(1.0f);, REMAT_PEAK_FMA_ZMM)
 REMAT_PEAK_KERNEL(dpbf16_zmm, "avx512f,avx512bf16", zmm, REMAT_PEAK_16,
-                  __m512bh const p = _mm512_cvtne2ps_pbh(set1(1e-3f), set1(1e-3f));
-                  , REMAT_PEAK_DPBF16)
+                  __m512bh const p = _mm512_cvtne2ps_pbh(set1(1e-3f), set1(1e-3f));, REMAT_PEAK_DPBF16)
 #undef REMAT_PEAK_12
 #undef REMAT_PEAK_16
 #undef REMAT_PEAK_DECLARE
@@ -92,6 +88,7 @@ REMAT_PEAK_KERNEL(dpbf16_zmm, "avx512f,avx512bf16", zmm, REMAT_PEAK_16,
 #undef REMAT_PEAK_FMA_YMM
 #undef REMAT_PEAK_FMA_ZMM
 #undef REMAT_PEAK_DPBF16
+// clang-format on
 #endif
 
 struct kernel {
